@@ -1,0 +1,60 @@
+"""The Celery app shared by producer, workers and Flower, configured as DESIGN.md "Queue semantics".
+
+Workers run ``celery -A workers.app worker`` (via ``dflash-pipeline worker generate``); Flower runs
+``celery -A common.celery_app flower``; the producer sends tasks by name and never imports workers.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from common.config import Settings, load_settings
+
+QUEUE_GENERATE = "generate"
+QUEUE_HIDDEN = "hidden"
+QUEUE_TRAIN = "train"
+
+TASK_GENERATE = "dflash.generate_shard"
+TASK_HIDDEN = "dflash.hidden_shard"
+TASK_TRAIN = "dflash.train_shard"
+
+
+def celery_config(settings: Settings) -> dict[str, object]:
+    """Celery settings: identical in every process, so no visibility timeout is shorter."""
+    transport = {"visibility_timeout": settings.visibility_timeout}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.broker_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_expires": settings.result_expires,
+        "worker_soft_shutdown_timeout": settings.soft_shutdown_timeout,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "task_routes": {
+            TASK_GENERATE: {"queue": QUEUE_GENERATE},
+            TASK_HIDDEN: {"queue": QUEUE_HIDDEN},
+            TASK_TRAIN: {"queue": QUEUE_TRAIN},
+        },
+        "task_default_queue": QUEUE_GENERATE,
+    }
+
+
+def make_app(settings: Settings) -> Celery:
+    app = Celery("dflash")
+    app.conf.update(celery_config(settings))
+    return app
+
+
+app = make_app(load_settings())

@@ -1,0 +1,117 @@
+"""Settings as frozen dataclasses; the only module that reads ``DFLASH_*`` environment variables.
+
+Every process (producer CLI, workers, Flower) calls :func:`load_settings` once and passes the
+result down, so the broker URL, storage root and queue timeouts always agree across services.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from common.errors import ConfigError
+
+TINY_MODEL = "tiny-qwen3"
+"""The embedded default model: built locally on first use, runs on CPU."""
+
+_SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of a URL such as ``redis://:secret@host:6379/0`` for logs and repr."""
+    return _SECRET_IN_URL.sub(r"\1***\3", url)
+
+
+def default_cache_dir() -> Path:
+    """Where built artefacts (the tiny CPU model) live unless DFLASH_CACHE_DIR says otherwise."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash-pipeline"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Process-wide settings; derived values are properties so they cannot drift."""
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    storage: str = ".dflash/storage"
+    model: str = TINY_MODEL
+    cache_dir: Path = default_cache_dir()
+    # Celery re-delivers an unacked message after this many seconds: keep it above the longest
+    # shard, and identical in producer, workers and Flower (the shortest one wins).
+    visibility_timeout: int = 6 * 3600
+    result_expires: int = 24 * 3600
+    soft_shutdown_timeout: float = 60.0
+    lease_ttl: float = 60.0
+    max_deliveries: int = 5
+    part_samples: int = 64
+    part_seconds: float = 60.0
+    batch_size: int = 16
+    engine: str = "cpu"
+    retry_backoff_max: float = 60.0
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={mask_url(str(getattr(self, f.name)))!r}" for f in fields(self)
+        )
+        return f"Settings({shown})"
+
+    @property
+    def masked_broker_url(self) -> str:
+        return mask_url(self.broker_url)
+
+    @property
+    def storage_is_s3(self) -> bool:
+        return self.storage.startswith("s3://")
+
+    @property
+    def lease_heartbeat(self) -> float:
+        """Renew the shard lease three times per TTL so one missed beat never loses it."""
+        return self.lease_ttl / 3
+
+    @property
+    def model_is_tiny(self) -> bool:
+        return self.model == TINY_MODEL
+
+
+_ENV = {
+    "broker_url": "DFLASH_BROKER_URL",
+    "storage": "DFLASH_STORAGE",
+    "model": "DFLASH_MODEL",
+    "cache_dir": "DFLASH_CACHE_DIR",
+    "visibility_timeout": "DFLASH_VISIBILITY_TIMEOUT",
+    "result_expires": "DFLASH_RESULT_EXPIRES",
+    "soft_shutdown_timeout": "DFLASH_SOFT_SHUTDOWN_TIMEOUT",
+    "lease_ttl": "DFLASH_LEASE_TTL",
+    "max_deliveries": "DFLASH_MAX_DELIVERIES",
+    "part_samples": "DFLASH_PART_SAMPLES",
+    "part_seconds": "DFLASH_PART_SECONDS",
+    "batch_size": "DFLASH_BATCH_SIZE",
+    "engine": "DFLASH_ENGINE",
+    "retry_backoff_max": "DFLASH_RETRY_BACKOFF_MAX",
+}
+
+
+def _coerce(name: str, raw: str, like: object) -> object:
+    kind = type(like)
+    try:
+        value = kind(raw) if kind is not Path else Path(raw).expanduser()
+    except ValueError as exc:
+        raise ConfigError(f"{_ENV[name]}={raw!r} is not a valid {kind.__name__}") from exc
+    if isinstance(value, int | float) and value <= 0:
+        raise ConfigError(f"{_ENV[name]}={raw!r} must be positive")
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Read settings from ``DFLASH_*`` variables; explicit overrides (CLI options) win."""
+    env = os.environ if env is None else env
+    base = Settings()
+    values: dict[str, object] = {}
+    for name, var in _ENV.items():
+        raw = env.get(var)
+        if raw not in (None, ""):
+            values[name] = _coerce(name, raw, getattr(base, name))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return replace(base, **values)

@@ -1,0 +1,125 @@
+"""Every storage key and Redis key the pipeline uses, as templates in one place.
+
+Storage keys are relative to the storage root (``s3://bucket/prefix`` or a local directory).
+"""
+
+from __future__ import annotations
+
+import re
+
+SHARD_DIGITS = 6
+PART_DIGITS = 4
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SHARD_DIR = re.compile(r"shard-(\d{6})/")
+_PART = re.compile(r"part-(\d{4})\.jsonl\.zst$")
+
+
+def valid_run_id(run: str) -> bool:
+    """Run ids become key prefixes, so keep them to a safe, portable alphabet."""
+    return bool(_RUN_ID.match(run)) and ".." not in run
+
+
+def shard_name(shard: int) -> str:
+    return f"shard-{shard:0{SHARD_DIGITS}d}"
+
+
+def run_prefix(run: str) -> str:
+    return f"runs/{run}/"
+
+
+def run_config(run: str) -> str:
+    return f"runs/{run}/run.json"
+
+
+def inputs_prefix(run: str) -> str:
+    return f"runs/{run}/inputs/"
+
+
+def input_shard(run: str, shard: int) -> str:
+    return f"runs/{run}/inputs/{shard_name(shard)}.jsonl.zst"
+
+
+def inputs_manifest(run: str) -> str:
+    """Written after the last input shard: its presence means enqueue finished reading."""
+    return f"runs/{run}/inputs/_MANIFEST.json"
+
+
+def rejected_input_rows(run: str, chunk: int) -> str:
+    return f"runs/{run}/rejected/input/rows-{chunk:0{PART_DIGITS}d}.jsonl"
+
+
+def generated_prefix(run: str) -> str:
+    return f"runs/{run}/generated/"
+
+
+def generated_shard_prefix(run: str, shard: int) -> str:
+    return f"runs/{run}/generated/{shard_name(shard)}/"
+
+
+def generated_part(run: str, shard: int, part: int) -> str:
+    return f"{generated_shard_prefix(run, shard)}part-{part:0{PART_DIGITS}d}.jsonl.zst"
+
+
+def generated_commit(run: str, shard: int) -> str:
+    return f"{generated_shard_prefix(run, shard)}_COMMIT.json"
+
+
+def failed_shard(run: str, shard: int, stamp: str) -> str:
+    """A parked shard's reason; one object per parking so history is never overwritten."""
+    return f"runs/{run}/failed/{shard_name(shard)}/{stamp}.json"
+
+
+def failed_prefix(run: str) -> str:
+    return f"runs/{run}/failed/"
+
+
+def part_number(key: str) -> int | None:
+    """The part index of a generated part key, or None for other keys."""
+    match = _PART.search(key)
+    return int(match.group(1)) if match else None
+
+
+def shard_of(key: str) -> int | None:
+    """The shard index that a key under ``generated/`` or ``failed/`` belongs to."""
+    match = _SHARD_DIR.search(key)
+    return int(match.group(1)) if match else None
+
+
+# Redis keys. Redis is transport only: everything here can be rebuilt or is advisory.
+def redis_lease(run: str, shard: int) -> str:
+    return f"dflash:{run}:lease:{shard_name(shard)}"
+
+
+def redis_lease_pattern(run: str) -> str:
+    return f"dflash:{run}:lease:*"
+
+
+def redis_queued(run: str) -> str:
+    """Hash shard -> 1 while a generate task for it sits in the queue (keeps resume idempotent)."""
+    return f"dflash:{run}:queued"
+
+
+def redis_attempts(run: str) -> str:
+    """Hash shard -> how many times a worker started it (the redelivery cap counts these)."""
+    return f"dflash:{run}:attempts"
+
+
+def redis_parked(run: str) -> str:
+    """Hash shard -> reason, for shards parked after too many failed deliveries."""
+    return f"dflash:{run}:parked"
+
+
+def redis_partial(run: str) -> str:
+    """Hash shard -> samples already in parts of a not yet committed shard."""
+    return f"dflash:{run}:partial"
+
+
+def redis_rate(run: str) -> str:
+    """List of recent "timestamp tokens samples" entries, for tokens/s and ETA."""
+    return f"dflash:{run}:rate"
+
+
+def redis_requests(run: str) -> str:
+    """Hash worker name -> engine requests sent for this run."""
+    return f"dflash:{run}:requests"

@@ -1,0 +1,43 @@
+"""Resolving the target model: the embedded tiny CPU model or a local Hugging Face directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from common.config import Settings
+from common.errors import ConfigError
+
+
+def resolve_model_path(settings: Settings) -> Path:
+    """The model directory: the embedded tiny model (built on first use) or a local path."""
+    if settings.model_is_tiny:
+        from common.tinymodel import ensure_tiny_model
+
+        return ensure_tiny_model(settings.cache_dir)
+    path = Path(settings.model).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"model {settings.model!r} is not a local directory; download it first "
+            "(the pipeline never fetches weights at run time)"
+        )
+    return path
+
+
+def chat_template_of(model_dir: Path) -> str | None:
+    """The chat template a tokenizer in ``model_dir`` will apply, or None if it has none."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    config = model_dir / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text()).get("chat_template")
+        if isinstance(template, str):
+            return template
+    return None
+
+
+def template_sha(template: str | None) -> str | None:
+    """A short fingerprint frozen in run.json so every worker renders prompts the same way."""
+    return hashlib.sha256(template.encode()).hexdigest()[:16] if template else None

@@ -1,0 +1,187 @@
+"""Record types: the frozen run config, task payloads, shard commits, statuses and codecs."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+import zstandard
+
+from common.errors import RunConfigMismatch
+
+CODE_VERSION = "0.1.0"
+
+
+class RunState(StrEnum):
+    ENQUEUING = "enqueuing"
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class ShardState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMMITTED = "committed"
+    PARKED = "parked"
+
+
+class TaskOutcome(StrEnum):
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already-committed"
+    PARKED = "parked"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters sent to the engine with every request."""
+
+    max_new_tokens: int = 2048
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    thinking: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that decides a run's output; written once to ``run.json`` and then frozen."""
+
+    run: str
+    model: str
+    input: str
+    format: str
+    prompt_field: str | None
+    shard_size: int
+    limit: int | None
+    sampling: Sampling = Sampling()
+    chat_template_sha: str | None = None
+    code_version: str = CODE_VERSION
+    created_at: float = field(default_factory=time.time)
+
+    # Fields that record when/with what the run was made rather than what it produces.
+    _INFORMATIONAL = ("code_version", "created_at")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["sampling"] = Sampling(**data.get("sampling", {}))
+        return cls(**values)
+
+    def differences(self, other: RunConfig) -> list[str]:
+        """Names of the fields (``sampling.x`` for sampling) whose values differ."""
+        mine, theirs = _flatten(self.to_json()), _flatten(other.to_json())
+        return sorted(
+            name
+            for name in mine.keys() | theirs.keys()
+            if name not in self._INFORMATIONAL and mine.get(name) != theirs.get(name)
+        )
+
+    def check_same(self, other: RunConfig) -> None:
+        """Raise :class:`RunConfigMismatch` naming every field that differs from ``other``."""
+        diff = self.differences(other)
+        if diff:
+            mine, theirs = _flatten(self.to_json()), _flatten(other.to_json())
+            detail = "; ".join(f"{k}: run.json has {mine.get(k)!r}, now {theirs.get(k)!r}"
+                               for k in diff)
+            raise RunConfigMismatch(
+                f"run {self.run!r} already exists with a different configuration ({detail}); "
+                "use a new --run id or the original options"
+            )
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """The payload of a ``generate`` (and later ``hidden``/``train``) task: ids only."""
+
+    run: str
+    shard: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ShardTask:
+        return cls(run=str(data["run"]), shard=int(data["shard"]))
+
+
+@dataclass(frozen=True)
+class InputManifest:
+    """Written after the last input shard: how enqueue split and judged the input."""
+
+    shards: int
+    rows: int
+    rejected: int
+    shard_rows: list[int]
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InputManifest:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class ShardCommit:
+    """``_COMMIT.json``: the canonical samples of a shard and where they live."""
+
+    run: str
+    shard: int
+    parts: list[str]
+    sample_ids: list[str]
+    part_of: dict[str, str]
+    stats: dict[str, Any]
+    worker: str
+    committed_at: float = field(default_factory=time.time)
+
+    @property
+    def samples(self) -> int:
+        return len(self.sample_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ShardCommit:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def dumps(obj: Any) -> bytes:
+    """Canonical JSON bytes for objects written to storage."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, indent=1).encode()
+
+
+def encode_jsonl_zst(records: Iterable[dict[str, Any]]) -> bytes:
+    """One JSON object per line, zstd-compressed (``.jsonl.zst``)."""
+    buf = io.BytesIO()
+    for record in records:
+        buf.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode())
+        buf.write(b"\n")
+    return zstandard.ZstdCompressor(level=3).compress(buf.getvalue())
+
+
+def decode_jsonl_zst(data: bytes) -> list[dict[str, Any]]:
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]

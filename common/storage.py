@@ -1,0 +1,202 @@
+"""Put-once object storage over S3 or a local directory: the pipeline's source of truth.
+
+``open_storage("s3://bucket/prefix")`` or ``open_storage("/data/dflash")``. Every object is
+written once: S3 ``PutObject`` with ``If-None-Match: *`` (a 412 means someone already wrote it),
+locally a hard link from a fully written temporary file (``link`` fails if the name exists, so
+readers never see a half-written object). The S3 endpoint and credentials come from boto3's
+standard chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles, instance roles).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+
+from common.errors import ConfigError, NotFound, StorageError
+
+log = logging.getLogger(__name__)
+
+_CONFLICT_RETRIES = 5
+
+
+class Storage(ABC):
+    """Keys are ``/``-separated paths relative to the root (see :mod:`common.keys`)."""
+
+    root: str
+
+    @abstractmethod
+    def put_once(self, key: str, data: bytes) -> bool:
+        """Write ``key`` unless it exists; True if this call wrote it, False if it was there."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """Return the object's bytes or raise :class:`NotFound`."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """True when the key has been written."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> Iterator[str]:
+        """Yield every key under ``prefix`` in lexicographic order."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.root!r})"
+
+
+class LocalStorage(Storage):
+    """A directory standing in for a bucket (the embedded default)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.path = Path(root).expanduser().resolve()
+        self.root = str(self.path)
+
+    def _file(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ConfigError(f"invalid storage key {key!r}")
+        return self.path / key
+
+    def put_once(self, key: str, data: bytes) -> bool:
+        final = self._file(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, final)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"cannot write {final}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._file(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise NotFound(key) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._file(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self.path / prefix.rsplit("/", 1)[0] if "/" in prefix else self.path
+        if not base.is_dir():
+            return iter(())
+        keys = (
+            p.relative_to(self.path).as_posix()
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        )
+        return iter(sorted(k for k in keys if k.startswith(prefix)))
+
+
+class S3Storage(Storage):
+    """An S3 (or S3-compatible: MinIO, moto) bucket and prefix."""
+
+    def __init__(self, url: str) -> None:
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise ConfigError(f"storage URL {url!r} has no bucket: use s3://bucket/prefix")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.root = f"s3://{bucket}/{self.prefix}"
+
+    @cached_property
+    def client(self):  # noqa: ANN201 - boto3 clients have no importable type
+        return s3_client()
+
+    def put_once(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full = self.prefix + key
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                code = _status(exc)
+                if code == 412:
+                    return False
+                if code != 409:  # 409: a concurrent conditional write is in flight; retry
+                    raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
+                time.sleep(min(0.1 * 2**attempt, 2.0))
+            except BotoCoreError as exc:
+                raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
+        raise StorageError(f"cannot write {self.root}{key}: conditional write kept conflicting")
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
+        except ClientError as exc:
+            if _status(exc) == 404 or _code(exc) == "NoSuchKey":
+                raise NotFound(key) from exc
+            raise StorageError(f"cannot read {self.root}{key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot read {self.root}{key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+            return True
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return False
+            raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
+
+    def list(self, prefix: str) -> Iterator[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.prefix + prefix
+        )
+        try:
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    yield obj["Key"][len(self.prefix) :]
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot list {self.root}{prefix}: {exc}") from exc
+
+
+def _status(exc: Exception) -> int | None:
+    return getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def _code(exc: Exception) -> str | None:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code")
+
+
+def s3_client():  # noqa: ANN201
+    """A boto3 S3 client with adaptive retries; endpoint and credentials from the AWS chain."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10)
+    return boto3.client("s3", config=config)
+
+
+def open_storage(url: str) -> Storage:
+    """Storage for an ``s3://`` URL or a local directory path."""
+    if url.startswith("s3://"):
+        return S3Storage(url)
+    if "://" in url:
+        raise ConfigError(f"unsupported storage URL {url!r}: use s3://bucket/prefix or a path")
+    return LocalStorage(url)

@@ -1,0 +1,221 @@
+"""The ``dflash-pipeline`` command line: enqueue, resume, status, worker, demo.
+
+Every option can also come from its ``DFLASH_*`` environment variable. Exit codes: 0 success,
+1 failure, 2 bad usage, 3 enqueue finished but rejected some input rows, 4 the run id exists
+with a different configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from common.config import Settings, load_settings
+from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
+
+EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
+
+log = logging.getLogger("dflash")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--storage and --broker-url, shared by every command that touches the run."""
+
+    @click.option("--storage", envvar="DFLASH_STORAGE", default=None,
+                  help="Storage root: s3://bucket/prefix or a local directory "
+                       "[default: .dflash/storage].")
+    @click.option("--broker-url", envvar="DFLASH_BROKER_URL", default=None,
+                  help="Redis URL of the Celery broker [default: redis://127.0.0.1:6379/0].")
+    @click.option("-v", "--verbose", is_flag=True, envvar="DFLASH_VERBOSE",
+                  help="Log progress to stderr.")
+    @functools.wraps(func)
+    def wrapper(storage: str | None, broker_url: str | None, verbose: bool, **kw: Any) -> Any:
+        _setup_logging(verbose)
+        settings = load_settings(storage=storage, broker_url=broker_url)
+        try:
+            return func(settings=settings, **kw)
+        except RunConfigMismatch as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_MISMATCH)
+        except (ConfigError, InputError, NotFound) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_FAILURE)
+        except DflashError as exc:
+            click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+            sys.exit(EXIT_FAILURE)
+        except OSError as exc:  # redis.ConnectionError is an OSError subclass too
+            click.echo(f"error: {exc} (broker {settings.masked_broker_url}, storage "
+                       f"{settings.storage})", err=True)
+            sys.exit(EXIT_FAILURE)
+
+    return wrapper
+
+
+def _services(settings: Settings) -> tuple[Any, Any, Any]:
+    import redis
+
+    from common.celery_app import make_app
+    from common.storage import open_storage
+
+    client = redis.Redis.from_url(settings.broker_url, decode_responses=True, socket_timeout=30)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise DflashError(f"cannot reach Redis at {settings.masked_broker_url}: {exc}") from exc
+    return open_storage(settings.storage), make_app(settings), client
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="dflash-pipeline")
+def main() -> None:
+    """Regenerate a prompt set with a target LLM into DFlash drafter training data."""
+
+
+@main.command()
+@click.option("--input", "input_path", required=True, envvar="DFLASH_INPUT",
+              help="JSONL, JSON or Parquet file, local or s3://bucket/key.")
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id (letters, digits, ._-).")
+@click.option("--format", "fmt", default="auto", envvar="DFLASH_FORMAT", show_default=True,
+              type=click.Choice(["auto", "messages", "sharegpt", "mt_bench", "prompt"]),
+              help="Row format; auto detects it per row.")
+@click.option("--prompt-field", envvar="DFLASH_PROMPT_FIELD", default=None,
+              help="Field holding the prompt for --format prompt.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True,
+              envvar="DFLASH_SHARD_SIZE", help="Conversations per shard (one task each).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, envvar="DFLASH_LIMIT",
+              help="Read at most this many input rows.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=2048, show_default=True,
+              envvar="DFLASH_MAX_NEW_TOKENS", help="Generation budget per assistant turn.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.6, show_default=True,
+              envvar="DFLASH_TEMPERATURE", help="Sampling temperature (0 = greedy).")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=0.95,
+              show_default=True, envvar="DFLASH_TOP_P", help="Nucleus sampling mass.")
+@click.option("--top-k", type=click.IntRange(min=-1), default=20, show_default=True,
+              envvar="DFLASH_TOP_K", help="Top-k sampling (-1 = off).")
+@click.option("--thinking/--no-thinking", default=True, show_default=True,
+              envvar="DFLASH_THINKING", help="Generate with the thinking block enabled.")
+@click.option("--model", envvar="DFLASH_MODEL", default=None,
+              help="Target model directory [default: the embedded tiny CPU model].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@common_options
+def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_field: str | None,
+            shard_size: int, limit: int | None, max_new_tokens: int, temperature: float,
+            top_p: float, top_k: int, thinking: bool, model: str | None, as_json: bool) -> None:
+    """Validate the input, write run.json and input shards, queue one task per shard."""
+    from producer.commands import build_run_config, print_enqueue_report
+    from producer.enqueue import enqueue_run
+
+    settings = load_settings(storage=settings.storage, broker_url=settings.broker_url,
+                             model=model)
+    config = build_run_config(settings, run=run, input_path=input_path, fmt=fmt,
+                              prompt_field=prompt_field, shard_size=shard_size, limit=limit,
+                              max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, top_k=top_k, thinking=thinking)
+    storage, app, client = _services(settings)
+    report = enqueue_run(storage, app, client, config)
+    print_enqueue_report(report, storage, as_json)
+    if report.rejected:
+        sys.exit(EXIT_REJECTED)
+
+
+@main.command()
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id to resume.")
+@click.option("--force", is_flag=True,
+              help="Queue unfinished shards even if a task for them is already queued.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@common_options
+def resume(settings: Settings, run: str, force: bool, as_json: bool) -> None:
+    """Re-queue every shard that has no commit, from storage alone (after a crash or wipe)."""
+    from producer.commands import print_enqueue_report
+    from producer.enqueue import resume_run
+
+    storage, app, client = _services(settings)
+    print_enqueue_report(resume_run(storage, app, client, run, force=force), storage, as_json)
+
+
+@main.command()
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id.")
+@click.option("--watch", is_flag=True, help="Refresh until the run is done or failed.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (per refresh).")
+@common_options
+def status(settings: Settings, run: str, watch: bool, interval: float, as_json: bool) -> None:
+    """Shards, samples, tokens/s and ETA of a run."""
+    from producer.commands import show_status
+
+    storage, _, client = _services(settings)
+    show_status(storage, client, run, watch=watch, interval=interval, as_json=as_json)
+
+
+@main.group()
+def worker() -> None:
+    """Start a worker process for one queue."""
+
+
+@worker.command("generate")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, envvar="DFLASH_GPU",
+              help="GPU index this worker owns (sets CUDA_VISIBLE_DEVICES).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              envvar="DFLASH_CONCURRENCY", help="Shards held at once (they share one engine).")
+@click.option("--engine", type=click.Choice(["cpu", "sglang"]), default="cpu",
+              show_default=True, envvar="DFLASH_ENGINE", help="Generation engine.")
+@click.option("--name", default=None, envvar="DFLASH_WORKER_NAME",
+              help="Worker node name [default: generate-gpuN@host or generate-cpu@host].")
+@click.option("--loglevel", default="INFO", show_default=True, envvar="DFLASH_LOGLEVEL",
+              help="Celery log level.")
+@common_options
+def worker_generate(settings: Settings, gpu: int | None, concurrency: int, engine: str,
+                    name: str | None, loglevel: str) -> None:
+    """Run a Celery worker on queue `generate` with its engine."""
+    from producer.commands import exec_worker
+
+    exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, engine=engine,
+                name=name, loglevel=loglevel)
+
+
+@main.command()
+@click.option("--input", "input_path", default="data/mt_bench_question.jsonl",
+              show_default=True, help="Prompt file to regenerate.")
+@click.option("--out", default="demo-output", show_default=True,
+              help="Directory for storage, Redis data and logs.")
+@click.option("--run", default="mt-bench-demo", show_default=True, help="Run id.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Conversations per shard.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Generation budget per assistant turn.")
+@click.option("--flower/--no-flower", default=True, show_default=True,
+              help="Start Flower to watch the worker.")
+@click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
+def demo(**options: Any) -> None:
+    """Run the whole generate stage locally: Redis, a CPU worker, Flower, live progress."""
+    from producer.demo import run_demo
+
+    _setup_logging(False)
+    try:
+        code = run_demo(**options)
+    except DflashError as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = EXIT_FAILURE
+    sys.exit(code)
+
+
+def dump_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

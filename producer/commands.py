@@ -1,0 +1,159 @@
+"""What the CLI commands do beyond parsing options: build configs, print reports, start workers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+import redis
+
+from common import keys
+from common.config import Settings
+from common.errors import ConfigError, InputError
+from common.models import chat_template_of, resolve_model_path, template_sha
+from common.records import RunConfig, RunState, Sampling
+from common.storage import Storage
+from producer.enqueue import EnqueueReport
+from producer.rows import FORMATS
+from producer.status import StatusReader
+
+log = logging.getLogger(__name__)
+
+
+def build_run_config(settings: Settings, *, run: str, input_path: str, fmt: str,
+                     prompt_field: str | None, shard_size: int, limit: int | None,
+                     max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                     thinking: bool) -> RunConfig:
+    """Validate options and freeze them, with the model's chat template fingerprint."""
+    if not keys.valid_run_id(run):
+        raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if not input_path.startswith("s3://") and not os.path.isfile(input_path):
+        raise InputError(f"input not found: {input_path}")
+    if settings.model_is_tiny:
+        click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
+    template = chat_template_of(resolve_model_path(settings))
+    if template is None:
+        raise ConfigError(f"model {settings.model!r} has no chat template")
+    source = input_path if input_path.startswith("s3://") else os.path.abspath(input_path)
+    return RunConfig(
+        run=run, model=settings.model, input=source, format=fmt, prompt_field=prompt_field,
+        shard_size=shard_size, limit=limit,
+        sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, thinking=thinking),
+        chat_template_sha=template_sha(template),
+    )
+
+
+def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report.to_json(), sort_keys=True))
+        return
+    good = report.rows - report.rejected
+    click.echo(f"run {report.run}: {report.rows} rows read, {good} good, "
+               f"{report.rejected} rejected; {report.shards} shards "
+               f"({report.committed} committed), {report.enqueued} queued now")
+    if report.rejected:
+        click.echo(f"rejected rows (full list under {storage.root.rstrip('/')}/"
+                   f"runs/{report.run}/rejected/input/):")
+        for example in report.examples:
+            click.echo(f"  line {example['line']}: {example['reason']}")
+        if report.rejected > len(report.examples):
+            click.echo(f"  ... and {report.rejected - len(report.examples)} more")
+
+
+def render_status(status: dict[str, Any]) -> str:
+    shards, samples = status["shards"], status["samples"]
+    total = samples["total"] if samples["total"] is not None else "?"
+    eta = status["eta_s"]
+    lines = [
+        f"run {status['run']}: {status['state']}   ({status['storage']})",
+        f"  shards  {shards['committed']}/{shards['total']} committed, {shards['running']} "
+        f"running, {shards['pending']} pending, {shards['parked']} parked",
+        f"  samples {samples['done']}/{total} done, {samples['in_progress']} in uncommitted "
+        f"parts, {samples['rejected']} rejected",
+        f"  speed   {status['tokens']['per_s']:.1f} tok/s, {status['samples_per_s']:.2f} "
+        f"samples/s, ETA {_duration(eta) if eta is not None else '?'}",
+    ]
+    lines += [f"  parked shard {p['shard']}: {p['reason']}" for p in status["parked"]]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def show_status(storage: Storage, client: redis.Redis, run: str, *, watch: bool,
+                interval: float, as_json: bool) -> None:
+    reader = StatusReader(storage, client, run)
+    if not watch:
+        status = reader.read()
+        click.echo(json.dumps(status, sort_keys=True) if as_json else render_status(status))
+        return
+    if as_json:
+        while True:
+            status = reader.read()
+            click.echo(json.dumps(status, sort_keys=True))
+            if status["state"] in (RunState.DONE, RunState.FAILED):
+                return
+            time.sleep(interval)
+    watch_progress(reader, interval)
+
+
+def watch_progress(reader: StatusReader, interval: float,
+                   check: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """A live progress bar (rich) until the run is done or failed; returns the last status.
+
+    ``check`` runs every refresh and may raise to abort (the demo uses it to notice a dead worker).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as progress:
+        bar = progress.add_task(reader.run, total=None, detail="")
+        while True:
+            status = reader.read()
+            samples = status["samples"]
+            progress.update(
+                bar, total=samples["total"], completed=samples["done"] + samples["in_progress"],
+                detail=f"{status['state']} | shards {status['shards']['committed']}/"
+                       f"{status['shards']['total']} | {status['tokens']['per_s']:.0f} tok/s",
+            )
+            if status["state"] in (RunState.DONE, RunState.FAILED):
+                return status
+            check()
+            time.sleep(interval)
+
+
+def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
+                name: str | None, loglevel: str) -> list[str]:
+    """The celery command a worker runs; the threads pool lets held shards share one engine."""
+    node = name or (f"{queue}-gpu{gpu}@%h" if gpu is not None else f"{queue}-cpu@%h")
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-Q", queue, "-P", "threads", "-c", str(concurrency), "-n", node,
+        "-l", loglevel, "-E", "--without-gossip", "--without-mingle",
+    ]
+
+
+def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
+                engine: str, name: str | None, loglevel: str) -> None:
+    """Replace this process with the Celery worker, so signals reach it directly."""
+    if engine == "sglang":
+        raise ConfigError("the sglang engine is not available in this build yet; use --engine cpu")
+    env = dict(os.environ, DFLASH_ENGINE=engine, DFLASH_STORAGE=settings.storage,
+               DFLASH_BROKER_URL=settings.broker_url)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
+                       loglevel=loglevel)
+    os.execve(argv[0], argv, env)

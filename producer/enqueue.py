@@ -1,0 +1,217 @@
+"""Enqueue and resume: freeze the run config, stream the input into shards, queue what is missing.
+
+Called by ``dflash-pipeline enqueue`` and ``dflash-pipeline resume``. Storage is the truth:
+both commands derive what to queue from it alone, so they work after Redis was wiped and
+queue nothing for a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from celery import Celery
+
+from common import keys
+from common.celery_app import QUEUE_GENERATE, TASK_GENERATE
+from common.errors import BadRow, NotFound
+from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
+from common.storage import Storage, s3_client
+from producer.readers import iter_records
+from producer.rows import IdRegistry, normalize
+
+log = logging.getLogger(__name__)
+
+REJECTED_CHUNK = 10_000
+
+
+@dataclass
+class EnqueueReport:
+    """What an enqueue or resume did, for the CLI to print (and ``--json``)."""
+
+    run: str
+    shards: int = 0
+    rows: int = 0
+    rejected: int = 0
+    enqueued: int = 0
+    committed: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    wrote_inputs: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def read_run_config(storage: Storage, run: str) -> RunConfig | None:
+    try:
+        return RunConfig.from_json(json.loads(storage.get(keys.run_config(run))))
+    except NotFound:
+        return None
+
+
+def freeze_run_config(storage: Storage, config: RunConfig) -> RunConfig:
+    """Write run.json once; a run id reused with other settings raises RunConfigMismatch."""
+    existing = read_run_config(storage, config.run)
+    if existing is None and storage.put_once(keys.run_config(config.run), dumps(config.to_json())):
+        return config
+    existing = existing or read_run_config(storage, config.run)
+    assert existing is not None  # put_once said it exists
+    existing.check_same(config)
+    return existing
+
+
+def read_manifest(storage: Storage, run: str) -> InputManifest | None:
+    try:
+        return InputManifest.from_json(json.loads(storage.get(keys.inputs_manifest(run))))
+    except NotFound:
+        return None
+
+
+class TaskSender:
+    """Queues ``generate`` tasks, skipping shards that are committed or already queued."""
+
+    def __init__(self, storage: Storage, app: Celery, client: redis.Redis, run: str) -> None:
+        self.storage, self.app, self.client, self.run = storage, app, client, run
+        self.committed = {
+            keys.shard_of(k)
+            for k in storage.list(keys.generated_prefix(run))
+            if k.endswith("/_COMMIT.json")
+        }
+        self.enqueued = 0
+
+    def send(self, shard: int, force: bool = False) -> bool:
+        if shard in self.committed:
+            return False
+        name = keys.shard_name(shard)
+        # The marker makes a repeated resume idempotent; the worker clears it when it starts.
+        if not self.client.hsetnx(keys.redis_queued(self.run), name, "1") and not force:
+            return False
+        self.client.hdel(keys.redis_parked(self.run), name)
+        self.client.hdel(keys.redis_attempts(self.run), name)
+        self.app.send_task(
+            TASK_GENERATE, args=[ShardTask(self.run, shard).to_json()], queue=QUEUE_GENERATE
+        )
+        self.enqueued += 1
+        return True
+
+
+def _records(config: RunConfig) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+    factory = s3_client if config.input.startswith("s3://") else None
+    for count, record in enumerate(iter_records(config.input, s3_client_factory=factory)):
+        if config.limit is not None and count >= config.limit:
+            return
+        if record.error is not None:
+            yield record.line, None, record.error
+            continue
+        try:
+            yield (
+                record.line,
+                normalize(record.data, config.format, config.prompt_field).to_json(),
+                None,
+            )
+        except BadRow as bad:
+            yield record.line, None, str(bad)
+
+
+def write_inputs(
+    storage: Storage, config: RunConfig, on_shard: Callable[[int], None]
+) -> InputManifest:
+    """Stream the input into put-once shards; bad rows go to the rejected area with reasons."""
+    ids = IdRegistry()
+    shard_rows: list[int] = []
+    buffer: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    examples: list[dict[str, Any]] = []
+    rows = rejected_total = 0
+
+    def flush_shard() -> None:
+        shard = len(shard_rows)
+        storage.put_once(keys.input_shard(config.run, shard), encode_jsonl_zst(buffer))
+        shard_rows.append(len(buffer))
+        buffer.clear()
+        on_shard(shard)
+
+    def flush_rejected() -> None:
+        chunk = (rejected_total - 1) // REJECTED_CHUNK
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected)
+        storage.put_once(keys.rejected_input_rows(config.run, chunk), body.encode())
+        rejected.clear()
+
+    for line, row, error in _records(config):
+        rows += 1
+        if row is not None:
+            try:
+                ids.check_and_add(row["id"])
+            except BadRow as bad:
+                row, error = None, str(bad)
+        if row is None:
+            rejected_total += 1
+            bad_row = {"line": line, "reason": error}
+            rejected.append(bad_row)
+            if len(examples) < 20:
+                examples.append(bad_row)
+            if len(rejected) == REJECTED_CHUNK:
+                flush_rejected()
+            continue
+        buffer.append(row)
+        if len(buffer) == config.shard_size:
+            flush_shard()
+    if buffer:
+        flush_shard()
+    if rejected:
+        flush_rejected()
+    manifest = InputManifest(
+        shards=len(shard_rows),
+        rows=rows,
+        rejected=rejected_total,
+        shard_rows=shard_rows,
+        examples=examples,
+    )
+    storage.put_once(keys.inputs_manifest(config.run), dumps(manifest.to_json()))
+    return manifest
+
+
+def enqueue_run(
+    storage: Storage, app: Celery, client: redis.Redis, config: RunConfig
+) -> EnqueueReport:
+    """Freeze the config, write the input shards unless already written, queue missing shards."""
+    config = freeze_run_config(storage, config)
+    sender = TaskSender(storage, app, client, config.run)
+    report = EnqueueReport(run=config.run)
+    manifest = read_manifest(storage, config.run)
+    if manifest is None:
+        log.info("run %s: reading %s", config.run, config.input)
+        manifest = write_inputs(storage, config, on_shard=sender.send)
+        report.wrote_inputs = True
+    else:
+        for shard in range(manifest.shards):
+            sender.send(shard)
+    return _fill(report, manifest, sender)
+
+
+def resume_run(
+    storage: Storage, app: Celery, client: redis.Redis, run: str, force: bool = False
+) -> EnqueueReport:
+    """Re-queue every shard without a commit, from storage alone."""
+    config = read_run_config(storage, run)
+    if config is None:
+        raise NotFound(f"run {run!r} not found in {storage.root} (no run.json)")
+    manifest = read_manifest(storage, run)
+    if manifest is None:
+        # enqueue died while reading the input: finish that first, exactly as enqueue would.
+        return enqueue_run(storage, app, client, config)
+    sender = TaskSender(storage, app, client, run)
+    for shard in range(manifest.shards):
+        sender.send(shard, force=force)
+    return _fill(EnqueueReport(run=run), manifest, sender)
+
+
+def _fill(report: EnqueueReport, manifest: InputManifest, sender: TaskSender) -> EnqueueReport:
+    report.shards, report.rows, report.rejected = manifest.shards, manifest.rows, manifest.rejected
+    report.enqueued, report.committed = sender.enqueued, len(sender.committed)
+    report.examples = report.examples or manifest.examples
+    return report

@@ -1,0 +1,296 @@
+"""Streaming readers that turn an input file (local or ``s3://``) into numbered raw records.
+
+``enqueue`` calls :func:`iter_records` once per input and feeds each :class:`RawRecord` to
+``producer.rows.normalize``. JSONL (plain, ``.gz``, ``.zst``) and Parquet are streamed, so memory
+stays flat however many rows there are; a ``.json`` array is loaded whole with ``json.load``.
+Problems with one JSONL line come back as a record with ``error`` set; problems with the whole
+file raise :class:`common.errors.InputError` -- at call time for a missing file or an unknown
+extension, during iteration for unreadable content (corrupt Parquet, a broken JSON array,
+a truncated compressed stream).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from common.errors import InputError
+
+CHUNK_SIZE = 1 << 20
+PARQUET_BATCH_ROWS = 1024
+BOM = b"\xef\xbb\xbf"
+
+# Longest suffixes first, so ".jsonl.gz" wins over a bare ".gz" check.
+_SUFFIXES: tuple[tuple[str, str, str | None], ...] = (
+    (".jsonl.gz", "jsonl", "gzip"),
+    (".ndjson.gz", "jsonl", "gzip"),
+    (".jsonl.zst", "jsonl", "zstd"),
+    (".ndjson.zst", "jsonl", "zstd"),
+    (".jsonl", "jsonl", None),
+    (".ndjson", "jsonl", None),
+    (".json", "json", None),
+    (".parquet", "parquet", None),
+)
+SUPPORTED_EXTENSIONS = tuple(suffix for suffix, _, _ in _SUFFIXES)
+
+# Keys that mark an object as one conversation rather than a wrapper around a list of rows.
+_ROW_KEYS = frozenset({"messages", "conversations", "turns"})
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One input row: ``line`` locates it; exactly one of ``data`` and ``error`` is set."""
+
+    line: int
+    data: object | None
+    error: str | None
+
+
+def detect_kind(path: str) -> tuple[str, str | None]:
+    """Return ``(kind, compression)`` for a path from its extension, or raise InputError."""
+    name = path.rsplit("/", 1)[-1].lower()
+    for suffix, kind, compression in _SUFFIXES:
+        if name.endswith(suffix):
+            return kind, compression
+    raise InputError(
+        f"unsupported input extension: {path!r}; supported: {', '.join(SUPPORTED_EXTENSIONS)}"
+    )
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split a byte stream on ``\\n`` into lines (newline removed), keeping empty lines."""
+    # Pieces of an unfinished line are kept in a list so one very long line costs O(n), not O(n^2).
+    pending: list[bytes] = []
+    for chunk in chunks:
+        parts = chunk.split(b"\n")
+        if len(parts) == 1:
+            if chunk:
+                pending.append(chunk)
+            continue
+        pending.append(parts[0])
+        yield b"".join(pending)
+        yield from parts[1:-1]
+        pending = [parts[-1]] if parts[-1] else []
+    if pending:
+        yield b"".join(pending)
+
+
+def parse_jsonl_line(number: int, raw: bytes) -> RawRecord | None:
+    """Decode one physical JSONL line into a record, or None for a blank line."""
+    offset = 0
+    if number == 1 and raw.startswith(BOM):
+        raw, offset = raw[len(BOM) :], len(BOM)
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return RawRecord(number, None, f"invalid UTF-8 at byte {exc.start + offset}")
+    try:
+        return RawRecord(number, json.loads(text), None)
+    except json.JSONDecodeError as exc:
+        return RawRecord(number, None, f"invalid JSON: {exc.msg} at column {exc.colno}")
+    except RecursionError:
+        # json raises this, not JSONDecodeError, for absurdly deep nesting.
+        return RawRecord(number, None, "invalid JSON: nested too deeply")
+
+
+def iter_jsonl(chunks: Iterable[bytes]) -> Iterator[RawRecord]:
+    """Yield records for every non-blank line of a JSONL byte stream."""
+    for number, raw in enumerate(split_lines(chunks), start=1):
+        record = parse_jsonl_line(number, raw)
+        if record is not None:
+            yield record
+
+
+def rows_from_json_document(data: object, where: str) -> list[Any]:
+    """Return the row list of a parsed ``.json`` document (an array, or a wrapper object)."""
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        if _ROW_KEYS & data.keys():
+            return [data]  # a single conversation saved as one object
+        lists = [value for value in data.values() if isinstance(value, list)]
+        if len(lists) == 1:
+            return lists[0]
+    raise InputError(
+        f"{where}: expected a top-level JSON array of objects (or an object with one list-valued "
+        f'key such as {{"data": [...]}}), got {type(data).__name__}'
+    )
+
+
+def parse_json_document(blob: bytes, where: str) -> list[Any]:
+    """Parse a whole ``.json`` file into its row list, raising InputError with a position."""
+    blob = blob.removeprefix(BOM)
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: invalid UTF-8 at byte {exc.start}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{where}: invalid JSON: nested too deeply") from None
+    return rows_from_json_document(data, where)
+
+
+def _read_chunks(stream: IO[bytes]) -> Iterator[bytes]:
+    """Yield fixed-size chunks until EOF."""
+    return iter(lambda: stream.read(CHUNK_SIZE), b"")
+
+
+def _decompressed(stream: IO[bytes], compression: str | None) -> tuple[IO[bytes], tuple]:
+    """Wrap a binary stream in its decompressor; also return the errors that mean corrupt data."""
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=stream, mode="rb"), (OSError, EOFError, zlib.error)
+    if compression == "zstd":
+        import zstandard
+
+        # read_across_frames: files written by pzstd or concatenated .zst hold several frames.
+        reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
+        return reader, (OSError, zstandard.ZstdError)
+    return stream, (OSError,)
+
+
+def _jsonl_from_stream(
+    stream: IO[bytes], compression: str | None, where: str
+) -> Iterator[RawRecord]:
+    """Yield JSONL records from an open binary stream, turning unreadable data into InputError."""
+    reader, errors = _decompressed(stream, compression)
+    try:
+        yield from iter_jsonl(_read_chunks(reader))
+    except errors as exc:
+        raise InputError(f"{where}: cannot read data: {exc}") from None
+    finally:
+        if reader is not stream:
+            reader.close()
+
+
+def _iter_parquet(source: str, where: str) -> Iterator[RawRecord]:
+    """Yield one record per Parquet row, numbered from 1, reading a batch at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(source)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{where}: not a readable Parquet file: {exc}") from None
+    number = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                number += 1
+                yield RawRecord(number, row, None)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{where}: cannot read Parquet after row {number}: {exc}") from None
+    finally:
+        parquet.close()
+
+
+def _iter_json_file(path: str, where: str) -> Iterator[RawRecord]:
+    """Yield one record per element of a ``.json`` array, numbered from 1."""
+    with open(path, "rb") as handle:
+        blob = handle.read()
+    rows = parse_json_document(blob, where)
+    del blob
+    for index, row in enumerate(rows, start=1):
+        yield RawRecord(index, row, None)
+
+
+def _iter_local(path: str, kind: str, compression: str | None) -> Iterator[RawRecord]:
+    """Yield records from a local file that is known to exist."""
+    try:
+        if kind == "jsonl":
+            with open(path, "rb") as handle:
+                yield from _jsonl_from_stream(handle, compression, path)
+        elif kind == "json":
+            yield from _iter_json_file(path, path)
+        else:
+            yield from _iter_parquet(path, path)
+    except PermissionError as exc:
+        raise InputError(f"cannot open input {path}: {exc.strerror}") from None
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket/key`` into bucket and key, raising InputError if either is missing."""
+    bucket, _, key = url[len("s3://") :].partition("/")
+    if not bucket or not key:
+        raise InputError(f"malformed S3 URL {url!r}; expected s3://bucket/key")
+    return bucket, key
+
+
+def _open_s3(url: str, s3_client_factory: Callable[[], Any] | None) -> Any:
+    """Return the streaming body of an S3 object, mapping a missing key or bucket to InputError."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3_url(url)
+    client = s3_client_factory() if s3_client_factory is not None else boto3.client("s3")
+    try:
+        return client.get_object(Bucket=bucket, Key=key)["Body"]
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            raise InputError(f"input not found: {url}") from None
+        if code == "NoSuchBucket":
+            raise InputError(f"input not found: {url} (no such bucket {bucket!r})") from None
+        raise InputError(f"cannot read input {url}: {code or exc}") from None
+    except BotoCoreError as exc:
+        raise InputError(f"cannot read input {url}: {exc}") from None
+
+
+def _iter_s3(body: Any, url: str, kind: str, compression: str | None) -> Iterator[RawRecord]:
+    """Yield records from an S3 body: JSONL streamed, JSON and Parquet via a temporary file."""
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        if kind == "jsonl" and compression is None:
+            # Own line splitting over iter_chunks: iter_lines() drops empty lines and would
+            # shift every later line number.
+            yield from iter_jsonl(body.iter_chunks(CHUNK_SIZE))
+            return
+        if kind == "jsonl":
+            yield from _jsonl_from_stream(body, compression, url)
+            return
+        suffix = ".parquet" if kind == "parquet" else ".json"
+        with tempfile.TemporaryDirectory(prefix="dflash-input-") as tmp:
+            local = os.path.join(tmp, "input" + suffix)
+            with open(local, "wb") as handle:
+                for chunk in body.iter_chunks(CHUNK_SIZE):
+                    handle.write(chunk)
+            body.close()
+            if kind == "json":
+                yield from _iter_json_file(local, url)
+            else:
+                yield from _iter_parquet(local, url)
+    except BotoCoreError as exc:
+        # A connection dropped mid-download; the input as a whole could not be read.
+        raise InputError(f"cannot read input {url}: {exc}") from None
+    finally:
+        body.close()
+
+
+def iter_records(
+    path: str | os.PathLike[str], s3_client_factory: Callable[[], Any] | None = None
+) -> Iterator[RawRecord]:
+    """Return an iterator of raw records from a local path or ``s3://bucket/key`` URL."""
+    # A plain function (not a generator) so a missing file or bad extension fails at call time.
+    path = os.fspath(path)
+    kind, compression = detect_kind(path)
+    if path.startswith("s3://"):
+        body = _open_s3(path, s3_client_factory)
+        return _iter_s3(body, path, kind, compression)
+    if not os.path.exists(path):
+        raise InputError(f"input not found: {path}")
+    if os.path.isdir(path):
+        raise InputError(f"input is a directory, not a file: {path}")
+    return _iter_local(path, kind, compression)

@@ -1,0 +1,283 @@
+"""Row normalization: turn one raw input row into a validated :class:`Conversation`.
+
+``enqueue`` passes every ``RawRecord.data`` from ``producer.readers`` to :func:`normalize`,
+reports each :class:`common.errors.BadRow` with its line number and reason, and checks ids
+with one :class:`IdRegistry` per run. Assistant messages are dropped (the target model
+regenerates them); system and user messages are kept and grouped into ``turns``, one group
+per assistant reply to generate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BadRow, ConfigError
+
+FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "prompt")
+PROMPT_FIELDS = ("prompt", "instruction", "question", "input", "text")
+ID_FIELDS = ("id", "question_id", "conversation_id", "uid")
+# The field that holds the conversation for each structured format.
+CONVERSATION_FIELDS = {"messages": "messages", "sharegpt": "conversations", "mt_bench": "turns"}
+# Reference answers of instruction datasets: large, and regenerated anyway, so kept out of source.
+ANSWER_FIELDS = frozenset({"output", "response", "completion", "chosen", "rejected"})
+
+OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+}
+
+# Lone surrogates survive json.loads ("\ud800") but cannot be encoded as UTF-8 later.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A validated sample: its id, the message groups to answer, and the row's metadata."""
+
+    id: str
+    turns: list[list[dict]]
+    source: dict
+
+    def to_json(self) -> dict:
+        """Return the JSON-ready form ``{"id", "turns", "source"}``."""
+        return {"id": self.id, "turns": self.turns, "source": self.source}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Conversation:
+        """Rebuild a Conversation from :meth:`to_json` output."""
+        return cls(id=str(d["id"]), turns=d["turns"], source=d.get("source") or {})
+
+
+class IdRegistry:
+    """Detects duplicate sample ids, holding 8-byte blake2b digests instead of the id strings."""
+
+    def __init__(self) -> None:
+        self._seen: set[bytes] = set()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check_and_add(self, sample_id: str) -> None:
+        """Record an id, raising BadRow if it was already recorded."""
+        # 64-bit digests: a false duplicate among 10 million ids has odds of about 1 in 400,000.
+        digest = hashlib.blake2b(sample_id.encode("utf-8", "surrogatepass"), digest_size=8)
+        key = digest.digest()
+        if key in self._seen:
+            raise BadRow(f"duplicate id {sample_id!r}")
+        self._seen.add(key)
+
+
+def type_name(value: object) -> str:
+    """Name a value's type the way reasons print it (``null`` for None)."""
+    return "null" if value is None else type(value).__name__
+
+
+def check_text(value: object, where: str) -> str:
+    """Return ``value`` if it is an encodable string, else raise BadRow naming ``where``."""
+    if not isinstance(value, str):
+        raise BadRow(f"{where} must be a string, got {type_name(value)}")
+    if _SURROGATE.search(value):
+        raise BadRow(f"{where} contains an unpaired UTF-16 surrogate")
+    return value
+
+
+def detect_format(data: dict, prompt_field: str | None) -> str:
+    """Pick the format of one object row from its keys, or raise BadRow listing them."""
+    for fmt, field in CONVERSATION_FIELDS.items():
+        if field in data:
+            return fmt
+    if (prompt_field is not None and prompt_field in data) or any(
+        name in data for name in PROMPT_FIELDS
+    ):
+        return "prompt"
+    keys = ", ".join(sorted(map(str, data))) or "none"
+    raise BadRow(
+        "cannot detect the row format: no messages, conversations, turns or prompt field "
+        f"(found keys: {keys})"
+    )
+
+
+def parse_messages(
+    data: dict, field: str, role_keys: tuple[str, ...], content_keys: tuple[str, ...], roles: dict
+) -> list[tuple[str, str]]:
+    """Return ``(role, content)`` pairs of a message list, validating types and roles."""
+    items = data[field]
+    if not isinstance(items, list):
+        raise BadRow(f"{field} must be a list, got {type_name(items)}")
+    messages = []
+    for index, item in enumerate(items):
+        where = f"{field}[{index}]"
+        if not isinstance(item, dict):
+            raise BadRow(f"{where} must be an object, got {type_name(item)}")
+        role_key = next((k for k in role_keys if k in item), role_keys[0])
+        role = item.get(role_key)
+        if role is None:
+            raise BadRow(f"{where} has no {role_key!r}")
+        if not isinstance(role, str):
+            raise BadRow(f"{where}.{role_key} must be a string, got {type_name(role)}")
+        if role not in roles:
+            raise BadRow(f"unknown role {role!r} in {where}")
+        role = roles[role]
+        if role == "assistant":
+            # Dropped unchecked: tool-call replies have null content and are regenerated anyway.
+            messages.append((role, ""))
+            continue
+        content_key = next((k for k in content_keys if k in item), content_keys[0])
+        content = check_text(item.get(content_key), f"{where}.{content_key}")
+        if role == "user" and not content.strip():
+            raise BadRow(f"empty user message at {where}")
+        messages.append((role, content))
+    return messages
+
+
+def group_turns(messages: list[tuple[str, str]]) -> list[list[dict]]:
+    """Group non-assistant messages so that one reply is generated after each group."""
+    turns: list[list[dict]] = []
+    group: list[dict] = []
+    for role, content in messages:
+        if role != "assistant":
+            group.append({"role": role, "content": content})
+        elif any(m["role"] == "user" for m in group):
+            turns.append(group)
+            group = []
+        # An assistant message with no user message before it (a greeting) is simply dropped.
+    if group:
+        has_user = any(m["role"] == "user" for m in group)
+        # A trailing system message would be followed by a reply nobody asked for.
+        if group[-1]["role"] == "system" and (has_user or turns):
+            raise BadRow("conversation ends with a system message")
+        if has_user:
+            turns.append(group)
+    if not turns:
+        raise BadRow("no user message")
+    return turns
+
+
+def mt_bench_turns(data: dict) -> list[list[dict]]:
+    """Return one single-message user group per MT-Bench question turn."""
+    questions = data["turns"]
+    if not isinstance(questions, list):
+        raise BadRow(f"turns must be a list, got {type_name(questions)}")
+    turns = []
+    for index, question in enumerate(questions):
+        text = check_text(question, f"turns[{index}]")
+        if not text.strip():
+            raise BadRow(f"empty user message at turns[{index}]")
+        turns.append([{"role": "user", "content": text}])
+    if not turns:
+        raise BadRow("no user message")
+    return turns
+
+
+def prompt_turns(data: dict, prompt_field: str | None) -> tuple[list[list[dict]], set[str]]:
+    """Return the single turn of a prompt row and the fields it consumed."""
+    if prompt_field is not None:
+        field = prompt_field
+        if data.get(field) is None:
+            raise BadRow(f"no prompt field {field!r} (found keys: {', '.join(map(str, data))})")
+    else:
+        field = next((name for name in PROMPT_FIELDS if data.get(name) is not None), None)
+        if field is None:
+            raise BadRow(f"no prompt field: expected one of {', '.join(PROMPT_FIELDS)}")
+    text = check_text(data[field], field)
+    if not text.strip():
+        raise BadRow(f"empty user message in field {field!r}")
+    used = {field, "system"}
+    extra = data.get("input")
+    if prompt_field is None and field == "instruction" and isinstance(extra, str) and extra.strip():
+        # Alpaca rows: "input" is context for the instruction, not a separate prompt.
+        text = f"{text}\n\n{check_text(extra, 'input')}"
+        used.add("input")
+    group = []
+    system = data.get("system")
+    if system is not None:
+        system = check_text(system, "system")
+        if system.strip():
+            group.append({"role": "system", "content": system})
+    group.append({"role": "user", "content": text})
+    return [group], used
+
+
+def sample_id(data: dict) -> tuple[str | None, str | None, object]:
+    """Return ``(id string, field it came from, original value)``; ``None`` when there is none."""
+    for field in ID_FIELDS:
+        value = data.get(field)
+        if value is None:
+            continue
+        # bool is an int subclass, but True is not an id anyone meant.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value), field, value
+        if isinstance(value, str):
+            if not value.strip():
+                raise BadRow(f"{field} is an empty string")
+            check_text(value, field)
+            return value, field, value
+        raise BadRow(f"{field} must be a string or integer, got {type_name(value)}")
+    return None, None, None
+
+
+def content_id(turns: list[list[dict]]) -> str:
+    """Return ``h-`` plus 16 hex digits of the SHA-256 of the canonical JSON of ``turns``."""
+    canonical = json.dumps(turns, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "h-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def jsonable(value: Any) -> Any:
+    """Return a strict-JSON copy of ``value``, turning anything else into its ``str``."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        # Replace lone surrogates so the shard writer can always encode the source as UTF-8.
+        return (
+            value.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(value) else value
+        )
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def normalize(data: object, fmt: str = "auto", prompt_field: str | None = None) -> Conversation:
+    """Validate one raw row and return its Conversation, or raise BadRow with the reason."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown input format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if not isinstance(data, dict):
+        kind = type_name(data)
+        raise BadRow(f"row is {'null' if data is None else 'a ' + kind}, expected an object")
+    if fmt == "auto":
+        fmt = detect_format(data, prompt_field)
+    used: set[str] = set()
+    if fmt in CONVERSATION_FIELDS:
+        field = CONVERSATION_FIELDS[fmt]
+        if field not in data:
+            raise BadRow(f"missing field {field!r} for format {fmt}")
+        used.add(field)
+    if fmt == "messages":
+        turns = group_turns(parse_messages(data, "messages", ("role",), ("content",), OPENAI_ROLES))
+    elif fmt == "sharegpt":
+        # Some ShareGPT exports use OpenAI's role/content keys inside "conversations".
+        pairs = parse_messages(
+            data, "conversations", ("from", "role"), ("value", "content"), SHAREGPT_ROLES
+        )
+        turns = group_turns(pairs)
+    elif fmt == "mt_bench":
+        turns = mt_bench_turns(data)
+    else:
+        turns, used = prompt_turns(data, prompt_field)
+    found_id, id_field, original = sample_id(data)
+    skip = used | ANSWER_FIELDS | {"id", id_field}
+    source = {"id": original, **{k: v for k, v in data.items() if k not in skip}}
+    return Conversation(id=found_id or content_id(turns), turns=turns, source=jsonable(source))

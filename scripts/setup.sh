@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian/Ubuntu machine with Python 3.11: redis-server, a venv with CPU torch
+# and this package. Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "== installing redis-server"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "== creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  echo "== installing CPU torch"
+  # The CPU index keeps pip from pulling a multi-GB CUDA build; --retries 0 keeps an offline
+  # mirror (where that index is unreachable) from waiting on it.
+  "$VENV/bin/pip" install -q --retries 0 torch==2.13.0 \
+    --extra-index-url https://download.pytorch.org/whl/cpu
+fi
+
+stamp="$VENV/.dflash-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "== installing dflash-pipeline[dev]"
+  "$VENV/bin/pip" install -q -e ".[dev]"
+  touch "$stamp"
+fi

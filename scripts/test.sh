@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test suite: set up, then run pytest (tests start their own redis-server, moto S3 server
+# and Celery workers). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,202 @@
+"""Real components for the tests: redis-server processes, moto's S3 server, Celery workers.
+
+Nothing here fakes our own code: workers are real ``dflash-pipeline worker generate`` processes
+driving the tiny CPU model, Redis is a real ``redis-server`` on a free port, and S3 is moto's
+server mode on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
+CACHE_DIR = Path(os.environ.get("DFLASH_TEST_CACHE", ROOT / ".dflash" / "test-cache"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.2) -> object:
+    """Poll until ``predicate`` returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@dataclass
+class RedisServer:
+    """A real redis-server with AOF on, restartable on the same port and data directory."""
+
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed (apt-get install -y redis-server)"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # appendfsync always: a kill -9 in a test must not lose the last second of the queue.
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+             "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        import redis
+
+        client = redis.Redis(port=self.port)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_until(up, 20, "redis-server to accept connections")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def client(self):  # noqa: ANN201
+        import redis
+
+        return redis.Redis(port=self.port, decode_responses=True)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on loopback, shared by the session (each test uses its own bucket)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3_storage(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket; returns its storage URL with a prefix."""
+    import boto3
+
+    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/data"
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """Build the tiny CPU model once for the whole session (and across runs, under .dflash/)."""
+    from common.tinymodel import ensure_tiny_model
+
+    ensure_tiny_model(CACHE_DIR)
+    return CACHE_DIR
+
+
+@dataclass
+class Pipeline:
+    """One test's deployment: environment, CLI runner and worker processes."""
+
+    env: dict[str, str]
+    log_dir: Path
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([sys.executable, "-m", "producer.cli", *args], env=self.env,
+                                capture_output=True, text=True, timeout=300, cwd=ROOT)
+        if check:
+            assert result.returncode == 0, result.stderr + result.stdout
+        return result
+
+    def status(self, run: str) -> dict:
+        result = self.cli("status", "--run", run, "--json", check=True)
+        return json.loads(result.stdout)
+
+    def start_worker(self, name: str, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "producer.cli", "worker", "generate", "--name",
+                 f"{name}@%h", *extra],
+                env={**self.env, **env}, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+            )
+        self.workers.append(proc)
+        wait_until(lambda: b" ready." in log.read_bytes() or proc.poll() is not None, 120,
+                   f"worker {name} to be ready")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def pipeline(redis_server: RedisServer, s3_storage: str, model_cache: Path,
+             tmp_path: Path) -> Iterator[Pipeline]:
+    env = {
+        **os.environ,
+        "DFLASH_BROKER_URL": redis_server.url,
+        "DFLASH_STORAGE": s3_storage,
+        "DFLASH_CACHE_DIR": str(model_cache),
+        "DFLASH_LEASE_TTL": "4",
+        "DFLASH_PART_SAMPLES": "4",
+        "DFLASH_BATCH_SIZE": "4",
+        "DFLASH_RETRY_BACKOFF_MAX": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    deployment = Pipeline(env=env, log_dir=log_dir)
+    yield deployment
+    deployment.stop_all()

@@ -1,0 +1,59 @@
+"""compose.yaml is valid Compose, runs only commands we ship, and agrees on queue settings."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from producer.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+@pytest.mark.skipif(not SCHEMA.exists(), reason="shared/schemas/compose-spec.json not present")
+def test_compose_matches_the_official_schema(compose: dict) -> None:
+    jsonschema.validate(compose, json.loads(SCHEMA.read_text()))
+
+
+def _argv(service: dict) -> list[str]:
+    command = service.get("command", [])
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def test_every_dflash_command_exists(compose: dict) -> None:
+    runner = CliRunner()
+    checked = 0
+    for name, service in compose["services"].items():
+        argv = _argv(service)
+        if argv[:1] == ["dflash-pipeline"]:
+            words = [w for w in argv[1:] if not w.startswith("-") and "$" not in w][:2]
+            result = runner.invoke(main, [*words, "--help"])
+            assert result.exit_code == 0, f"{name}: {' '.join(argv)}: {result.output}"
+            checked += 1
+        elif argv[:1] == ["celery"]:
+            assert argv[1:3] == ["-A", "common.celery_app"], name
+            checked += 1
+    assert checked >= 3
+
+
+def test_services_share_broker_and_visibility_settings(compose: dict) -> None:
+    ours = [s for s in compose["services"].values()
+            if _argv(s)[:1] in (["dflash-pipeline"], ["celery"])]
+    envs = [s["environment"] for s in ours]
+    for var in ("DFLASH_BROKER_URL", "DFLASH_VISIBILITY_TIMEOUT", "DFLASH_STORAGE"):
+        assert len({env[var] for env in envs}) == 1, var
+    assert "requirepass" in compose["services"]["redis"]["command"]
+    assert "--appendonly yes" in compose["services"]["redis"]["command"]
+    assert "FLOWER_BASIC_AUTH" in compose["services"]["flower"]["environment"]

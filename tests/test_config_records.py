@@ -1,0 +1,48 @@
+"""Settings from the environment, secret masking, and the frozen run config's diff."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import load_settings, mask_url
+from common.errors import ConfigError, RunConfigMismatch
+from common.records import RunConfig, Sampling
+
+
+def test_env_is_read_and_overrides_win() -> None:
+    env = {"DFLASH_BROKER_URL": "redis://:pw@h:1/0", "DFLASH_LEASE_TTL": "7.5",
+           "DFLASH_PART_SAMPLES": "3"}
+    settings = load_settings(env, storage="/x")
+    assert settings.lease_ttl == 7.5 and settings.part_samples == 3 and settings.storage == "/x"
+    assert settings.lease_heartbeat == 2.5
+
+
+def test_bad_env_values_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match="DFLASH_PART_SAMPLES"):
+        load_settings({"DFLASH_PART_SAMPLES": "many"})
+    with pytest.raises(ConfigError, match="positive"):
+        load_settings({"DFLASH_LEASE_TTL": "-1"})
+
+
+def test_broker_password_never_shown() -> None:
+    settings = load_settings({"DFLASH_BROKER_URL": "redis://user:s3cret@redis:6379/0"})
+    assert "s3cret" not in repr(settings)
+    assert "s3cret" not in settings.masked_broker_url
+    assert mask_url("redis://:s3cret@redis:6379/0") == "redis://:***@redis:6379/0"
+    assert mask_url("redis://redis:6379/0") == "redis://redis:6379/0"
+
+
+def _config(**kw: object) -> RunConfig:
+    base = dict(run="r", model="m", input="/in.jsonl", format="auto", prompt_field=None,
+                shard_size=8, limit=None)
+    return RunConfig(**{**base, **kw})
+
+
+def test_run_config_diff_names_fields_and_ignores_timestamps() -> None:
+    a = _config()
+    b = _config(shard_size=9, sampling=Sampling(max_new_tokens=7))
+    assert a.differences(_config()) == []
+    assert a.differences(b) == ["sampling.max_new_tokens", "shard_size"]
+    with pytest.raises(RunConfigMismatch, match="shard_size"):
+        a.check_same(b)
+    assert RunConfig.from_json(b.to_json()) == b

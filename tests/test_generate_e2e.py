@@ -1,0 +1,210 @@
+"""End to end on real Redis, real Celery worker processes, moto's S3 server and the CPU model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import boto3
+import pytest
+
+from common import keys
+from common.records import decode_jsonl_zst
+from common.storage import open_storage
+from tests.conftest import MT_BENCH, Pipeline, RedisServer, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def _mt_bench_rows(n: int) -> list[dict]:
+    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
+    return rows[:n]
+
+
+def _write_jsonl(path, rows) -> str:  # noqa: ANN001
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _commits(storage_url: str, run: str) -> dict[int, dict]:
+    storage = open_storage(storage_url)
+    return {
+        keys.shard_of(k): json.loads(storage.get(k))
+        for k in storage.list(keys.generated_prefix(run)) if k.endswith("_COMMIT.json")
+    }
+
+
+def _committed_samples(storage_url: str, run: str) -> list[dict]:
+    """Every canonical sample, read through the commits exactly as a consumer would."""
+    storage = open_storage(storage_url)
+    samples = []
+    for commit in _commits(storage_url, run).values():
+        wanted = set(commit["sample_ids"])
+        for part in commit["parts"]:
+            for sample in decode_jsonl_zst(storage.get(part)):
+                if sample["id"] in wanted and commit["part_of"][sample["id"]] == part:
+                    samples.append(sample)
+    return samples
+
+
+def _all_keys(storage_url: str) -> list[str]:
+    return list(open_storage(storage_url).list("runs/"))
+
+
+def _queue_len(redis_server: RedisServer, queue: str = "generate") -> int:
+    return redis_server.client().llen(queue)
+
+
+def test_status_progress_then_rerun_writes_and_queues_nothing(
+        pipeline: Pipeline, redis_server: RedisServer, tmp_path) -> None:  # noqa: ANN001
+    rows = _mt_bench_rows(12)
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    pipeline.cli("enqueue", "--input", src, "--run", "r1", "--shard-size", "4",
+                 "--max-new-tokens", "96", check=True)
+    assert pipeline.status("r1")["state"] == "pending"
+    pipeline.start_worker("w1")
+    seen = []
+
+    def finished() -> bool:
+        status = pipeline.status("r1")
+        seen.append(status)
+        return status["state"] == "done"
+
+    wait_until(finished, 300, "run r1 to finish", interval=0.5)
+    running = [s for s in seen if s["state"] == "running"]
+    assert running, "status never reported the run as running"
+    assert any(0 < s["samples"]["done"] + s["samples"]["in_progress"] < 12 for s in running)
+    final = seen[-1]
+    assert final["shards"] == {**final["shards"], "total": 3, "committed": 3}
+    assert final["samples"]["done"] == 12 and final["samples"]["rejected"] == 0
+    assert final["tokens"]["generated"] > 0
+
+    before, queued = _all_keys(pipeline.env["DFLASH_STORAGE"]), _queue_len(redis_server)
+    again = pipeline.cli("enqueue", "--input", src, "--run", "r1", "--shard-size", "4",
+                         "--max-new-tokens", "96", "--json", check=True)
+    assert json.loads(again.stdout)["enqueued"] == 0
+    resumed = pipeline.cli("resume", "--run", "r1", "--json", check=True)
+    assert json.loads(resumed.stdout)["enqueued"] == 0
+    assert _all_keys(pipeline.env["DFLASH_STORAGE"]) == before
+    assert _queue_len(redis_server) == queued == 0
+
+
+def test_kill9_mid_shard_then_resume_regenerates_only_missing(
+        pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    rows = _mt_bench_rows(32)
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    pipeline.cli("enqueue", "--input", src, "--run", "k9", "--shard-size", "16",
+                 "--max-new-tokens", "96", check=True)
+    storage_url = pipeline.env["DFLASH_STORAGE"]
+    storage = open_storage(storage_url)
+    victim = pipeline.start_worker("victim")
+    first_part = keys.generated_part("k9", 0, 0)
+    wait_until(lambda: storage.exists(first_part), 300, "the first part of shard 0")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+
+    assert not storage.exists(keys.generated_commit("k9", 0)), "shard 0 finished before the kill"
+    parts = [k for k in storage.list(keys.generated_prefix("k9"))
+             if keys.part_number(k) is not None]
+    kept = {s["id"] for k in parts for s in decode_jsonl_zst(storage.get(k))}
+    assert kept, "no sample was written before the kill"
+
+    pipeline.start_worker("rescuer")
+    report = json.loads(pipeline.cli("resume", "--run", "k9", "--json", check=True).stdout)
+    assert report["enqueued"] == 2
+    wait_until(lambda: pipeline.status("k9")["state"] == "done", 300, "run k9 to finish")
+
+    samples = _committed_samples(storage_url, "k9")
+    ids = [s["id"] for s in samples]
+    assert sorted(ids) == sorted(str(r["question_id"]) for r in rows)
+    assert len(ids) == len(set(ids))
+    requests = pipeline_requests(pipeline, "k9", "rescuer@")
+    expected = sum(len(r["turns"]) for r in rows if str(r["question_id"]) not in kept)
+    assert requests == expected, (requests, expected, len(kept))
+
+
+def pipeline_requests(pipeline: Pipeline, run: str, prefix: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(pipeline.env["DFLASH_BROKER_URL"], decode_responses=True)
+    counts = client.hgetall(keys.redis_requests(run))
+    return sum(int(v) for k, v in counts.items() if k.startswith(prefix))
+
+
+BAD_ROWS = [
+    b'{"id": "ok-1", "messages": [{"role": "user", "content": "Name three rivers."}]}',
+    b'{"id": "broken", "messages": [',
+    b'{"id": "utf8", "prompt": "caf\xc3\x28"}',
+    b'{"id": "nouser", "messages": [{"role": "system", "content": "Be brief."}]}',
+    b'{"id": "empty", "messages": [{"role": "user", "content": "   "}]}',
+    b'{"id": "types", "messages": [{"role": "user", "content": 42}]}',
+    b'{"id": "role", "messages": [{"role": "wizard", "content": "hi"}]}',
+    b'{"id": "ok-1", "prompt": "a duplicate id"}',
+    b'{"id": "ok-2", "conversations": [{"from": "system", "value": "Be kind."}, '
+    b'{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "old answer"}]}',
+    b'{"id": "ok-3", "prompt": "Explain rain."}',
+]
+
+
+def test_bad_rows_are_reported_and_good_rows_committed(pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    src = tmp_path / "bad.jsonl"
+    src.write_bytes(b"\n".join(BAD_ROWS) + b"\n")
+    result = pipeline.cli("enqueue", "--input", str(src), "--run", "bad", "--shard-size", "2",
+                          "--max-new-tokens", "64")
+    assert result.returncode == 3, result.stderr
+    reported = {int(line.split()[1].rstrip(":")) for line in result.stdout.splitlines()
+                if line.strip().startswith("line ")}
+    assert reported == {2, 3, 4, 5, 6, 7, 8}
+    for needle in ("invalid JSON", "invalid UTF-8", "no user message", "empty user message",
+                   "must be a string", "unknown role 'wizard'", "duplicate id 'ok-1'"):
+        assert needle in result.stdout, needle
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    rejected = [json.loads(line) for k in storage.list("runs/bad/rejected/input/")
+                for line in storage.get(k).decode().splitlines()]
+    assert sorted(r["line"] for r in rejected) == [2, 3, 4, 5, 6, 7, 8]
+    assert all(r["reason"] for r in rejected)
+
+    pipeline.start_worker("w")
+    wait_until(lambda: pipeline.status("bad")["state"] == "done", 300, "run bad to finish")
+    samples = {s["id"]: s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], "bad")}
+    assert set(samples) == {"ok-1", "ok-2", "ok-3"}
+    roles = [m["role"] for m in samples["ok-2"]["messages"]]
+    assert roles == ["system", "user", "assistant"]
+    assert samples["ok-2"]["messages"][2]["content"] != "old answer"
+    assert pipeline.status("bad")["samples"]["rejected"] == 7
+
+
+def test_redis_killed_and_restarted_while_shards_queued(
+        pipeline: Pipeline, redis_server: RedisServer, tmp_path) -> None:  # noqa: ANN001
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
+    pipeline.cli("enqueue", "--input", src, "--run", "rr", "--shard-size", "4",
+                 "--max-new-tokens", "64", check=True)
+    pipeline.start_worker("w")
+    storage_url = pipeline.env["DFLASH_STORAGE"]
+    wait_until(lambda: _commits(storage_url, "rr"), 300, "a first commit")
+    assert _queue_len(redis_server) >= 1, "no shard left queued to survive the restart"
+    redis_server.kill()
+    redis_server.start()
+    wait_until(lambda: len(_commits(storage_url, "rr")) == 4, 300, "all shards after restart")
+    assert pipeline.status("rr")["state"] == "done"
+
+
+def test_reused_run_id_with_other_config_is_refused(pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(3))
+    pipeline.cli("enqueue", "--input", src, "--run", "cfg", "--max-new-tokens", "64", check=True)
+    result = pipeline.cli("enqueue", "--input", src, "--run", "cfg", "--max-new-tokens", "65",
+                          "--shard-size", "2")
+    assert result.returncode == 4
+    assert "sampling.max_new_tokens" in result.stderr and "shard_size" in result.stderr
+    assert "run.json" in result.stderr
+
+
+def test_s3_bucket_missing_is_a_clear_error(pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(1))
+    env_storage = "s3://no-such-bucket-here/x"
+    pipeline.env["DFLASH_STORAGE"] = env_storage
+    result = pipeline.cli("enqueue", "--input", src, "--run", "nb")
+    assert result.returncode == 1
+    assert "no-such-bucket-here" in result.stderr
+    assert boto3.client("s3").list_buckets()["Buckets"]

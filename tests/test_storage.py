@@ -1,0 +1,78 @@
+"""Put-once storage semantics on a local directory and on a real S3 API (moto server)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from common.errors import ConfigError, NotFound, StorageError
+from common.storage import LocalStorage, Storage, open_storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path) -> Storage:  # noqa: ANN001
+    if request.param == "local":
+        return open_storage(str(tmp_path / "root"))
+    return open_storage(request.getfixturevalue("s3_storage"))
+
+
+def test_put_once_never_overwrites(storage: Storage) -> None:
+    assert storage.put_once("runs/a/x.json", b"first")
+    assert not storage.put_once("runs/a/x.json", b"second")
+    assert storage.get("runs/a/x.json") == b"first"
+    assert storage.exists("runs/a/x.json") and not storage.exists("runs/a/y.json")
+
+
+def test_get_missing_raises_not_found(storage: Storage) -> None:
+    with pytest.raises(NotFound):
+        storage.get("runs/none.json")
+
+
+def test_list_is_sorted_and_prefix_exact(storage: Storage) -> None:
+    for key in ("runs/r/b/2", "runs/r/a/1", "runs/r2/c", "runs/r/a/0"):
+        storage.put_once(key, b"x")
+    assert list(storage.list("runs/r/")) == ["runs/r/a/0", "runs/r/a/1", "runs/r/b/2"]
+    assert list(storage.list("runs/r/a/")) == ["runs/r/a/0", "runs/r/a/1"]
+    assert list(storage.list("runs/zzz/")) == []
+
+
+def test_concurrent_put_once_has_exactly_one_winner(storage: Storage) -> None:
+    wins: list[bytes] = []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        data = f"writer-{i}".encode()
+        barrier.wait()
+        if storage.put_once("runs/race/_COMMIT.json", data):
+            wins.append(data)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert storage.get("runs/race/_COMMIT.json") == wins[0]
+
+
+def test_local_storage_leaves_no_temporary_files(tmp_path) -> None:  # noqa: ANN001
+    storage = LocalStorage(tmp_path)
+    storage.put_once("a/b.bin", b"1")
+    storage.put_once("a/b.bin", b"2")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b.bin"]
+
+
+def test_bad_keys_and_urls_are_refused(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ConfigError):
+        LocalStorage(tmp_path).put_once("../escape", b"x")
+    with pytest.raises(ConfigError):
+        open_storage("gs://bucket/x")
+    with pytest.raises(ConfigError):
+        open_storage("s3:///nobucket")
+
+
+def test_s3_errors_surface_as_storage_errors(s3_storage: str) -> None:
+    missing = open_storage("s3://bucket-that-does-not-exist/p")
+    with pytest.raises(StorageError):
+        missing.put_once("k", b"x")
