@@ -43,3 +43,7 @@ class LeaseBusy(DflashError):
 
 class EngineError(DflashError):
     """The generation engine failed a request."""
+
+
+class ShuttingDown(DflashError):
+    """The worker is stopping: the shard flushed its last part and goes back to the queue."""

@@ -81,7 +81,7 @@ def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
         raise ConfigError(f"the worker exited with code {proc.returncode}; see {log_path}")
 
 
-def run_demo(input: str, out: str, run: str, shard_size: int, max_new_tokens: int,
+def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_tokens: int,
              flower: bool, flower_port: int) -> int:
     """Returns the process exit code: 0 when every shard committed."""
     from producer.commands import build_run_config, print_enqueue_report, watch_progress
@@ -98,7 +98,7 @@ def run_demo(input: str, out: str, run: str, shard_size: int, max_new_tokens: in
         settings = load_settings(broker_url=url, storage=str(out_dir / "storage"))
         env = dict(os.environ, DFLASH_BROKER_URL=url, DFLASH_STORAGE=settings.storage,
                    DFLASH_CACHE_DIR=str(settings.cache_dir))
-        config = build_run_config(settings, run=run, input_path=input, fmt="auto",
+        config = build_run_config(settings, run=run, input_path=input_path, fmt="auto",
                                   prompt_field=None, shard_size=shard_size, limit=None,
                                   max_new_tokens=max_new_tokens, temperature=0.7, top_p=0.95,
                                   top_k=50, thinking=True)

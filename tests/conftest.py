@@ -155,6 +155,20 @@ class Pipeline:
         result = self.cli("status", "--run", run, "--json", check=True)
         return json.loads(result.stdout)
 
+    def state(self, run: str) -> str:
+        """The run's state read in-process by the same code as ``status`` (cheap to poll)."""
+        import redis
+
+        from common.storage import open_storage
+        from producer.status import StatusReader
+
+        client = redis.Redis.from_url(self.env["DFLASH_BROKER_URL"], decode_responses=True)
+        return StatusReader(open_storage(self.env["DFLASH_STORAGE"]), client, run).read()["state"]
+
+    def wait_done(self, run: str, timeout: float = 300) -> None:
+        wait_until(lambda: self.state(run) == "done", timeout, f"run {run} to finish",
+                   interval=0.5)
+
     def start_worker(self, name: str, *extra: str, **env: str) -> subprocess.Popen[bytes]:
         log = self.log_dir / f"{name}.log"
         with open(log, "ab") as fh:

@@ -71,7 +71,7 @@ def test_status_progress_then_rerun_writes_and_queues_nothing(
         seen.append(status)
         return status["state"] == "done"
 
-    wait_until(finished, 300, "run r1 to finish", interval=0.5)
+    wait_until(finished, 300, "run r1 to finish", interval=1.0)
     running = [s for s in seen if s["state"] == "running"]
     assert running, "status never reported the run as running"
     assert any(0 < s["samples"]["done"] + s["samples"]["in_progress"] < 12 for s in running)
@@ -113,7 +113,7 @@ def test_kill9_mid_shard_then_resume_regenerates_only_missing(
     pipeline.start_worker("rescuer")
     report = json.loads(pipeline.cli("resume", "--run", "k9", "--json", check=True).stdout)
     assert report["enqueued"] == 2
-    wait_until(lambda: pipeline.status("k9")["state"] == "done", 300, "run k9 to finish")
+    pipeline.wait_done("k9")
 
     samples = _committed_samples(storage_url, "k9")
     ids = [s["id"] for s in samples]
@@ -166,7 +166,7 @@ def test_bad_rows_are_reported_and_good_rows_committed(pipeline: Pipeline, tmp_p
     assert all(r["reason"] for r in rejected)
 
     pipeline.start_worker("w")
-    wait_until(lambda: pipeline.status("bad")["state"] == "done", 300, "run bad to finish")
+    pipeline.wait_done("bad")
     samples = {s["id"]: s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], "bad")}
     assert set(samples) == {"ok-1", "ok-2", "ok-3"}
     roles = [m["role"] for m in samples["ok-2"]["messages"]]
@@ -208,3 +208,24 @@ def test_s3_bucket_missing_is_a_clear_error(pipeline: Pipeline, tmp_path) -> Non
     assert result.returncode == 1
     assert "no-such-bucket-here" in result.stderr
     assert boto3.client("s3").list_buckets()["Buckets"]
+
+
+def test_sigterm_flushes_and_requeues_the_shard(pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    rows = _mt_bench_rows(24)
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    pipeline.cli("enqueue", "--input", src, "--run", "term", "--shard-size", "24",
+                 "--max-new-tokens", "96", check=True)
+    storage_url = pipeline.env["DFLASH_STORAGE"]
+    storage = open_storage(storage_url)
+    first = pipeline.start_worker("first")
+    wait_until(lambda: storage.exists(keys.generated_part("term", 0, 0)), 300, "a first part")
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=60)
+    assert not storage.exists(keys.generated_commit("term", 0)), "shard finished before SIGTERM"
+    kept = {s["id"] for k in storage.list(keys.generated_prefix("term"))
+            for s in decode_jsonl_zst(storage.get(k))}
+    pipeline.start_worker("second")  # no resume: the stopping worker requeued the shard itself
+    pipeline.wait_done("term")
+    assert pipeline_requests(pipeline, "term", "second@") == 2 * (len(rows) - len(kept))
+    ids = [s["id"] for s in _committed_samples(storage_url, "term")]
+    assert sorted(ids) == sorted(str(r["question_id"]) for r in rows)

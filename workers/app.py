@@ -7,19 +7,32 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_shutting_down
 
 from common.celery_app import app
+from common.errors import DflashError
 from workers import generate  # noqa: F401 - registers the tasks
-from workers.context import warm_engine
+from workers.context import get_context, warm_engine
 
 log = logging.getLogger(__name__)
 
 
 @worker_init.connect
 def _load_engine(**_: object) -> None:
-    """Load the engine when the worker starts, so the first shard does not wait for it."""
-    warm_engine()
+    """Load the engine when the worker starts; a worker without an engine must not take shards."""
+    try:
+        warm_engine()
+    except (DflashError, OSError) as exc:
+        log.critical("engine failed to start: %s", exc)
+        # SystemExit passes through Celery's signal dispatch, which swallows Exceptions.
+        raise SystemExit(f"engine failed to start: {exc}") from exc
+
+
+@worker_shutting_down.connect
+def _stop_shards(**_: object) -> None:
+    """Shards in flight flush their last part and requeue instead of running to the end."""
+    log.info("worker shutting down: shards in flight flush and requeue")
+    get_context().stopping.set()
 
 
 __all__ = ["app"]

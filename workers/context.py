@@ -29,6 +29,7 @@ class WorkerContext:
     settings: Settings
     _engine: Engine | None = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     @cached_property
     def storage(self) -> Storage:

@@ -18,7 +18,7 @@ from celery import Task
 
 from common import keys
 from common.celery_app import QUEUE_HIDDEN, TASK_GENERATE, TASK_HIDDEN, app
-from common.errors import ConfigError, DflashError, LeaseBusy, NotFound
+from common.errors import ConfigError, DflashError, LeaseBusy, NotFound, ShuttingDown
 from common.lease import Lease
 from common.models import template_sha
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst, dumps
@@ -40,6 +40,11 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
     worker = self.request.hostname or "worker"
     try:
         outcome = process_shard(ctx, task, worker)
+    except ShuttingDown as stop:
+        # A stop is not the shard's fault: give the attempt back and let another worker go on.
+        log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
+        _give_back_attempt(ctx, task)
+        raise self.retry(countdown=1) from None
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
         raise self.retry(countdown=ctx.settings.lease_ttl / 2 + random.random()) from None
@@ -92,6 +97,9 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
                                  on_requests=lambda n: count_requests(ctx, task, worker, n)):
             lease.check()
             buffer.add(sample)
+            if ctx.stopping.is_set():
+                buffer.flush()
+                raise ShuttingDown(f"worker stopping; {len(buffer.parts.done_ids)} samples kept")
         buffer.flush()
         commit = parts.commit([row["id"] for row in rows], worker)
         log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
@@ -141,6 +149,13 @@ def _attempts(ctx: WorkerContext, task: ShardTask) -> int:
     except redis.RedisError:
         return 0
     return int(value or 0)
+
+
+def _give_back_attempt(ctx: WorkerContext, task: ShardTask) -> None:
+    try:
+        ctx.redis.hincrby(keys.redis_attempts(task.run), keys.shard_name(task.shard), -1)
+    except redis.RedisError as err:
+        log.warning("run %s shard %d: attempt not given back: %s", task.run, task.shard, err)
 
 
 def record_progress(ctx: WorkerContext, task: ShardTask, samples: list[dict[str, Any]]) -> None:

@@ -1,0 +1,73 @@
+"""The README's demo, run as a user would: 80 MT-Bench questions, every turn regenerated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import keys
+from common.records import decode_jsonl_zst
+from common.storage import open_storage
+from tests.conftest import MT_BENCH, ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out", str(out),
+         "--max-new-tokens", "128"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "80 samples committed" in result.stdout
+
+    storage = open_storage(str(out / "storage"))
+    run = "mt-bench-demo"
+    commits = [json.loads(storage.get(k)) for k in storage.list(keys.generated_prefix(run))
+               if k.endswith("_COMMIT.json")]
+    committed = [i for c in commits for i in c["sample_ids"]]
+    questions = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
+    assert sorted(committed) == sorted(str(q["question_id"]) for q in questions)
+    assert len(committed) == len(set(committed)) == 80
+
+    from transformers import AutoTokenizer
+
+    from common.tinymodel import ensure_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(model_cache))
+    by_id = {q["question_id"]: q for q in questions}
+    for commit in commits:
+        for part in commit["parts"]:
+            for sample in decode_jsonl_zst(storage.get(part)):
+                if commit["part_of"].get(sample["id"]) != part:
+                    continue
+                question = by_id[int(sample["id"])]
+                users = [m["content"] for m in sample["messages"] if m["role"] == "user"]
+                answers = [m for m in sample["messages"] if m["role"] == "assistant"]
+                assert users == question["turns"]
+                assert len(answers) == len(sample["turns"]) == 2
+                assert all("reasoning_content" in a and "content" in a for a in answers)
+                for turn in sample["turns"]:
+                    assert turn["prompt_ids"] and turn["output_ids"]
+                    assert turn["finish_reason"] in ("stop", "length")
+                assert sample["prompt_ids"] == sample["turns"][-1]["prompt_ids"]
+                # Turn by turn: the second prompt holds the target's own first answer.
+                second_prompt = tokenizer.decode(sample["turns"][1]["prompt_ids"])
+                assert answers[0]["content"] in second_prompt
+                assert question["turns"][1] in second_prompt
+                assert sample["finish_reason"] == sample["turns"][-1]["finish_reason"]
+    rerun = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out", str(out),
+         "--max-new-tokens", "128"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "0 queued now" in rerun.stdout

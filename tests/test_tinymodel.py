@@ -1,0 +1,194 @@
+"""Acceptance tests for the embedded CPU model (:mod:`common.tinymodel`).
+
+Run: ``.venv/bin/python -m pytest tests/test_tinymodel.py -q -s``. The model comes from the
+session ``model_cache`` fixture (built once, about a minute on two cores, then reused across
+runs); the concurrency test builds one more copy in a fresh directory.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common.tinymodel import READY_MARKER, TINY_MODEL_VERSION, ensure_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_path(model_cache: Path) -> Path:
+    return ensure_tiny_model(model_cache)
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_path: Path) -> tuple:
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    model.eval()
+    return tok, model
+
+
+def test_loads_offline_with_single_token_specials(tiny_path: Path) -> None:
+    # A fresh interpreter with the hub switched off proves nothing is fetched or cached in-process.
+    script = textwrap.dedent(
+        f"""
+        import json
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained({str(tiny_path)!r})
+        model = AutoModelForCausalLM.from_pretrained({str(tiny_path)!r})
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+        print(json.dumps({{
+            "ids": {{t: tok.encode(t, add_special_tokens=False) for t in specials}},
+            "eos": tok.eos_token, "pad": tok.pad_token, "vocab": len(tok),
+            "model_eos": model.config.eos_token_id, "model_pad": model.config.pad_token_id,
+            "gen_eos": model.generation_config.eos_token_id,
+            "model_vocab": model.config.vocab_size,
+        }}))
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(len(ids) == 1 for ids in info["ids"].values()), info["ids"]
+    im_end, endoftext = info["ids"]["<|im_end|>"][0], info["ids"]["<|endoftext|>"][0]
+    assert (info["eos"], info["pad"]) == ("<|im_end|>", "<|endoftext|>")
+    assert (info["model_eos"], info["model_pad"]) == (im_end, endoftext)
+    assert info["gen_eos"] == [im_end, endoftext]
+    assert 4000 <= info["vocab"] <= 8000 and info["model_vocab"] == info["vocab"]
+    config = json.loads((tiny_path / "tokenizer_config.json").read_text())
+    assert "<think>" in config["chat_template"]
+    assert (tiny_path / "model.safetensors").is_file()
+    assert (tiny_path / READY_MARKER).is_file()
+
+
+def test_chat_template_matches_qwen3(tiny: tuple) -> None:
+    tok, _ = tiny
+
+    def render(messages: list[dict], **kwargs: object) -> str:
+        return tok.apply_chat_template(messages, tokenize=False, **kwargs)
+
+    single = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+    prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
+    gen = "<|im_start|>assistant\n"
+    assert render(single, add_generation_prompt=True, enable_thinking=True) == prompt + gen
+    assert render(single, add_generation_prompt=True) == prompt + gen
+    assert (
+        render(single, add_generation_prompt=True, enable_thinking=False)
+        == prompt + gen + "<think>\n\n</think>\n\n"
+    )
+
+    answered = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "reasoning_content": "R1", "content": "A1"},
+    ]
+    assert render(answered) == (
+        "<|im_start|>user\nQ1<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nR1\n</think>\n\nA1<|im_end|>\n"
+    )
+    # Reasoning of turns before the last user message is dropped, given either way.
+    for earlier in (answered[1], {"role": "assistant", "content": "<think>\nR1\n</think>\n\nA1"}):
+        two = [answered[0], earlier, {"role": "user", "content": "Q2"}]
+        assert render(two, add_generation_prompt=True, enable_thinking=True) == (
+            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n"
+        )
+
+
+def _generate(tok, model, conversations: list[list[dict]], seed: int) -> list[dict]:
+    """Sample one reply per conversation the way the pipeline does; parse its structure."""
+    prompts = [
+        tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+        for c in conversations
+    ]
+    tok.padding_side = "left"
+    batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            **batch, do_sample=True, temperature=0.7, top_p=0.95, max_new_tokens=160
+        )
+    replies = []
+    for row in out[:, batch["input_ids"].shape[1] :].tolist():
+        text = tok.decode(row)
+        body = text.split("<|im_end|>")[0]
+        answer = body.split("</think>")[-1].strip()
+        ok = (
+            tok.eos_token_id in row
+            and body.startswith("<think>\n")
+            and body.count("</think>") == 1
+            and bool(answer)
+        )
+        replies.append({"ok": ok, "text": text, "answer": answer, "tokens": len(row)})
+    return replies
+
+
+def test_generation_follows_think_answer_structure(tiny: tuple) -> None:
+    tok, model = tiny
+    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines()[:16]]
+    first = [[{"role": "user", "content": r["turns"][0]}] for r in rows]
+    replies = _generate(tok, model, first, seed=0)
+    passed = sum(r["ok"] for r in replies)
+    print(f"\ntiny model turn 1: {passed}/16 well-formed; sample: {replies[0]['text']!r}")
+    for r in replies:
+        if not r["ok"]:
+            print(f"  malformed: {r['text']!r}")
+    assert passed >= 14
+
+    second = [
+        conv + [{"role": "assistant", "content": r["answer"]}, {"role": "user", "content": q}]
+        for conv, r, q in zip(first, replies, (r["turns"][1] for r in rows), strict=True)
+    ][:8]
+    replies2 = _generate(tok, model, second, seed=1)
+    passed2 = sum(r["ok"] for r in replies2)
+    print(f"tiny model turn 2: {passed2}/8 well-formed")
+    assert passed2 >= 7
+
+
+def _ensure_in_child(cache_dir: Path, results: multiprocessing.Queue) -> None:
+    """Child-process body for the concurrency test: report the path and when it returned."""
+    started = time.time()
+    results.put((str(ensure_tiny_model(cache_dir)), started, time.time()))
+
+
+def test_cached_call_is_fast_and_concurrent_builds_share_one_dir(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    assert ensure_tiny_model(tiny_path.parent) == tiny_path
+    assert time.monotonic() - started < 2
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_ensure_in_child, args=(tmp_path, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    paths = {path for path, _, _ in got}
+    assert paths == {str(tmp_path / f"tiny-qwen3-{TINY_MODEL_VERSION}")}
+    # Both calls were in flight at once, so the lock (not luck) kept them from clashing.
+    assert max(start for _, start, _ in got) < min(end for _, _, end in got)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"tiny-qwen3-{TINY_MODEL_VERSION}",
+        "tiny-qwen3.lock",
+    ]
+    # Same seeds, same corpus: the tokenizer and config come out byte-identical.
+    for name in ("tokenizer.json", "config.json"):
+        assert (tmp_path / f"tiny-qwen3-{TINY_MODEL_VERSION}" / name).read_bytes() == (
+            tiny_path / name
+        ).read_bytes()
