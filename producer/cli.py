@@ -64,7 +64,8 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _services(settings: Settings) -> tuple[Any, Any, Any]:
+def _services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any, Any]:
+    """Storage, Celery app and Redis client; fails early and clearly if Redis is needed but down."""
     import redis
 
     from common.celery_app import make_app
@@ -74,7 +75,10 @@ def _services(settings: Settings) -> tuple[Any, Any, Any]:
     try:
         client.ping()
     except redis.RedisError as exc:
-        raise DflashError(f"cannot reach Redis at {settings.masked_broker_url}: {exc}") from exc
+        message = f"cannot reach Redis at {settings.masked_broker_url}: {exc}"
+        if need_redis:
+            raise DflashError(message) from exc
+        click.echo(f"warning: {message}; showing storage-side progress only", err=True)
     return open_storage(settings.storage), make_app(settings), client
 
 
@@ -157,7 +161,7 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
     """Shards, samples, tokens/s and ETA of a run."""
     from producer.commands import show_status
 
-    storage, _, client = _services(settings)
+    storage, _, client = _services(settings, need_redis=False)
     show_status(storage, client, run, watch=watch, interval=interval, as_json=as_json)
 
 

@@ -89,7 +89,6 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
     from producer.status import StatusReader
 
     out_dir = Path(out).resolve()
-    started = time.monotonic()
     with ExitStack() as stack:
         port = free_port()
         redis_proc = start_redis(out_dir / "redis", port)
@@ -118,6 +117,7 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
 
         storage, client = open_storage(settings.storage), redis.Redis.from_url(
             url, decode_responses=True)
+        started = time.monotonic()
         report = enqueue_run(storage, make_app(settings), client, config)
         print_enqueue_report(report, storage, as_json=False)
         click.echo(f"worker log: {out_dir / 'logs' / 'worker.log'}")
@@ -125,10 +125,9 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
                                 check=lambda: _alive(worker, out_dir / "logs" / "worker.log"))
         wall = time.monotonic() - started
     done = status["samples"]["done"]
-    click.echo(f"\n{done} samples committed in {wall:.0f}s ({done / wall:.2f} samples/s, "
-               f"{status['tokens']['generated']} tokens)")
+    click.echo(f"\n{done} samples committed {wall:.0f}s after enqueue "
+               f"({done / wall:.2f} samples/s, {status['tokens']['generated']} tokens)")
     click.echo(f"results: {settings.storage}/runs/{run}/generated/  "
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
-    click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run} "
-               "(needs a Redis; the demo's was stopped)")
+    click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run}")
     return 0 if status["state"] == RunState.DONE else 1

@@ -90,8 +90,9 @@ class TaskSender:
         # The marker makes a repeated resume idempotent; the worker clears it when it starts.
         if not self.client.hsetnx(keys.redis_queued(self.run), name, "1") and not force:
             return False
-        self.client.hdel(keys.redis_parked(self.run), name)
-        self.client.hdel(keys.redis_attempts(self.run), name)
+        if self.client.hdel(keys.redis_parked(self.run), name):
+            # Re-queuing a parked shard is the user's decision to try again: a fresh count.
+            self.client.hdel(keys.redis_attempts(self.run), name)
         self.app.send_task(
             TASK_GENERATE, args=[ShardTask(self.run, shard).to_json()], queue=QUEUE_GENERATE
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import boto3
 import pytest
@@ -229,3 +231,41 @@ def test_sigterm_flushes_and_requeues_the_shard(pipeline: Pipeline, tmp_path) ->
     assert pipeline_requests(pipeline, "term", "second@") == 2 * (len(rows) - len(kept))
     ids = [s["id"] for s in _committed_samples(storage_url, "term")]
     assert sorted(ids) == sorted(str(r["question_id"]) for r in rows)
+
+
+def test_redelivery_cap_parks_a_shard_and_resume_unparks_it(
+        pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    rows = _mt_bench_rows(16)
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    pipeline.cli("enqueue", "--input", src, "--run", "cap", "--shard-size", "16",
+                 "--max-new-tokens", "96", check=True)
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    victim = pipeline.start_worker("victim", DFLASH_MAX_DELIVERIES="1")
+    wait_until(lambda: storage.exists(keys.generated_part("cap", 0, 0)), 300, "a first part")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+
+    pipeline.start_worker("strict", DFLASH_MAX_DELIVERIES="1")
+    pipeline.cli("resume", "--run", "cap", check=True)
+    wait_until(lambda: pipeline.state("cap") == "failed", 120, "the shard to be parked")
+    status = pipeline.status("cap")
+    assert status["shards"]["parked"] == 1
+    assert "without committing" in status["parked"][0]["reason"]
+    assert list(storage.list("runs/cap/failed/")), "the parking reason is kept in storage"
+
+    report = json.loads(pipeline.cli("resume", "--run", "cap", "--json", check=True).stdout)
+    assert report["enqueued"] == 1
+    pipeline.wait_done("cap")
+    assert pipeline.status("cap")["shards"]["parked"] == 0
+
+
+def test_worker_without_its_model_exits_with_the_reason(pipeline: Pipeline) -> None:
+    log = pipeline.log_dir / "nomodel.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "worker", "generate"],
+            env={**pipeline.env, "DFLASH_MODEL": "/no/such/model"}, stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    assert proc.wait(timeout=120) != 0
+    assert "/no/such/model" in log.read_text()
