@@ -29,6 +29,8 @@ def _setup_logging(verbose: bool) -> None:
         level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Our own progress lines (long enqueues) show by default; libraries stay quiet.
+    logging.getLogger("producer").setLevel(logging.INFO)
 
 
 def common_options(func: Callable[..., Any]) -> Callable[..., Any]:

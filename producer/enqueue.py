@@ -27,6 +27,7 @@ from producer.rows import IdRegistry, normalize
 log = logging.getLogger(__name__)
 
 REJECTED_CHUNK = 10_000
+PROGRESS_EVERY_SHARDS = 100  # a line on stderr per this many shards, for long inputs
 
 
 @dataclass
@@ -135,6 +136,9 @@ def write_inputs(
         shard_rows.append(len(buffer))
         buffer.clear()
         on_shard(shard)
+        if shard % PROGRESS_EVERY_SHARDS == PROGRESS_EVERY_SHARDS - 1:
+            log.info("run %s: %d rows read, %d shards written so far", config.run, rows,
+                        shard + 1)
 
     def flush_rejected() -> None:
         chunk = (rejected_total - 1) // REJECTED_CHUNK
