@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -92,25 +91,29 @@ def test_status_progress_then_rerun_writes_and_queues_nothing(
     assert _queue_len(redis_server) == queued == 0
 
 
+def _interrupt_mid_shard(pipeline: Pipeline, src: str, run: str, shard_size: int,
+                         sig: signal.Signals, **worker_env: str) -> set[str]:
+    """Enqueue, let a worker write its first part, signal it; returns the ids kept in parts."""
+    pipeline.cli("enqueue", "--input", src, "--run", run, "--shard-size", str(shard_size),
+                 "--max-new-tokens", "96", check=True)
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    victim = pipeline.start_worker("victim", **worker_env)
+    wait_until(lambda: storage.exists(keys.generated_part(run, 0, 0)), 300, "a first part")
+    victim.send_signal(sig)
+    victim.wait(timeout=60)
+    assert not storage.exists(keys.generated_commit(run, 0)), "shard 0 finished before the signal"
+    kept = {s["id"] for k in storage.list(keys.generated_prefix(run))
+            if keys.part_number(k) is not None for s in decode_jsonl_zst(storage.get(k))}
+    assert kept, "no sample was written before the signal"
+    return kept
+
+
 def test_kill9_mid_shard_then_resume_regenerates_only_missing(
         pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
     rows = _mt_bench_rows(32)
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
-    pipeline.cli("enqueue", "--input", src, "--run", "k9", "--shard-size", "16",
-                 "--max-new-tokens", "96", check=True)
+    kept = _interrupt_mid_shard(pipeline, src, "k9", 16, signal.SIGKILL)
     storage_url = pipeline.env["DFLASH_STORAGE"]
-    storage = open_storage(storage_url)
-    victim = pipeline.start_worker("victim")
-    first_part = keys.generated_part("k9", 0, 0)
-    wait_until(lambda: storage.exists(first_part), 300, "the first part of shard 0")
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
-
-    assert not storage.exists(keys.generated_commit("k9", 0)), "shard 0 finished before the kill"
-    parts = [k for k in storage.list(keys.generated_prefix("k9"))
-             if keys.part_number(k) is not None]
-    kept = {s["id"] for k in parts for s in decode_jsonl_zst(storage.get(k))}
-    assert kept, "no sample was written before the kill"
 
     pipeline.start_worker("rescuer")
     report = json.loads(pipeline.cli("resume", "--run", "k9", "--json", check=True).stdout)
@@ -215,17 +218,8 @@ def test_s3_bucket_missing_is_a_clear_error(pipeline: Pipeline, tmp_path) -> Non
 def test_sigterm_flushes_and_requeues_the_shard(pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
     rows = _mt_bench_rows(24)
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
-    pipeline.cli("enqueue", "--input", src, "--run", "term", "--shard-size", "24",
-                 "--max-new-tokens", "96", check=True)
+    kept = _interrupt_mid_shard(pipeline, src, "term", 24, signal.SIGTERM)
     storage_url = pipeline.env["DFLASH_STORAGE"]
-    storage = open_storage(storage_url)
-    first = pipeline.start_worker("first")
-    wait_until(lambda: storage.exists(keys.generated_part("term", 0, 0)), 300, "a first part")
-    first.send_signal(signal.SIGTERM)
-    first.wait(timeout=60)
-    assert not storage.exists(keys.generated_commit("term", 0)), "shard finished before SIGTERM"
-    kept = {s["id"] for k in storage.list(keys.generated_prefix("term"))
-            for s in decode_jsonl_zst(storage.get(k))}
     pipeline.start_worker("second")  # no resume: the stopping worker requeued the shard itself
     pipeline.wait_done("term")
     assert pipeline_requests(pipeline, "term", "second@") == 2 * (len(rows) - len(kept))
@@ -235,15 +229,9 @@ def test_sigterm_flushes_and_requeues_the_shard(pipeline: Pipeline, tmp_path) ->
 
 def test_redelivery_cap_parks_a_shard_and_resume_unparks_it(
         pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
-    rows = _mt_bench_rows(16)
-    src = _write_jsonl(tmp_path / "in.jsonl", rows)
-    pipeline.cli("enqueue", "--input", src, "--run", "cap", "--shard-size", "16",
-                 "--max-new-tokens", "96", check=True)
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
+    _interrupt_mid_shard(pipeline, src, "cap", 16, signal.SIGKILL, DFLASH_MAX_DELIVERIES="1")
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
-    victim = pipeline.start_worker("victim", DFLASH_MAX_DELIVERIES="1")
-    wait_until(lambda: storage.exists(keys.generated_part("cap", 0, 0)), 300, "a first part")
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
 
     pipeline.start_worker("strict", DFLASH_MAX_DELIVERIES="1")
     pipeline.cli("resume", "--run", "cap", check=True)
