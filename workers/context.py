@@ -13,7 +13,8 @@ from common.config import Settings, load_settings
 from common.errors import ConfigError
 from common.models import resolve_model_path
 from common.storage import Storage, open_storage
-from workers.engine import CpuEngine, Engine
+from workers.engines.base import Engine, EngineLoop
+from workers.engines.cpu import CpuEngine
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class WorkerContext:
     _engine: Engine | None = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
+    loop: EngineLoop = field(default_factory=EngineLoop)
 
     @cached_property
     def storage(self) -> Storage:

@@ -11,6 +11,7 @@ import logging
 import random
 import time
 import uuid
+from contextlib import closing
 from typing import Any
 
 import redis
@@ -23,7 +24,7 @@ from common.lease import Lease
 from common.models import template_sha
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst, dumps
 from workers.context import WorkerContext, get_context
-from workers.generation import regenerate
+from workers.generation import ShardCounters, regenerate
 from workers.parts import PartBuffer, ShardParts
 
 log = logging.getLogger(__name__)
@@ -90,17 +91,20 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
         log.info("run %s shard %d: %d samples, %d already in %d parts, generating %d",
                  task.run, task.shard, len(rows), len(rows) - len(todo), len(parts.known),
                  len(todo))
+        progress = Progress(ctx, task, worker)
         buffer = PartBuffer(parts, ctx.settings.part_samples, ctx.settings.part_seconds,
-                            on_write=lambda samples: record_progress(ctx, task, samples))
-        for sample in regenerate(ctx.engine, todo, config.sampling, task.shard,
-                                 chunk=ctx.settings.batch_size,
-                                 on_requests=lambda n: count_requests(ctx, task, worker, n)):
-            lease.check()
-            buffer.add(sample)
-            if ctx.stopping.is_set():
-                buffer.flush()
-                raise ShuttingDown(f"worker stopping; {len(buffer.parts.done_ids)} samples kept")
+                            on_write=progress.part_written)
+        samples = regenerate(ctx.loop, ctx.engine, todo, config.sampling, task.shard,
+                             progress.counters)
+        with closing(samples):
+            for sample in samples:
+                lease.check()
+                buffer.add(sample)
+                if ctx.stopping.is_set():
+                    buffer.flush()
+                    raise ShuttingDown(f"worker stopping; {len(parts.done_ids)} samples kept")
         buffer.flush()
+        progress.flush_requests()
         commit = parts.commit([row["id"] for row in rows], worker)
         log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
         hand_off(task)
@@ -158,24 +162,36 @@ def _give_back_attempt(ctx: WorkerContext, task: ShardTask) -> None:
         log.warning("run %s shard %d: attempt not given back: %s", task.run, task.shard, err)
 
 
-def record_progress(ctx: WorkerContext, task: ShardTask, samples: list[dict[str, Any]]) -> None:
-    """Advisory counters for ``status`` (tokens/s, ETA); losing them loses no data."""
-    tokens = sum(s["usage"]["completion_tokens"] for s in samples)
-    try:
-        pipe = ctx.redis.pipeline()
-        pipe.hincrby(keys.redis_partial(task.run), keys.shard_name(task.shard), len(samples))
-        pipe.lpush(keys.redis_rate(task.run), f"{time.time():.3f} {tokens} {len(samples)}")
-        pipe.ltrim(keys.redis_rate(task.run), 0, 999)
-        pipe.execute()
-    except redis.RedisError as err:
-        log.warning("run %s shard %d: progress not recorded: %s", task.run, task.shard, err)
+class Progress:
+    """Advisory counters for status (tokens/s, ETA, requests); losing them loses no data."""
 
+    def __init__(self, ctx: WorkerContext, task: ShardTask, worker: str) -> None:
+        self.ctx, self.task, self.worker = ctx, task, worker
+        self.counters = ShardCounters()
+        self.reported_requests = 0
 
-def count_requests(ctx: WorkerContext, task: ShardTask, worker: str, n: int) -> None:
-    try:
-        ctx.redis.hincrby(keys.redis_requests(task.run), worker, n)
-    except redis.RedisError as err:
-        log.warning("run %s shard %d: request count not recorded: %s", task.run, task.shard, err)
+    def part_written(self, samples: list[dict[str, Any]]) -> None:
+        task, run = self.task, self.task.run
+        tokens = sum(s["usage"]["completion_tokens"] for s in samples)
+        try:
+            pipe = self.ctx.redis.pipeline()
+            pipe.hincrby(keys.redis_partial(run), keys.shard_name(task.shard), len(samples))
+            pipe.lpush(keys.redis_rate(run), f"{time.time():.3f} {tokens} {len(samples)}")
+            pipe.ltrim(keys.redis_rate(run), 0, 999)
+            pipe.execute()
+        except redis.RedisError as err:
+            log.warning("run %s shard %d: progress not recorded: %s", run, task.shard, err)
+        self.flush_requests()
+
+    def flush_requests(self) -> None:
+        sent = self.counters.requests
+        try:
+            self.ctx.redis.hincrby(keys.redis_requests(self.task.run), self.worker,
+                                   sent - self.reported_requests)
+            self.reported_requests = sent
+        except redis.RedisError as err:
+            log.warning("run %s shard %d: request count not recorded: %s", self.task.run,
+                        self.task.shard, err)
 
 
 def forget_progress(ctx: WorkerContext, task: ShardTask) -> None:

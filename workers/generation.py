@@ -3,36 +3,29 @@
 Each assistant turn answers the conversation so far: earlier turns are the target's own
 regenerated answers, rendered by the tokenizer's chat template (``apply_chat_template``), which
 for Qwen3-style templates drops the reasoning of earlier turns exactly as at inference time.
+Every conversation of a shard is submitted at once to the worker's engine loop; the engine's
+in-flight cap (shared by all shards the worker holds) decides how many run at a time.
 """
 
 from __future__ import annotations
 
+import queue
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from common.records import Sampling
-from workers.engine import Engine, GenRequest, GenResult
+from workers.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
 _THINK = re.compile(r"^\s*<think>(.*?)(</think>|$)(.*)$", re.DOTALL)
 
 
 @dataclass
-class Pending:
-    """One conversation being regenerated: its input row and the answers so far."""
+class ShardCounters:
+    """Engine requests sent for one shard (read by the task thread when it writes a part)."""
 
-    row: dict[str, Any]
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    turns: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def next_turn(self) -> int:
-        return len(self.turns)
-
-    @property
-    def finished(self) -> bool:
-        return self.next_turn >= len(self.row["turns"])
+    requests: int = 0
 
 
 def split_reasoning(text: str, thinking: bool) -> tuple[str, str]:
@@ -60,55 +53,65 @@ def _answer(tokenizer: Any, result: GenResult, thinking: bool) -> dict[str, Any]
     return {"role": "assistant", "content": content, "reasoning_content": reasoning}
 
 
-def _record(item: Pending, shard: int, engine_info: dict[str, Any]) -> dict[str, Any]:
-    last = item.turns[-1]
+def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
     return {
-        "id": item.row["id"],
+        "prompt_ids": request.input_ids,
+        "output_ids": result.output_ids,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "latency_s": round(result.latency_s, 4),
+    }
+
+
+def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
+            turns: list[dict[str, Any]], engine_info: dict[str, Any]) -> dict[str, Any]:
+    last = turns[-1]
+    return {
+        "id": row["id"],
         "shard": shard,
-        "source": item.row.get("source", {}),
-        "messages": item.messages,
+        "source": row.get("source", {}),
+        "messages": messages,
         "prompt_ids": last["prompt_ids"],
         "output_ids": last["output_ids"],
         "finish_reason": last["finish_reason"],
-        "turns": item.turns,
+        "turns": turns,
         "usage": {
-            "prompt_tokens": sum(t["prompt_tokens"] for t in item.turns),
-            "completion_tokens": sum(t["completion_tokens"] for t in item.turns),
+            "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+            "completion_tokens": sum(t["completion_tokens"] for t in turns),
         },
-        "latency_s": round(sum(t["latency_s"] for t in item.turns), 4),
+        "latency_s": round(sum(t["latency_s"] for t in turns), 4),
         "engine": engine_info,
     }
 
 
-def regenerate(
-    engine: Engine,
-    rows: Sequence[dict[str, Any]],
-    sampling: Sampling,
-    shard: int,
-    chunk: int,
-    on_requests: Callable[[int], None] = lambda n: None,
-) -> Iterator[dict[str, Any]]:
-    """Yield finished sample records, ``chunk`` conversations at a time, every turn regenerated."""
-    info = engine.info()
-    for start in range(0, len(rows), chunk):
-        active = [Pending(row) for row in rows[start : start + chunk]]
-        while active:
-            requests = []
-            for item in active:
-                item.messages.extend(item.row["turns"][item.next_turn])
-                prompt = render_prompt(engine.tokenizer, item.messages, sampling)
-                requests.append(GenRequest(input_ids=prompt, sampling=sampling))
-            on_requests(len(requests))
-            for item, request, result in zip(active, requests, engine.generate(requests),
-                                             strict=True):
-                item.messages.append(_answer(engine.tokenizer, result, sampling.thinking))
-                item.turns.append({
-                    "prompt_ids": request.input_ids,
-                    "output_ids": result.output_ids,
-                    "finish_reason": result.finish_reason,
-                    "prompt_tokens": result.prompt_tokens,
-                    "completion_tokens": result.completion_tokens,
-                    "latency_s": round(result.latency_s, 4),
-                })
-            yield from (_record(i, shard, info) for i in active if i.finished)
-            active = [i for i in active if not i.finished]
+async def regenerate_one(engine: Engine, row: dict[str, Any], sampling: Sampling, shard: int,
+                         counters: ShardCounters) -> dict[str, Any]:
+    """One conversation, every assistant turn answering the conversation so far."""
+    messages: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    for group in row["turns"]:
+        messages.extend(group)
+        request = GenRequest(render_prompt(engine.tokenizer, messages, sampling), sampling)
+        counters.requests += 1
+        result = await engine.generate(request)
+        messages.append(_answer(engine.tokenizer, result, sampling.thinking))
+        turns.append(_turn(request, result))
+    return _record(row, shard, messages, turns, engine.info())
+
+
+def regenerate(loop: EngineLoop, engine: Engine, rows: Sequence[dict[str, Any]],
+               sampling: Sampling, shard: int, counters: ShardCounters) -> Iterator[dict[str, Any]]:
+    """Yield finished samples in completion order; closing the iterator cancels the rest."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    futures = [loop.submit(regenerate_one(engine, row, sampling, shard, counters))
+               for row in rows]
+    for future in futures:
+        future.add_done_callback(done.put)
+    try:
+        for _ in futures:
+            future = done.get()
+            yield future.result()
+    finally:
+        for future in futures:
+            future.cancel()

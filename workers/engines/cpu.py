@@ -1,57 +1,17 @@
-"""The engine interface generate workers drive, and the in-process CPU engine (embedded default).
-
-An engine takes token ids (the chat template is applied once, by the worker) and returns the
-exact output token ids with a real finish reason. The SGLang engine speaks the same interface
-over HTTP; the CPU engine runs a small local Qwen3 model with ``transformers``.
-"""
+"""The in-process CPU engine (the embedded default): a ``transformers`` model, batched."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from common.records import Sampling
+from common.errors import EngineError
+from workers.engines.base import GenRequest, GenResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class GenRequest:
-    input_ids: list[int]
-    sampling: Sampling
-
-
-@dataclass(frozen=True, slots=True)
-class GenResult:
-    output_ids: list[int]
-    finish_reason: str  # "stop" | "length" | "abort"
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-
-
-class Engine(Protocol):
-    """What a generate worker needs from an engine."""
-
-    tokenizer: Any
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """Generate one completion per request, results in request order."""
-
-    def info(self) -> dict[str, Any]:
-        """A small description recorded with every sample (engine kind, model, version)."""
-
-    def close(self) -> None:
-        """Release the engine's resources."""
-
-
-def _batches(order: list[int], size: int) -> list[list[int]]:
-    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 class CpuEngine:
@@ -71,7 +31,9 @@ class CpuEngine:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.stop_ids[0]
-        self._lock = threading.Lock()  # one forward at a time: torch already uses every core
+        self._pending: list[tuple[GenRequest, asyncio.Future[GenResult]]] = []
+        self._wake: asyncio.Event | None = None
+        self._batcher: asyncio.Task[None] | None = None
         torch.manual_seed(seed)
         log.info("cpu engine loaded %s (stop ids %s)", model_path, self.stop_ids)
 
@@ -81,14 +43,44 @@ class CpuEngine:
     def close(self) -> None:
         self.model = None
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        results: list[GenResult | None] = [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: len(requests[i].input_ids))
-        for batch in _batches(order, self.batch_size):
-            for index, result in zip(batch, self._generate_batch([requests[i] for i in batch]),
-                                     strict=True):
-                results[index] = result
-        return [r for r in results if r is not None]
+    async def generate(self, request: GenRequest) -> GenResult:
+        """Queue the request for the batcher; one forward at a time, torch uses every core."""
+        if self._batcher is None:
+            self._wake = asyncio.Event()
+            self._batcher = asyncio.get_running_loop().create_task(self._run_batches())
+        future: asyncio.Future[GenResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        assert self._wake is not None
+        self._wake.set()
+        return await future
+
+    async def _run_batches(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                # One sampling setting per batch; shortest prompts together keep padding small.
+                sampling = self._pending[0][0].sampling
+                same = sorted((item for item in self._pending if item[0].sampling == sampling),
+                              key=lambda item: len(item[0].input_ids))
+                batch = same[: self.batch_size]
+                taken = {id(item) for item in batch}
+                self._pending = [item for item in self._pending if id(item) not in taken]
+                batch = [item for item in batch if not item[1].cancelled()]
+                if not batch:
+                    continue
+                try:
+                    results = await asyncio.to_thread(
+                        self._generate_batch, [request for request, _ in batch])
+                except (RuntimeError, ValueError) as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(EngineError(f"cpu engine failed: {exc}"))
+                    continue
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
 
     def _generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
         torch = self._torch
@@ -100,7 +92,7 @@ class CpuEngine:
             ids[row, width - len(request.input_ids) :] = torch.tensor(request.input_ids)
             mask[row, width - len(request.input_ids) :] = 1
         started = time.perf_counter()
-        with self._lock, torch.inference_mode():
+        with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
