@@ -49,6 +49,18 @@ class Settings:
     part_seconds: float = 60.0
     batch_size: int = 16
     engine: str = "cpu"
+    # SGLang engine: an external server (engine_url) or one the worker starts (engine_cmd, or
+    # `python -m sglang.launch_server` built from model/tp/mem_fraction_static/engine_args).
+    engine_url: str = ""
+    engine_cmd: str = ""
+    engine_args: str = ""
+    engine_port: int = 30000
+    gpu: int = 0
+    tp: int = 1
+    mem_fraction_static: str = ""
+    max_in_flight: int = 128
+    engine_startup_timeout: float = 900.0
+    request_timeout: float = 3600.0
     retry_backoff_max: float = 60.0
 
     def __repr__(self) -> str:
@@ -71,6 +83,11 @@ class Settings:
         return self.lease_ttl / 3
 
     @property
+    def engine_server_port(self) -> int:
+        """One port per GPU so several workers on a host never collide."""
+        return self.engine_port + self.gpu
+
+    @property
     def model_is_tiny(self) -> bool:
         return self.model == TINY_MODEL
 
@@ -89,8 +106,21 @@ _ENV = {
     "part_seconds": "DFLASH_PART_SECONDS",
     "batch_size": "DFLASH_BATCH_SIZE",
     "engine": "DFLASH_ENGINE",
+    "engine_url": "DFLASH_ENGINE_URL",
+    "engine_cmd": "DFLASH_ENGINE_CMD",
+    "engine_args": "DFLASH_ENGINE_ARGS",
+    "engine_port": "DFLASH_ENGINE_PORT",
+    "gpu": "DFLASH_GPU",
+    "tp": "DFLASH_TP",
+    "mem_fraction_static": "DFLASH_MEM_FRACTION_STATIC",
+    "max_in_flight": "DFLASH_MAX_IN_FLIGHT",
+    "engine_startup_timeout": "DFLASH_ENGINE_STARTUP_TIMEOUT",
+    "request_timeout": "DFLASH_REQUEST_TIMEOUT",
     "retry_backoff_max": "DFLASH_RETRY_BACKOFF_MAX",
 }
+
+
+_ZERO_OK = {"gpu"}
 
 
 def _coerce(name: str, raw: str, like: object) -> object:
@@ -99,7 +129,7 @@ def _coerce(name: str, raw: str, like: object) -> object:
         value = kind(raw) if kind is not Path else Path(raw).expanduser()
     except ValueError as exc:
         raise ConfigError(f"{_ENV[name]}={raw!r} is not a valid {kind.__name__}") from exc
-    if isinstance(value, int | float) and value <= 0:
+    if isinstance(value, int | float) and (value < 0 or (value == 0 and name not in _ZERO_OK)):
         raise ConfigError(f"{_ENV[name]}={raw!r} must be positive")
     return value
 

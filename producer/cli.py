@@ -179,18 +179,40 @@ def worker() -> None:
               envvar="DFLASH_CONCURRENCY", help="Shards held at once (they share one engine).")
 @click.option("--engine", type=click.Choice(["cpu", "sglang"]), default="cpu",
               show_default=True, envvar="DFLASH_ENGINE", help="Generation engine.")
+@click.option("--engine-url", envvar="DFLASH_ENGINE_URL", default=None,
+              help="Use this running SGLang-protocol server instead of starting one.")
+@click.option("--engine-cmd", envvar="DFLASH_ENGINE_CMD", default=None,
+              help="Replace the engine launch command; {port}, {model}, {gpu}, {tp} are filled "
+                   "in [default: python -m sglang.launch_server ...].")
+@click.option("--engine-args", envvar="DFLASH_ENGINE_ARGS", default=None,
+              help="Extra SGLang launch flags, e.g. speculative/MTP options.")
+@click.option("--tp", type=click.IntRange(min=1), default=None, envvar="DFLASH_TP",
+              help="Tensor-parallel size of the engine server [default: 1].")
+@click.option("--mem-fraction-static", envvar="DFLASH_MEM_FRACTION_STATIC", default=None,
+              help="SGLang --mem-fraction-static.")
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=None,
+              envvar="DFLASH_MAX_IN_FLIGHT",
+              help="Requests kept in flight per engine, shared by held shards [default: 128].")
 @click.option("--name", default=None, envvar="DFLASH_WORKER_NAME",
               help="Worker node name [default: generate-gpuN@host or generate-cpu@host].")
 @click.option("--loglevel", default="INFO", show_default=True, envvar="DFLASH_LOGLEVEL",
               help="Celery log level.")
 @common_options
 def worker_generate(settings: Settings, gpu: int | None, concurrency: int, engine: str,
+                    engine_url: str | None, engine_cmd: str | None, engine_args: str | None,
+                    tp: int | None, mem_fraction_static: str | None, max_in_flight: int | None,
                     name: str | None, loglevel: str) -> None:
-    """Run a Celery worker on queue `generate` with its engine."""
+    """Run a Celery worker on queue `generate` with its engine (CPU model or SGLang server)."""
     from producer.commands import exec_worker
 
-    exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, engine=engine,
-                name=name, loglevel=loglevel)
+    engine_env = {
+        "DFLASH_ENGINE": engine, "DFLASH_ENGINE_URL": engine_url or "",
+        "DFLASH_ENGINE_CMD": engine_cmd or "", "DFLASH_ENGINE_ARGS": engine_args or "",
+        "DFLASH_TP": str(tp or ""), "DFLASH_MEM_FRACTION_STATIC": mem_fraction_static or "",
+        "DFLASH_MAX_IN_FLIGHT": str(max_in_flight or ""),
+    }
+    exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
+                loglevel=loglevel, engine_env=engine_env)
 
 
 @main.command()

@@ -146,14 +146,13 @@ def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency:
 
 
 def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
-                engine: str, name: str | None, loglevel: str) -> None:
+                name: str | None, loglevel: str, engine_env: dict[str, str]) -> None:
     """Replace this process with the Celery worker, so signals reach it directly."""
-    if engine == "sglang":
-        raise ConfigError("the sglang engine is not available in this build yet; use --engine cpu")
-    env = dict(os.environ, DFLASH_ENGINE=engine, DFLASH_STORAGE=settings.storage,
-               DFLASH_BROKER_URL=settings.broker_url)
+    env = dict(os.environ, DFLASH_STORAGE=settings.storage, DFLASH_BROKER_URL=settings.broker_url,
+               **{k: v for k, v in engine_env.items() if v})
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["DFLASH_GPU"] = str(gpu)
     argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
                        loglevel=loglevel)
     os.execve(argv[0], argv, env)

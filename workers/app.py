@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_init, worker_shutting_down
+from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from common.celery_app import app
 from common.errors import DflashError
@@ -33,6 +33,12 @@ def _stop_shards(**_: object) -> None:
     """Shards in flight flush their last part and requeue instead of running to the end."""
     log.info("worker shutting down: shards in flight flush and requeue")
     get_context().stopping.set()
+
+
+@worker_shutdown.connect
+def _close_engine(**_: object) -> None:
+    """Stop the engine server (its whole process tree) after the last shard flushed."""
+    get_context().close_engine()
 
 
 __all__ = ["app"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import redis
 
@@ -20,9 +22,36 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(settings: Settings) -> Engine:
+    """The worker's engine: in-process CPU model, or an SGLang server (started or given)."""
+    model_path = resolve_model_path(settings)
     if settings.engine == "cpu":
-        return CpuEngine(resolve_model_path(settings), batch_size=settings.batch_size)
-    raise ConfigError(f"unknown engine {settings.engine!r}; this build supports: cpu")
+        return CpuEngine(model_path, batch_size=settings.batch_size)
+    if settings.engine != "sglang":
+        raise ConfigError(f"unknown engine {settings.engine!r}; choose cpu or sglang")
+    from transformers import AutoTokenizer
+
+    from workers.engines.server import EngineServer, server_command
+    from workers.engines.sglang import SglangEngine
+
+    server = None
+    url = settings.engine_url
+    if not url:
+        url = f"http://127.0.0.1:{settings.engine_server_port}"
+        server = EngineServer(server_command(settings, model_path), url,
+                              settings.cache_dir / "engines", settings.engine_startup_timeout)
+        server.start()
+    return SglangEngine(url, AutoTokenizer.from_pretrained(model_path), settings.max_in_flight,
+                        settings.request_timeout, retry_window=settings.engine_startup_timeout,
+                        stop_ids=stop_token_ids(model_path), server=server)
+
+
+def stop_token_ids(model_path: Path) -> list[int]:
+    """End-of-turn ids from generation_config.json: the server stops where the CPU engine does."""
+    config = model_path / "generation_config.json"
+    if not config.is_file():
+        return []
+    eos = json.loads(config.read_text()).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 @dataclass
@@ -32,6 +61,12 @@ class WorkerContext:
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
     loop: EngineLoop = field(default_factory=EngineLoop)
+
+    def close_engine(self) -> None:
+        with self._engine_lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
 
     @cached_property
     def storage(self) -> Storage:

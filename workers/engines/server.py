@@ -1,0 +1,133 @@
+"""The engine server a generate worker owns: launch, wait for health, restart, stop.
+
+The worker starts its SGLang server (``python -m sglang.launch_server ...``, or the command in
+``DFLASH_ENGINE_CMD``) when it starts, waits for ``/health``, restarts it with capped backoff if
+it dies (requests in flight are retried by the client meanwhile), and stops its whole process
+tree on shutdown. A pid file lets the next start of the same worker kill an engine that an
+earlier crash left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from common.config import Settings
+from common.errors import EngineError
+from workers.preflight import EnginePidFile, kill_tree, remove_owned_shm
+
+log = logging.getLogger(__name__)
+
+_RESTART_BACKOFF_MAX_S = 60.0
+_SHM_PREFIXES = ("psm_", "sem.mp-", "torch_")
+
+
+def server_command(settings: Settings, model_path: Path) -> list[str]:
+    """The launch command; ``{port}``, ``{model}``, ``{gpu}`` and ``{tp}`` are filled in."""
+    fields = {"port": settings.engine_server_port, "model": model_path, "gpu": settings.gpu,
+              "tp": settings.tp}
+    if settings.engine_cmd:
+        return [part.format(**fields) for part in shlex.split(settings.engine_cmd)]
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+            "--host", "127.0.0.1", "--port", str(settings.engine_server_port),
+            "--tp", str(settings.tp)]
+    if settings.mem_fraction_static:
+        argv += ["--mem-fraction-static", settings.mem_fraction_static]
+    return argv + [part.format(**fields) for part in shlex.split(settings.engine_args)]
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class EngineServer:
+    """One engine process (tree) per worker, kept alive until :meth:`stop`."""
+
+    def __init__(self, argv: list[str], url: str, run_dir: Path, startup_timeout: float) -> None:
+        self.argv, self.url, self.startup_timeout = argv, url, startup_timeout
+        run_dir.mkdir(parents=True, exist_ok=True)
+        port = url.rsplit(":", 1)[-1]
+        self.log_path = run_dir / f"engine-{port}.log"
+        self.pid_file = EnginePidFile(run_dir / f"engine-{port}.pid", marker=port)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Clean up after an earlier crash, launch, wait for health, then watch the process."""
+        stale = self.pid_file.kill_stale()
+        if stale is not None:
+            log.warning("killed stale engine pid %d left by an earlier worker", stale)
+        removed = remove_owned_shm(_SHM_PREFIXES)
+        if removed:
+            log.info("removed %d stale shared-memory segments", len(removed))
+        self._launch()
+        self._watcher = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
+        self._watcher.start()
+
+    def _launch(self) -> None:
+        log.info("starting engine: %s (log %s)", " ".join(self.argv), self.log_path)
+        with open(self.log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.pid_file.write(self.proc.pid)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if healthy(self.url):
+                log.info("engine healthy at %s (pid %d)", self.url, self.proc.pid)
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        self._kill()
+        raise EngineError(f"engine did not become healthy at {self.url} within "
+                          f"{self.startup_timeout:.0f}s; last log lines:\n{self.log_tail()}")
+
+    def _watch(self) -> None:
+        backoff = 1.0
+        while not self._stopping.wait(1.0):
+            if self.proc is None or self.proc.poll() is None:
+                continue
+            log.error("engine pid %d exited with %s; restarting in %.0fs (log %s)",
+                      self.proc.pid, self.proc.returncode, backoff, self.log_path)
+            if self._stopping.wait(backoff):
+                return
+            try:
+                self._launch()
+                self.restarts += 1
+                backoff = 1.0
+            except EngineError as exc:
+                log.error("engine restart failed: %s", exc)
+                backoff = min(_RESTART_BACKOFF_MAX_S, backoff * 2)
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """Stop watching and end the engine's whole process tree."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        self._kill()
+        self.pid_file.clear()
+        log.info("engine at %s stopped", self.url)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no engine log)"
