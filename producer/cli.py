@@ -241,8 +241,51 @@ def demo(**options: Any) -> None:
     sys.exit(code)
 
 
+@main.command()
+@click.option("--engine-url", required=True, envvar="DFLASH_ENGINE_URL",
+              help="SGLang-protocol server to measure, e.g. http://127.0.0.1:30000.")
+@click.option("--concurrency", default="16,64,256", show_default=True,
+              help="Comma-separated numbers of requests kept in flight.")
+@click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Requests per concurrency level.")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Prompt tokens per request.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Generation budget per request.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+def bench(engine_url: str, concurrency: str, num: int, prompt_len: int, max_new_tokens: int,
+          as_json: bool) -> None:
+    """Measure output tokens/s, requests/s and latency of an engine at several concurrencies."""
+    from producer.bench import render_table, run_bench
+
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{concurrency!r} is not a comma-separated list of integers",
+                                 param_hint="--concurrency") from None
+    if not levels or min(levels) < 1:
+        raise click.BadParameter("give at least one positive concurrency",
+                                 param_hint="--concurrency")
+    try:
+        rows = run_bench(engine_url, levels, num, prompt_len, max_new_tokens)
+    except DflashError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILURE)
+    if as_json:
+        best = max(rows, key=lambda r: r.tokens_per_s)
+        dump_json({"rows": [r.to_json() for r in rows], "best_concurrency": best.concurrency})
+    else:
+        click.echo(render_table(rows))
+
+
 def dump_json(obj: Any) -> None:
     click.echo(json.dumps(obj, sort_keys=True))
+
+
+# doctor receives common_options rather than importing this module, so there is no import cycle.
+from producer.doctor import doctor_command  # noqa: E402
+
+main.add_command(doctor_command(common_options))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,196 @@
+"""``dflash-pipeline doctor``: every preflight check in one table, with a fix for each problem.
+
+    dflash-pipeline doctor                      # checks what the DFLASH_* variables configure
+    dflash-pipeline doctor --storage s3://bucket/prefix --broker-url redis://:pw@host:6379/0
+    dflash-pipeline doctor --model /models/Qwen3-8B --gpus 0,1 --json
+
+Exit code 0 when no check FAILs (WARN is fine), 1 otherwise. ``--json`` prints one object:
+``{"ok": bool, "checks": [{"name", "status", "ok", "warn", "detail", "fix"}]}``. ``producer.cli``
+registers the command with ``main.add_command(doctor_command(common_options))``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from common.config import TINY_MODEL, Settings
+from common.preflight import (
+    CheckResult,
+    NoNvidiaDriver,
+    check_disk,
+    check_gpu_clean,
+    check_redis,
+    check_storage,
+    no_driver_result,
+    visible_gpus,
+)
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILURE = 1  # as in producer.cli, which this module must not import (it imports us)
+
+_STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
+_DOWNLOAD_FIX = ("download it first (e.g. `huggingface-cli download Qwen/Qwen3-8B --local-dir "
+                 "DIR`) and pass --model DIR / DFLASH_MODEL")
+
+
+def check_model(settings: Settings) -> CheckResult:
+    """The target model directory has a config, a tokenizer, a chat template and weights."""
+    if settings.model_is_tiny:
+        from common.tinymodel import READY_MARKER, TINY_MODEL_VERSION
+
+        path = Path(settings.cache_dir) / f"tiny-qwen3-{TINY_MODEL_VERSION}"
+        if not (path / READY_MARKER).is_file():
+            return CheckResult("model", ok=True, warn=True,
+                               detail=f"{TINY_MODEL} is not cached in {settings.cache_dir}: "
+                                      "will be built on first use (~1 min)",
+                               fix="nothing to do; set DFLASH_CACHE_DIR to share one cache")
+        return check_model_dir(path)
+    return check_model_dir(Path(settings.model).expanduser())
+
+
+def check_model_dir(path: Path) -> CheckResult:
+    """What a worker needs from a Hugging Face model directory, before it loads anything."""
+    from common.models import chat_template_of
+
+    if not path.is_dir():
+        return CheckResult("model", ok=False, detail=f"{path} is not a directory",
+                           fix=_DOWNLOAD_FIX)
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model",
+                                                     "vocab.json")):
+        missing.append("tokenizer (tokenizer.json / tokenizer.model / vocab.json)")
+    try:
+        if chat_template_of(path) is None:
+            missing.append("chat template (chat_template.jinja or tokenizer_config.json)")
+    except (OSError, ValueError) as exc:
+        missing.append(f"a readable tokenizer_config.json ({exc})")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        missing.append("weights (*.safetensors / *.bin)")
+    if missing:
+        return CheckResult("model", ok=False, detail=f"{path} lacks {'; '.join(missing)}",
+                           fix=f"re-download the model completely; {_DOWNLOAD_FIX}")
+    return CheckResult("model", ok=True, detail=f"{path}: config, tokenizer, chat template, "
+                                                "weights")
+
+
+def check_gpus(gpus: list[int] | None) -> list[CheckResult]:
+    """One clean-GPU check per requested (default: every visible) GPU."""
+    try:
+        visible = visible_gpus()
+    except NoNvidiaDriver as exc:  # one row, not one per requested GPU
+        return [no_driver_result("gpu", exc, require_driver=False)]
+    indices = visible if gpus is None else gpus
+    if not indices:
+        return [CheckResult("gpu", ok=True, warn=True, detail="NVML sees no GPU: only "
+                            "--engine cpu can run", fix="check CUDA_VISIBLE_DEVICES")]
+    return [check_gpu_clean(gpu) for gpu in indices]
+
+
+def check_redis_binary() -> CheckResult:
+    """``demo`` and the test suite start their own redis-server."""
+    found = shutil.which("redis-server")
+    if found:
+        return CheckResult("redis-server binary", ok=True, detail=found)
+    return CheckResult("redis-server binary", ok=True, warn=True,
+                       detail="not on PATH: `dflash-pipeline demo` and the tests need it",
+                       fix="apt-get install -y redis-server")
+
+
+def run_checks(settings: Settings, gpus: list[int] | None) -> list[CheckResult]:
+    """Every check, in the order a deployment needs them; one broken check never hides others."""
+    checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
+        ("redis", lambda: check_redis(settings.broker_url)),
+        ("storage", lambda: check_storage(settings.storage)),
+        ("model", lambda: check_model(settings)),
+        ("gpu", lambda: check_gpus(gpus)),
+        ("disk (model cache)", lambda: check_disk("disk (model cache)", settings.cache_dir)),
+    ]
+    if not settings.storage_is_s3:
+        checks.append(("disk (storage)", lambda: check_disk("disk (storage)",
+                                                           Path(settings.storage))))
+    checks.append(("redis-server binary", check_redis_binary))
+    results: list[CheckResult] = []
+    for name, check in checks:
+        try:
+            outcome = check()
+        except Exception as exc:  # a bug in one check must not hide the verdicts of the rest
+            log.exception("check %s crashed", name)
+            outcome = CheckResult(name, ok=False, detail=f"{type(exc).__name__}: {exc}",
+                                  fix="run with -v and report this as a bug")
+        results.extend(outcome if isinstance(outcome, list) else [outcome])
+    return results
+
+
+def print_table(results: list[CheckResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped into a log: wrap less than rich's 80-column default would.
+        console = Console(width=160)
+    table = Table(title="dflash-pipeline doctor", show_lines=True)
+    for column in ("check", "status", "detail", "fix"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        # Text, not markup: error messages contain brackets such as "[Errno 111]".
+        table.add_row(Text(r.name), Text(r.status, style=_STYLE[r.status]), Text(r.detail),
+                      Text(r.fix))
+    console.print(table)
+    counts = {s: sum(r.status == s for r in results) for s in _STYLE}
+    console.print(f"{counts['PASS']} passed, {counts['WARN']} warnings, {counts['FAIL']} failed")
+
+
+def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None or value.strip().lower() in ("", "all"):
+        return None
+    try:
+        gpus = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of GPU indices") from exc
+    if any(g < 0 for g in gpus):
+        raise click.BadParameter("GPU indices are >= 0")
+    return gpus
+
+
+def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]
+                   ) -> click.Command:
+    """The ``doctor`` command, wrapped in the CLI's shared --storage/--broker-url options."""
+
+    @click.command()
+    @click.option("--model", envvar="DFLASH_MODEL", default=None,
+                  help="Target model directory [default: the embedded tiny CPU model].")
+    @click.option("--gpus", callback=_parse_gpus, default=None,
+                  help="Comma-separated GPU indices to check [default: all visible].")
+    @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
+    @common_options
+    def doctor(settings: Settings, model: str | None, gpus: list[int] | None,
+               as_json: bool) -> None:
+        """Check Redis, storage, the model, GPUs and disk space; print a fix for every problem."""
+        if model:
+            settings = replace(settings, model=model)
+        results = run_checks(settings, gpus)
+        ok = all(r.ok for r in results)
+        if as_json:
+            click.echo(json.dumps({"ok": ok, "checks": [r.as_dict() for r in results]},
+                                  sort_keys=True))
+        else:
+            print_table(results)
+        if not ok:
+            sys.exit(EXIT_FAILURE)
+
+    return doctor
