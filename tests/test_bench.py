@@ -1,0 +1,69 @@
+"""``dflash-pipeline bench`` against the engine simulator: table shape, growth up to the cap."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import ROOT, free_port, wait_until
+
+
+@pytest.fixture
+def simulator() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.engines.simulator", "--port", str(port),
+         "--max-running", "32", "--time-scale", "0.2"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    wait_until(healthy, 30, "the simulator to be healthy")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "producer.cli", "bench", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_bench_table_grows_with_concurrency_up_to_the_cap(simulator: str) -> None:
+    result = _bench("--engine-url", simulator, "--concurrency", "2,8,32", "--num", "64",
+                    "--max-new-tokens", "128", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rows = report["rows"]
+    assert [r["concurrency"] for r in rows] == [2, 8, 32]
+    for row in rows:
+        assert row["requests"] == 64 and row["output_tokens"] > 0
+        assert row["latency_p99_s"] >= row["latency_p50_s"] > 0
+    rates = [r["output_tokens_per_s"] for r in rows]
+    assert rates[0] * 2 < rates[1] and rates[1] * 1.5 < rates[2], rates
+    assert report["best_concurrency"] == 32
+
+    table = _bench("--engine-url", simulator, "--concurrency", "4", "--num", "8")
+    assert table.returncode == 0, table.stderr
+    assert "out tok/s" in table.stdout and "best: concurrency 4" in table.stdout
+
+
+def test_bench_reports_bad_input_and_unreachable_engine() -> None:
+    bad = _bench("--engine-url", "http://127.0.0.1:1", "--concurrency", "a,b")
+    assert bad.returncode == 2 and "--concurrency" in bad.stderr
+    down = _bench("--engine-url", f"http://127.0.0.1:{free_port()}", "--num", "1",
+                  "--concurrency", "1")
+    assert down.returncode == 1 and "cannot benchmark" in down.stderr

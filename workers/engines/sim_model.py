@@ -1,0 +1,297 @@
+"""The simulator's model: what a request asks, what it outputs and when (the scheduler).
+
+A reply is ``<think>`` + reasoning + ``</think>`` + ``"\\n\\n"`` + answer + end-of-turn. Its length
+is drawn from ``lognormal(len_mu, len_sigma)`` (median ``exp(len_mu)``) by a generator seeded with
+the seed and the request's input ids, and 60-85% of the body is reasoning. Decoding stops at the
+first stop id (``stop_token_ids`` or end-of-turn: finish ``stop``, ``matched`` that id) or at
+max_new_tokens (finish ``length``, no end token).
+
+Ids come from a tokenizer directory when one is given (``<think>``, ``</think>`` and
+``<|im_end|>`` are its real ids; end-of-turn falls back to the tokenizer's eos), else from the
+fixed built-in table :data:`BUILTIN` (``<|im_end|>`` = 2, ``<think>`` = 3, ``</think>`` = 4).
+The degenerate answer mode replies with exactly six tokens, ``thinking`` ``\\n\\n`` `` response``
+``\\n`` ``OK.`` end-of-turn; under a tokenizer each piece is its longest single-token prefix.
+Timing: :class:`Scheduler` (formula in the docstring of :mod:`workers.engines.simulator`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+THINK, END_THINK, IM_END = "<think>", "</think>", "<|im_end|>"
+SPECIALS = ("<|endoftext|>", "<|im_start|>", IM_END)
+DEGENERATE = ("thinking", "\n\n", " response", "\n", "OK.")
+WORDS = tuple(
+    f" {w}" for w in (
+        "the so we need to check first then because answer is a of and it this that let me "
+        "consider value step result sum number case model token output input think again wait "
+        "yes no right here now therefore which gives total count list each more less equal"
+    ).split()
+)
+# Built-in ids are fixed: specials first (Qwen-like order), then markup, then words.
+BUILTIN = (*SPECIALS, THINK, END_THINK, "\n\n", "\n", *DEGENERATE[::2], *WORDS)
+BUILTIN_PROMPT_BASE = 1000  # unknown prompt words hash to ids above the built-in table
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+
+
+def _load_tokenizer(path: Path) -> Any:
+    """A ``tokenizers.Tokenizer`` from tokenizer.json, else the fast backend of AutoTokenizer."""
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path).backend_tokenizer
+
+
+class Vocab:
+    """Token ids of the output structure: a tokenizer's real ids, or the fixed built-in table."""
+
+    def __init__(self, tokenizer_path: Path | None = None) -> None:
+        self.path = tokenizer_path
+        self._tok = _load_tokenizer(tokenizer_path) if tokenizer_path else None
+        self.think = self._encode_piece(THINK)
+        self.end_think = self._encode_piece(END_THINK)
+        self.nl2 = self._encode_piece("\n\n")
+        self.words = [self._encode_piece(w) for w in WORDS]
+        self.eot = self._end_of_turn()
+        self.specials = {i for s in SPECIALS if (i := self._token_id(s)) is not None}
+        # One token per piece, so the degenerate reply is exactly six tokens with any tokenizer.
+        self.degenerate = [self._single_prefix(p) for p in DEGENERATE] + [self.eot]
+        log.info("vocabulary %s: <think> %s, </think> %s, end-of-turn %s",
+                 tokenizer_path or "built-in", self.think, self.end_think, self.eot)
+
+    def _token_id(self, piece: str) -> int | None:
+        if self._tok is None:
+            return BUILTIN.index(piece) if piece in BUILTIN else None
+        return self._tok.token_to_id(piece)
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        single = self._token_id(piece)
+        return [single] if single is not None else self.encode(piece)
+
+    def _single_prefix(self, piece: str) -> int:
+        for end in range(len(piece), 0, -1):
+            ids = self._encode_piece(piece[:end])
+            if len(ids) == 1:
+                return ids[0]
+        return self._encode_piece(piece)[0]
+
+    def _end_of_turn(self) -> int:
+        names = [IM_END, "<|eot_id|>", "<|endoftext|>", "</s>"]
+        config = self.path / "tokenizer_config.json" if self.path else None
+        if config and config.is_file():
+            eos = json.loads(config.read_text()).get("eos_token")
+            names.insert(1, eos["content"] if isinstance(eos, dict) else eos)
+        for name in names:
+            if isinstance(name, str) and (found := self._token_id(name)) is not None:
+                return found
+        raise ValueError(f"no end-of-turn token in the tokenizer at {self.path}")
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt ids for the chat endpoint (built-in mode: one id per whitespace word)."""
+        if self._tok is not None:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        return [BUILTIN.index(f" {w}") if f" {w}" in BUILTIN
+                else BUILTIN_PROMPT_BASE + zlib.crc32(w.encode()) % 50_000 for w in text.split()]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of output ids; like SGLang, special tokens are dropped unless asked for."""
+        if self._tok is not None:
+            return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        keep = [i for i in ids if not (skip_special_tokens and i in self.specials)]
+        return "".join(BUILTIN[i] if 0 <= i < len(BUILTIN) else f"<{i}>" for i in keep)
+
+
+class BadRequest(ValueError):
+    """A client error, answered HTTP 400."""
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        raise BadRequest(f"{what} must be a list of non-negative integer token ids")
+    return value
+
+
+def parse_sampling(params: Any) -> tuple[int, set[int], bool]:
+    """(max_new_tokens, stop ids, skip_special_tokens) of one request's sampling_params."""
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object (or a list of objects for a batch)")
+    max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    if type(max_new) is not int or max_new < 0:
+        raise BadRequest("max_new_tokens must be a non-negative integer")
+    for name in ("temperature", "top_p", "top_k"):
+        if name in params and not isinstance(params[name], int | float):
+            raise BadRequest(f"{name} must be a number")
+    stops = set(_int_list(params.get("stop_token_ids") or [], "stop_token_ids"))
+    return max_new, stops, bool(params.get("skip_special_tokens", True))
+
+
+def parse_generate(body: Any) -> tuple[list[list[int]], list[Any], list[Any], bool]:
+    """(prompts, sampling params, rids, is_batch) of a /generate body, or BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if body.get("stream"):
+        raise BadRequest("stream=true is not supported by the simulator")
+    ids = body.get("input_ids")
+    if ids is None:
+        raise BadRequest("input_ids is required (the simulator does not tokenize text)")
+    batch = isinstance(ids, list) and bool(ids) and all(isinstance(p, list) for p in ids)
+    prompts = ids if batch else [ids]
+    for prompt in prompts:
+        if not _int_list(prompt, "input_ids"):
+            raise BadRequest("input_ids must not be empty")
+    params = body.get("sampling_params") or {}
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    rids = body.get("rid")
+    rids = rids if isinstance(rids, list) else [rids] * len(prompts)
+    if len(params) != len(prompts) or len(rids) != len(prompts):
+        raise BadRequest("sampling_params and rid lists must match the batch size")
+    if batch and isinstance(body.get("rid"), str):
+        raise BadRequest("a batch needs a list of rids")
+    return prompts, [parse_sampling(p) for p in params], rids, batch
+
+
+def request_rng(seed: int, input_ids: list[int]) -> random.Random:
+    """A generator fixed by the seed and the prompt, so the same request gives the same output."""
+    digest = hashlib.blake2b(f"{seed}:{','.join(map(str, input_ids))}".encode(), digest_size=8)
+    return random.Random(int.from_bytes(digest.digest(), "big"))
+
+
+def plan_output(vocab: Vocab, input_ids: list[int], seed: int, mode: str, len_mu: float,
+                len_sigma: float) -> list[int]:
+    """The full reply (ending with end-of-turn) that the request would get without limits."""
+    if mode == "degenerate":
+        return list(vocab.degenerate)
+    rng = request_rng(seed, input_ids)
+    total = max(1, round(rng.lognormvariate(len_mu, len_sigma)))
+    markup = len(vocab.think) + len(vocab.end_think) + len(vocab.nl2) + 1
+    body = max(2, total - markup)
+    reasoning = max(1, round(body * rng.uniform(0.6, 0.85)))
+
+    def fill(n: int) -> list[int]:
+        ids: list[int] = []
+        while len(ids) < n:
+            ids.extend(rng.choice(vocab.words))
+        return ids[:n]
+
+    return [*vocab.think, *fill(reasoning), *vocab.end_think, *vocab.nl2,
+            *fill(body - reasoning if body > reasoning else 1), vocab.eot]
+
+
+def finish(full: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[list[int], dict]:
+    """Cut the reply at the first stop token or at max_new_tokens, as decoding would."""
+    # The reply always ends with end-of-turn, which is always a stop id.
+    stop_at = next(i for i, t in enumerate(full) if t in stop_ids or i == len(full) - 1)
+    ids = full[: stop_at + 1]
+    if len(ids) > max_new_tokens:
+        return ids[:max_new_tokens], {"type": "length", "length": max_new_tokens}
+    return ids, {"type": "stop", "matched": ids[-1]}
+
+
+@dataclass
+class LatencyModel:
+    max_running: int = 64
+    decode_base_ms: float = 2.0
+    decode_per_req_ms: float = 0.05
+    prefill_per_token_us: float = 20.0
+    time_scale: float = 1.0
+
+    def step_s(self, running: int, prefill_tokens: int) -> float:
+        """Wall seconds of one scheduler step."""
+        ms = (self.decode_base_ms + self.decode_per_req_ms * running
+              + self.prefill_per_token_us * prefill_tokens / 1000)
+        return ms * self.time_scale / 1000
+
+
+@dataclass(eq=False)
+class _Job:
+    prompt_len: int
+    remaining: int
+    done: asyncio.Future[None]
+
+
+@dataclass
+class Scheduler:
+    """Continuous batching: one loop steps every running request; the rest wait in a queue."""
+
+    model: LatencyModel
+    queue: deque[_Job] = field(default_factory=deque)
+    running: list[_Job] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("requests", "completed", "aborted", "max_running_seen", "generated_tokens",
+         "prompt_tokens"), 0))
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # Timers fire late (epoll has 1 ms resolution): steps keep to a deadline and catch up, but
+    # never by more than this, so a stalled process does not burst afterwards.
+    MAX_LAG_S = 0.1
+
+    async def run(self, prompt_len: int, n_tokens: int) -> int:
+        """Decode ``n_tokens`` for a prompt; returns how many were decoded (fewer if aborted)."""
+        job = _Job(prompt_len, n_tokens, asyncio.get_running_loop().create_future())
+        self.queue.append(job)
+        self._wake.set()
+        await job.done
+        return n_tokens - job.remaining
+
+    def abort_all(self) -> None:
+        """End every queued and running request now (on shutdown)."""
+        for job in [*self.running, *self.queue]:
+            if not job.done.done():
+                job.done.set_result(None)
+                self.stats["aborted"] += 1
+        self.running, self.queue = [], deque()
+
+    async def loop(self) -> None:
+        """Step forever: admit up to the cap, sleep one step, emit one token per request."""
+        clock = asyncio.get_running_loop()
+        deadline = clock.time()
+        while True:
+            if not self.running and not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = clock.time()
+            prefill = 0
+            while self.queue and len(self.running) < self.model.max_running:
+                job = self.queue.popleft()
+                if not job.done.done():  # the client may have gone away while queued
+                    self.running.append(job)
+                    prefill += job.prompt_len
+            self.stats["prompt_tokens"] += prefill
+            self.stats["max_running_seen"] = max(self.stats["max_running_seen"],
+                                                 len(self.running))
+            deadline += self.model.step_s(len(self.running), prefill)
+            lag = clock.time() - deadline
+            if lag > self.MAX_LAG_S:
+                deadline += lag
+            await asyncio.sleep(max(0.0, -lag))
+            self._emit()
+
+    def _emit(self) -> None:
+        still = []
+        for job in self.running:
+            if job.done.done():
+                self.stats["aborted"] += 1
+                continue
+            if job.remaining > 0:
+                job.remaining -= 1
+                self.stats["generated_tokens"] += 1
+            if job.remaining == 0:
+                job.done.set_result(None)
+                self.stats["completed"] += 1
+            else:
+                still.append(job)
+        self.running = still

@@ -1,0 +1,286 @@
+"""An SGLang stand-in for CPU tests and benchmarks: SGLang's HTTP protocol, a modelled GPU.
+
+Run it where ``python -m sglang.launch_server`` would go (SGLang's ``--model-path``, ``--tp``,
+``--mem-fraction-static`` and ``--served-model-name`` are accepted and logged; the model path is
+also the tokenizer when it holds one)::
+
+    python -m workers.engines.simulator --port 30000 [--host 127.0.0.1] [--tokenizer DIR]
+        [--max-running 64] [--decode-base-ms 2.0] [--decode-per-req-ms 0.05]
+        [--prefill-per-token-us 20] [--len-mu 5.3] [--len-sigma 0.8] [--seed 0]
+        [--time-scale 1.0] [--answer-mode normal|degenerate] [--fail-rate 0] [--startup-delay 0]
+
+It prints ``simulator listening on http://HOST:PORT`` when ready and exits cleanly on SIGTERM.
+Endpoints: ``POST /generate`` (SGLang's native shape, ``input_ids`` only, a list of lists for a
+batch), ``POST /v1/chat/completions``, ``GET /health`` (503 during --startup-delay),
+``/health_generate``, ``/get_model_info``, ``/metrics`` (SGLang's ``sglang:*`` names plus
+``sim_max_running_reqs``, the batch cap) and ``/sim/stats`` (counters for tests).
+
+Latency model: one asyncio loop steps all running requests together (continuous batching). At
+most --max-running requests run; the rest queue in arrival order. Each step lasts::
+
+    step_ms = decode_base_ms + decode_per_req_ms * running + prefill_per_token_us / 1000 * P
+
+where ``running`` counts the requests in the step and ``P`` the prompt tokens of the requests
+admitted at its start (they pay their prefill there). Every running request emits one token per
+step and is answered after its last one, so throughput grows with concurrency up to the cap and
+is flat beyond it. --time-scale multiplies every duration (steps and --startup-delay).
+
+Output (details in :mod:`workers.engines.sim_model`): ``<think>`` reasoning ``</think>\\n\\n``
+answer ``<|im_end|>``, lognormal length (median ``exp(len_mu)``, ~200 tokens), fixed by --seed and
+the input_ids alone (same prompt, same reply, whatever the sampling params); finish ``stop`` at the
+end-of-turn or a ``stop_token_ids`` id, ``length`` at max_new_tokens. Real ids with --tokenizer,
+else a built-in table. --fail-rate answers that fraction of requests HTTP 500.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+
+from workers.engines.sim_model import (
+    BadRequest,
+    LatencyModel,
+    Scheduler,
+    Vocab,
+    finish,
+    parse_generate,
+    parse_sampling,
+    plan_output,
+)
+
+log = logging.getLogger(__name__)
+
+CHAT_MAX_TOKENS = 4096  # chat requests without max_tokens run to "the context length"
+SGLANG_FLAGS = ("model_path", "tp", "mem_fraction_static", "served_model_name")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+class Simulator:
+    """The HTTP front of the simulated engine."""
+
+    def __init__(self, args: argparse.Namespace, tokenizer: Path | None) -> None:
+        self.args = args
+        self.vocab = Vocab(tokenizer)
+        self.scheduler = Scheduler(LatencyModel(
+            args.max_running, args.decode_base_ms, args.decode_per_req_ms,
+            args.prefill_per_token_us, args.time_scale))
+        self.stats = self.scheduler.stats
+        self.stats["failed"] = 0
+        self._fail_rng = random.Random(args.seed)
+        self.ready_at = float("inf")
+        self.stopping = False
+        self.model_name = args.served_model_name or args.model_path or "sglang-simulator"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.add_routes([
+            web.post("/generate", self.generate), web.post("/v1/chat/completions", self.chat),
+            web.get("/health", self.health), web.get("/health_generate", self.health),
+            web.get("/get_model_info", self.model_info), web.get("/metrics", self.metrics),
+            web.get("/sim/stats", self.sim_stats),
+        ])
+        app.cleanup_ctx.append(self._run_scheduler)
+        return app
+
+    async def _run_scheduler(self, app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.scheduler.loop())
+        yield
+        task.cancel()
+
+    def mark_started(self) -> None:
+        self.ready_at = time.monotonic() + self.args.startup_delay * self.args.time_scale
+
+    def _unavailable(self) -> web.Response | None:
+        if time.monotonic() < self.ready_at or self.stopping:
+            return _error(503, "the simulated model is loading or stopping")
+        if self.args.fail_rate and self._fail_rng.random() < self.args.fail_rate:
+            self.stats["failed"] += 1
+            return _error(500, "simulated engine failure (--fail-rate)")
+        return None
+
+    async def _run(self, ids: list[int], max_new: int,
+                   stops: set[int]) -> tuple[list[int], dict, float]:
+        started = time.monotonic()
+        self.stats["requests"] += 1
+        full = plan_output(self.vocab, ids, self.args.seed, self.args.answer_mode,
+                           self.args.len_mu, self.args.len_sigma)
+        out, reason = finish(full, max_new, stops | {self.vocab.eot})
+        decoded = await self.scheduler.run(len(ids), len(out))
+        if decoded < len(out):
+            out, reason = out[:decoded], {"type": "abort", "message": "the server is stopping"}
+        return out, reason, time.monotonic() - started
+
+    async def generate(self, request: web.Request) -> web.Response:
+        if (refused := self._unavailable()) is not None:
+            return refused
+        try:
+            prompts, params, rids, batch = parse_generate(await request.json())
+        except ValueError as exc:  # BadRequest, or a body that is not JSON
+            return _error(400, str(exc))
+        results = await asyncio.gather(*(self._run(p, s[0], s[1]) for p, s in
+                                         zip(prompts, params, strict=True)))
+        outs = [{
+            "text": self.vocab.decode(out, skip_special_tokens=sampling[2]),
+            "output_ids": out,
+            "meta_info": {"id": rid if isinstance(rid, str) else uuid.uuid4().hex,
+                          "finish_reason": reason, "prompt_tokens": len(ids),
+                          "completion_tokens": len(out), "cached_tokens": 0,
+                          "e2e_latency": latency},
+        } for (out, reason, latency), ids, sampling, rid in zip(results, prompts, params, rids,
+                                                                strict=True)]
+        return web.json_response(outs if batch else outs[0])
+
+    async def chat(self, request: web.Request) -> web.Response:
+        if (refused := self._unavailable()) is not None:
+            return refused
+        try:
+            body = await request.json()
+            messages = body.get("messages") if isinstance(body, dict) else None
+            if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                       for m in messages):
+                raise BadRequest("messages must be a non-empty list of {role, content} objects")
+            max_new, stops, _ = parse_sampling({
+                "max_new_tokens": body.get("max_completion_tokens",
+                                           body.get("max_tokens") or CHAT_MAX_TOKENS)})
+        except ValueError as exc:
+            return _error(400, str(exc))
+        prompt = "".join(f"<|im_start|>{m.get('role')}\n{m['content']}<|im_end|>\n"
+                         for m in messages) + "<|im_start|>assistant\n"
+        ids = self.vocab.encode(prompt)
+        out, reason, _ = await self._run(ids, max_new, stops)
+        text = self.vocab.decode(out)
+        # Like SGLang's reasoning parser: a reply cut inside its think block is all reasoning.
+        head, sep, tail = text.partition("</think>")
+        thinking = text.startswith("<think>")
+        reasoning = head.removeprefix("<think>").strip() if sep or thinking else None
+        content = tail.strip() if sep else ("" if thinking else text)
+        return web.json_response({
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": self.model_name,
+            "choices": [{"index": 0, "finish_reason": reason["type"],
+                         "matched_stop": reason.get("matched"),
+                         "message": {"role": "assistant", "content": content,
+                                     "reasoning_content": reasoning}}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out),
+                      "total_tokens": len(ids) + len(out)},
+        })
+
+    async def health(self, request: web.Request) -> web.Response:
+        down = time.monotonic() < self.ready_at or self.stopping
+        return web.Response(status=503 if down else 200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        path = self.vocab.path
+        return web.json_response({"model_path": self.args.model_path or self.model_name,
+                                  "tokenizer_path": str(path) if path else None,
+                                  "is_generation": True})
+
+    def snapshot(self) -> dict[str, int]:
+        return {**self.stats, "running": len(self.scheduler.running),
+                "queued": len(self.scheduler.queue)}
+
+    async def sim_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        s, label = self.snapshot(), f'{{model_name="{self.model_name}"}}'
+        rows = [("sglang:num_running_reqs", "gauge", "Running requests.", s["running"]),
+                ("sglang:num_queue_reqs", "gauge", "Queued requests.", s["queued"]),
+                ("sglang:generation_tokens_total", "counter", "Generation tokens processed.",
+                 s["generated_tokens"]),
+                ("sglang:prompt_tokens_total", "counter", "Prefill tokens processed.",
+                 s["prompt_tokens"]),
+                ("sglang:num_requests_total", "counter", "Requests completed.", s["completed"]),
+                ("sim_max_running_reqs", "gauge", "The simulator's batch cap.",
+                 self.args.max_running)]
+        text = "".join(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n{name}{label} {float(v)}\n"
+                       for name, kind, doc, v in rows)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; defaults are the latency and output model of the module docstring."""
+    p = argparse.ArgumentParser(prog="python -m workers.engines.simulator",
+                                description="An SGLang stand-in with a modelled GPU.")
+    add = p.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000, help="0 picks a free port (printed)")
+    add("--tokenizer", type=Path, help="HF tokenizer directory (default: built-in vocabulary)")
+    add("--max-running", type=int, default=64, help="batch cap; more requests queue")
+    add("--decode-base-ms", type=float, default=2.0)
+    add("--decode-per-req-ms", type=float, default=0.05)
+    add("--prefill-per-token-us", type=float, default=20.0)
+    add("--len-mu", type=float, default=5.3, help="log of the median reply length")
+    add("--len-sigma", type=float, default=0.8)
+    add("--seed", type=int, default=0)
+    add("--time-scale", type=float, default=1.0, help="multiplies every duration")
+    add("--answer-mode", choices=("normal", "degenerate"), default="normal")
+    add("--fail-rate", type=float, default=0.0, help="fraction of requests answered HTTP 500")
+    add("--startup-delay", type=float, default=0.0, help="seconds of 503 on /health")
+    add("--log-level", default="info")
+    sglang = p.add_argument_group("SGLang launch flags (accepted and logged)")
+    sglang.add_argument("--model-path", help="also the tokenizer when it holds tokenizer files")
+    sglang.add_argument("--tp", "--tp-size", dest="tp", type=int)
+    sglang.add_argument("--mem-fraction-static", type=float)
+    sglang.add_argument("--served-model-name")
+    return p
+
+
+def tokenizer_path(args: argparse.Namespace) -> Path | None:
+    """--tokenizer, else --model-path when it is a directory with tokenizer files."""
+    if args.tokenizer:
+        return args.tokenizer
+    model = Path(args.model_path) if args.model_path else None
+    if model and any((model / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return model
+    return None
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    sim = Simulator(args, tokenizer_path(args))
+    runner = web.AppRunner(sim.app(), access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    port = runner.addresses[0][1]
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    sim.mark_started()
+    print(f"simulator listening on http://{args.host}:{port}", flush=True)
+    await stop.wait()
+    log.info("stopping: %s", sim.snapshot())
+    # In-flight requests are answered at once with their partial output (finish "abort").
+    sim.stopping = True
+    sim.scheduler.abort_all()
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and serve."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_running < 1 or args.time_scale <= 0 or not 0 <= args.fail_rate <= 1:
+        parser.error("need --max-running >= 1, --time-scale > 0 and 0 <= --fail-rate <= 1")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in SGLANG_FLAGS:
+        if getattr(args, name) is not None:
+            log.info("SGLang flag --%s=%s accepted", name.replace("_", "-"), getattr(args, name))
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()
