@@ -57,3 +57,17 @@ def test_services_share_broker_and_visibility_settings(compose: dict) -> None:
     assert "requirepass" in compose["services"]["redis"]["command"]
     assert "--appendonly yes" in compose["services"]["redis"]["command"]
     assert "FLOWER_BASIC_AUTH" in compose["services"]["flower"]["environment"]
+
+
+def test_each_generate_worker_owns_one_distinct_gpu(compose: dict) -> None:
+    workers = {n: s for n, s in compose["services"].items() if n.startswith("generate-gpu")}
+    assert len(workers) >= 4
+    seen = set()
+    for name, service in workers.items():
+        argv = _argv(service)
+        gpu = argv[argv.index("--gpu") + 1]
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["device_ids"] == [gpu], name
+        assert service["profiles"] == [f"gpu{gpu}"] and service["shm_size"], name
+        seen.add(gpu)
+    assert len(seen) == len(workers)
