@@ -49,7 +49,9 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Samp
 
 
 def _answer(tokenizer: Any, result: GenResult, thinking: bool) -> dict[str, Any]:
-    text = tokenizer.decode(result.output_ids, skip_special_tokens=False)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = (backend.decode(result.output_ids, skip_special_tokens=False) if backend is not None
+            else tokenizer.decode(result.output_ids, skip_special_tokens=False))
     for token in tokenizer.all_special_tokens:
         if token not in ("<think>", "</think>"):
             text = text.replace(token, "")

@@ -40,7 +40,10 @@ def parse_response(body: Any, request: GenRequest, latency: float) -> GenResult:
         raise EngineError(f"unexpected /generate response: {str(body)[:200]}")
     meta = body.get("meta_info") or {}
     output_ids = body.get("output_ids", meta.get("output_ids"))
-    if not isinstance(output_ids, list) or not all(isinstance(t, int) for t in output_ids):
+    # JSON numbers parse as ints; checking the ends catches a server returning text or floats
+    # without a per-token pass on every response.
+    if not isinstance(output_ids, list) or (
+            output_ids and not (type(output_ids[0]) is int and type(output_ids[-1]) is int)):
         raise EngineError("/generate response has no integer output_ids; SGLang must return "
                           "token ids (input_ids requests do)")
     finish = parse_finish_reason(meta)
