@@ -61,6 +61,7 @@ class Settings:
     max_in_flight: int = 128
     engine_startup_timeout: float = 900.0
     request_timeout: float = 3600.0
+    metrics_port: int = 0
     retry_backoff_max: float = 60.0
 
     def __repr__(self) -> str:
@@ -116,11 +117,12 @@ _ENV = {
     "max_in_flight": "DFLASH_MAX_IN_FLIGHT",
     "engine_startup_timeout": "DFLASH_ENGINE_STARTUP_TIMEOUT",
     "request_timeout": "DFLASH_REQUEST_TIMEOUT",
+    "metrics_port": "DFLASH_METRICS_PORT",
     "retry_backoff_max": "DFLASH_RETRY_BACKOFF_MAX",
 }
 
 
-_ZERO_OK = {"gpu"}
+_ZERO_OK = {"gpu", "metrics_port"}
 
 
 def _coerce(name: str, raw: str, like: object) -> object:

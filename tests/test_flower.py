@@ -51,10 +51,11 @@ def flower(pipeline: Pipeline) -> Iterator[str]:
     log.close()
 
 
-def test_flower_sees_the_worker_and_the_runs_tasks(pipeline: Pipeline, flower: str,
-                                                   tmp_path) -> None:  # noqa: ANN001
+def test_flower_sees_worker_and_tasks_and_worker_exports_metrics(
+        pipeline: Pipeline, flower: str, tmp_path) -> None:  # noqa: ANN001
     assert _get(f"{flower}/api/workers", auth=None)[0] == 401
-    pipeline.start_worker("flowerw")
+    metrics_port = free_port()
+    pipeline.start_worker("flowerw", DFLASH_METRICS_PORT=str(metrics_port))
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(4))
     pipeline.cli("enqueue", "--input", src, "--run", "fl", "--shard-size", "2",
                  "--max-new-tokens", "32", check=True)
@@ -77,3 +78,11 @@ def test_flower_sees_the_worker_and_the_runs_tasks(pipeline: Pipeline, flower: s
                        "Flower to show the run's tasks")
     assert {t["state"] for t in tasks} == {"SUCCESS"}
     assert all(t["worker"].startswith("flowerw@") for t in tasks)
+
+    # Our own progress, as Prometheus metrics from the worker.
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'dflash_samples_generated_total{run="fl"} 4.0' in text
+    assert 'dflash_shards_committed_total{run="fl"} 2.0' in text
+    assert 'dflash_engine_requests_total{run="fl"} 8.0' in text
+    assert "dflash_engine_in_flight 0.0" in text

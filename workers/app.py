@@ -11,7 +11,7 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from common.celery_app import app
 from common.errors import DflashError
-from workers import generate  # noqa: F401 - registers the tasks
+from workers import generate, metrics  # noqa: F401 - generate registers the tasks
 from workers.context import get_context, warm_engine
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,14 @@ def _load_engine(**_: object) -> None:
         log.critical("engine failed to start: %s", exc)
         # SystemExit passes through Celery's signal dispatch, which swallows Exceptions.
         raise SystemExit(f"engine failed to start: {exc}") from exc
+    context = get_context()
+    if context.settings.metrics_port:
+        try:
+            metrics.serve(context.settings.metrics_port,
+                          lambda: float(getattr(context.engine, "in_flight", 0)))
+        except OSError as exc:
+            raise SystemExit(f"cannot serve metrics on port {context.settings.metrics_port}: "
+                             f"{exc}") from exc
 
 
 @worker_shutting_down.connect

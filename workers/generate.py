@@ -23,6 +23,7 @@ from common.errors import ConfigError, DflashError, LeaseBusy, NotFound, Shuttin
 from common.lease import Lease
 from common.models import template_sha
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst, dumps
+from workers import metrics
 from workers.context import WorkerContext, get_context
 from workers.generation import ShardCounters, regenerate
 from workers.parts import PartBuffer, ShardParts
@@ -107,6 +108,7 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
         progress.flush_requests()
         commit = parts.commit([row["id"] for row in rows], worker)
         log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
+        metrics.COMMITS.labels(task.run).inc()
         hand_off(task)
         forget_progress(ctx, task)
     return TaskOutcome.COMMITTED
@@ -181,10 +183,14 @@ class Progress:
             pipe.execute()
         except redis.RedisError as err:
             log.warning("run %s shard %d: progress not recorded: %s", run, task.shard, err)
+        metrics.SAMPLES.labels(run).inc(len(samples))
+        metrics.TOKENS.labels(run).inc(tokens)
+        metrics.PARTS.labels(run).inc()
         self.flush_requests()
 
     def flush_requests(self) -> None:
         sent = self.counters.requests
+        metrics.REQUESTS.labels(self.task.run).inc(sent - self.reported_requests)
         try:
             self.ctx.redis.hincrby(keys.redis_requests(self.task.run), self.worker,
                                    sent - self.reported_requests)
