@@ -123,3 +123,8 @@ def redis_rate(run: str) -> str:
 def redis_requests(run: str) -> str:
     """Hash worker name -> engine requests sent for this run."""
     return f"dflash:{run}:requests"
+
+
+def redis_engines() -> str:
+    """Hash host:gpu -> JSON {url, log, pid} of the engine servers workers started."""
+    return "dflash:engines"

@@ -83,6 +83,8 @@ def render_status(status: dict[str, Any]) -> str:
         f"samples/s, ETA {_duration(eta) if eta is not None else '?'}",
     ]
     lines += [f"  parked shard {p['shard']}: {p['reason']}" for p in status["parked"]]
+    lines += [f"  engine {name}: {e['url']} (log {e['log']})"
+              for name, e in sorted(status.get("engines", {}).items())]
     return "\n".join(lines)
 
 

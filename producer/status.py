@@ -65,6 +65,7 @@ class StatusReader:
             "eta_s": round(remaining / rate, 1) if rate > 0 and remaining is not None
             else (0.0 if remaining == 0 else None),
             "parked": [{"shard": s, "reason": r} for s, r in sorted(parked.items())],
+            "engines": live["engines"],
         }
 
     def _read_commits(self) -> None:
@@ -76,13 +77,14 @@ class StatusReader:
     def _live(self) -> dict[str, Any]:
         """Redis-side numbers; empty (not an error) when Redis is unreachable or was wiped."""
         empty: dict[str, Any] = {"running": set(), "parked": {}, "partial": {},
-                                 "tokens_per_s": 0.0, "samples_per_s": 0.0}
+                                 "tokens_per_s": 0.0, "samples_per_s": 0.0, "engines": {}}
         try:
             leases = self.client.scan_iter(keys.redis_lease_pattern(self.run), count=1000)
             running = {int(k.rsplit("-", 1)[-1]) for k in leases}
             parked = self.client.hgetall(keys.redis_parked(self.run))
             partial = self.client.hgetall(keys.redis_partial(self.run))
             events = self.client.lrange(keys.redis_rate(self.run), 0, -1)
+            engines = self.client.hgetall(keys.redis_engines())
         except redis.RedisError:
             return empty
         tokens_per_s, samples_per_s = _rates(events)
@@ -92,6 +94,7 @@ class StatusReader:
             "partial": {int(k.rsplit("-", 1)[-1]): int(v) for k, v in partial.items()},
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
+            "engines": {name: json.loads(v) for name, v in engines.items()},
         }
 
 

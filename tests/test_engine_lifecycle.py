@@ -71,6 +71,9 @@ def test_engine_killed_mid_shard_is_restarted_and_nothing_is_left(
     assert sample["engine"]["engine"] == "sglang"
     assert all(t["output_ids"] for t in sample["turns"])
 
+    engines = pipeline.status("life")["engines"]
+    assert any(e["url"].endswith(f":{port}") and os.path.exists(e["log"])
+               for e in engines.values()), engines
     log = (pipeline.log_dir / "owner.log").read_text()
     assert "restarting" in log and "retry" in log, "no request was in flight across the restart"
 

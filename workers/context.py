@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import redis
 
+from common import keys
 from common.config import Settings, load_settings
 from common.errors import ConfigError
 from common.models import resolve_model_path
@@ -104,4 +106,19 @@ def get_context() -> WorkerContext:
 
 def warm_engine() -> None:
     """Build the engine now so the first shard does not pay for it (called at worker start)."""
-    _ = get_context().engine
+    context = get_context()
+    announce_engine(context, context.engine)
+
+
+def announce_engine(context: WorkerContext, engine: Engine) -> None:
+    """Tell ``status`` where this worker's engine server and its log are (advisory)."""
+    server = getattr(engine, "server", None)
+    if server is None:
+        return
+    record = {"url": server.url, "log": str(server.log_path), "pid": server.proc.pid}
+    try:
+        context.redis.hset(keys.redis_engines(),
+                           f"{socket.gethostname()}:gpu{context.settings.gpu}",
+                           json.dumps(record))
+    except redis.RedisError as err:
+        log.warning("engine location not published: %s", err)
