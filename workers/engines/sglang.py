@@ -87,17 +87,31 @@ class SglangEngine:
         self.requests = 0
         self._slots: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
         return {"engine": "sglang", "url": self.url}
 
+    async def aclose(self) -> None:
+        """Close the HTTP session (on the loop that made it)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session, self._slots = None, None
+
     def close(self) -> None:
+        if self._session is not None and self._loop is not None and self._loop.is_running():
+            closing = asyncio.run_coroutine_threadsafe(self.aclose(), self._loop)
+            try:
+                closing.result(timeout=5)
+            except (TimeoutError, RuntimeError) as exc:
+                log.warning("engine %s: HTTP session not closed cleanly: %r", self.url, exc)
         if self.server is not None:
             self.server.stop()
 
     async def generate(self, request: GenRequest) -> GenResult:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_in_flight)
+            self._loop = asyncio.get_running_loop()
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout),
                 connector=aiohttp.TCPConnector(limit=self.max_in_flight),

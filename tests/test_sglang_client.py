@@ -1,0 +1,101 @@
+"""The SGLang client: defensive parsing, retries on 5xx from a real simulator, none on 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from common.errors import EngineError
+from common.records import Sampling
+from tests.conftest import ROOT, free_port, wait_until
+from tests.test_bench import simulator  # noqa: F401 - fixture
+from workers.engines.base import GenRequest
+from workers.engines.sglang import (
+    RetryableEngineError,
+    SglangEngine,
+    parse_finish_reason,
+    parse_response,
+)
+
+REQ = GenRequest(input_ids=[5, 6, 7], sampling=Sampling(max_new_tokens=8))
+
+
+def test_finish_reason_shapes() -> None:
+    assert parse_finish_reason({"finish_reason": {"type": "stop", "matched": 2}}) == "stop"
+    assert parse_finish_reason({"finish_reason": {"type": "length", "length": 8}}) == "length"
+    assert parse_finish_reason({"finish_reason": "length"}) == "length"
+    assert parse_finish_reason({"finish_reason": None}) == "abort"
+    assert parse_finish_reason({}) == "abort"
+
+
+def test_response_parsing_is_token_exact_or_refuses() -> None:
+    body = {"output_ids": [1, 2, 3], "meta_info": {"finish_reason": {"type": "stop"},
+                                                   "prompt_tokens": 3, "completion_tokens": 3}}
+    result = parse_response(body, REQ, 0.5)
+    assert result.output_ids == [1, 2, 3] and result.finish_reason == "stop"
+    with pytest.raises(EngineError, match="output_ids"):
+        parse_response({"text": "hi", "meta_info": {}}, REQ, 0.1)
+    with pytest.raises(EngineError, match="output_ids"):
+        parse_response({"output_ids": ["a", "b"], "meta_info": {}}, REQ, 0.1)
+    with pytest.raises(RetryableEngineError):
+        parse_response({"output_ids": [1], "meta_info": {"finish_reason": {"type": "abort"}}},
+                       REQ, 0.1)
+
+
+def _engine(url: str, window: float = 30) -> SglangEngine:
+    return SglangEngine(url, tokenizer=None, max_in_flight=8, request_timeout=30,
+                        retry_window=window, stop_ids=[])
+
+
+def test_5xx_are_retried_until_they_succeed() -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "workers.engines.simulator", "--port",
+                             str(port), "--fail-rate", "0.5", "--time-scale", "0.05"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _stats(url), 30, "the simulator")
+        engine = _engine(url)
+
+        requests = [GenRequest([i, i + 1, i + 2], Sampling(max_new_tokens=16)) for i in range(20)]
+        results = asyncio.run(_gather(engine, requests))
+        assert len(results) == 20 and all(r.output_ids for r in results)
+        stats = _stats(url)
+        assert stats["failed"] > 0 and engine.requests == stats["failed"] + 20
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def _gather(engine: SglangEngine, requests: list[GenRequest]) -> list:
+    try:
+        return await asyncio.gather(*(engine.generate(r) for r in requests))
+    finally:
+        await engine.aclose()
+
+
+def _stats(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/sim/stats", timeout=2) as response:
+            return json.loads(response.read())
+    except OSError:
+        return None
+
+
+def test_4xx_is_not_retried(simulator: str) -> None:  # noqa: F811
+    engine = _engine(simulator)
+    with pytest.raises(EngineError, match="HTTP 400"):
+        asyncio.run(_gather(engine, [GenRequest([], Sampling())]))
+    assert engine.requests == 1
+
+
+def test_unreachable_engine_gives_up_after_the_window() -> None:
+    engine = _engine(f"http://127.0.0.1:{free_port()}", window=1.0)
+    with pytest.raises(EngineError, match="failed for"):
+        asyncio.run(_gather(engine, [REQ]))
+    assert engine.requests >= 2
