@@ -113,14 +113,14 @@ def main() -> None:
         worker = subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "worker", "generate", "--engine", "sglang",
              "--engine-url", url, "--max-in-flight", str(args.cap), "--concurrency", "2",
-             "--loglevel", "WARNING"], env=env, cwd=ROOT,
+             "--loglevel", "INFO"], env=env, cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=open(work / "worker.log", "w"))  # noqa: SIM115
         try:
             wait(lambda: get_json(f"{url}/sim/stats") is not None, 60, "the simulator")
             seconds_direct, tokens_direct = asyncio.run(
                 direct(url, prompts, args.cap, args.max_new_tokens))
             (work / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            time.sleep(5)  # let the worker finish loading before the clock starts
+            wait(lambda: " ready." in (work / "worker.log").read_text(), 120, "the worker")
             cpu_before = sum(psutil.Process(worker.pid).cpu_times()[:2])
             sent_before = get_json(f"{url}/sim/stats")["requests"]
             sampler = Sampler(url)
