@@ -79,11 +79,6 @@ class Settings:
         return self.storage.startswith("s3://")
 
     @property
-    def lease_heartbeat(self) -> float:
-        """Renew the shard lease three times per TTL so one missed beat never loses it."""
-        return self.lease_ttl / 3
-
-    @property
     def engine_server_port(self) -> int:
         """One port per GPU so several workers on a host never collide."""
         return self.engine_port + self.gpu

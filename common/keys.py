@@ -24,10 +24,6 @@ def shard_name(shard: int) -> str:
     return f"shard-{shard:0{SHARD_DIGITS}d}"
 
 
-def run_prefix(run: str) -> str:
-    return f"runs/{run}/"
-
-
 def run_config(run: str) -> str:
     return f"runs/{run}/run.json"
 
@@ -68,10 +64,6 @@ def generated_commit(run: str, shard: int) -> str:
 def failed_shard(run: str, shard: int, stamp: str) -> str:
     """A parked shard's reason; one object per parking so history is never overwritten."""
     return f"runs/{run}/failed/{shard_name(shard)}/{stamp}.json"
-
-
-def failed_prefix(run: str) -> str:
-    return f"runs/{run}/failed/"
 
 
 def part_number(key: str) -> int | None:

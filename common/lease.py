@@ -70,6 +70,7 @@ class Lease:
             raise LeaseLost(f"lease {self.key} was lost; another worker owns the shard")
 
     def _beat(self) -> None:
+        # Three renewals per TTL: one missed beat never loses the lease.
         interval = self.ttl_ms / 3000
         while not self._stop.wait(interval):
             try:

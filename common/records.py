@@ -25,13 +25,6 @@ class RunState(StrEnum):
     FAILED = "failed"
 
 
-class ShardState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMMITTED = "committed"
-    PARKED = "parked"
-
-
 class TaskOutcome(StrEnum):
     COMMITTED = "committed"
     ALREADY_COMMITTED = "already-committed"

@@ -14,7 +14,6 @@ def test_env_is_read_and_overrides_win() -> None:
            "DFLASH_PART_SAMPLES": "3"}
     settings = load_settings(env, storage="/x")
     assert settings.lease_ttl == 7.5 and settings.part_samples == 3 and settings.storage == "/x"
-    assert settings.lease_heartbeat == 2.5
 
 
 def test_bad_env_values_name_the_variable() -> None:
