@@ -11,26 +11,22 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from producer.demo import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
 CACHE_DIR = Path(os.environ.get("DFLASH_TEST_CACHE", ROOT / ".dflash" / "test-cache"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str,
@@ -43,6 +39,25 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str,
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@contextmanager
+def running_simulator(*args: str) -> Iterator[str]:
+    """The SGLang-protocol simulator as a real subprocess; yields its URL once healthy."""
+    from workers.engines.server import healthy
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.engines.simulator", "--port", str(port), *args],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthy(url, timeout=1), 30, "the simulator to be healthy")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 @dataclass

@@ -5,36 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import ROOT, free_port, running_simulator
 
 
 @pytest.fixture
 def simulator() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.engines.simulator", "--port", str(port),
-         "--max-running", "32", "--time-scale", "0.2"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    wait_until(healthy, 30, "the simulator to be healthy")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with running_simulator("--max-running", "32", "--time-scale", "0.2") as url:
+        yield url
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

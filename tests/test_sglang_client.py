@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 
 from common.errors import EngineError
 from common.records import Sampling
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import free_port, running_simulator
 from tests.test_bench import simulator  # noqa: F401 - fixture
 from workers.engines.base import GenRequest
 from workers.engines.sglang import (
@@ -53,23 +51,13 @@ def _engine(url: str, window: float = 30) -> SglangEngine:
 
 
 def test_5xx_are_retried_until_they_succeed() -> None:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "workers.engines.simulator", "--port",
-                             str(port), "--fail-rate", "0.5", "--time-scale", "0.05"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _stats(url), 30, "the simulator")
+    with running_simulator("--fail-rate", "0.5", "--time-scale", "0.05") as url:
         engine = _engine(url)
-
         requests = [GenRequest([i, i + 1, i + 2], Sampling(max_new_tokens=16)) for i in range(20)]
         results = asyncio.run(_gather(engine, requests))
         assert len(results) == 20 and all(r.output_ids for r in results)
         stats = _stats(url)
         assert stats["failed"] > 0 and engine.requests == stats["failed"] + 20
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def _gather(engine: SglangEngine, requests: list[GenRequest]) -> list:
