@@ -47,3 +47,15 @@ class EngineError(DflashError):
 
 class ShuttingDown(DflashError):
     """The worker is stopping: the shard flushed its last part and goes back to the queue."""
+
+
+class HiddenStateError(DflashError):
+    """Extracted or stored hidden states are unusable (NaN/Inf, wrong shape, wrong token ids)."""
+
+
+class RunPaused(DflashError):
+    """The run is paused by its quality gates: no shard starts until ``resume --accept-gates``."""
+
+
+class NothingToTrain(DflashError):
+    """No row of a drafter training batch has enough supervised tokens for one DFlash block."""

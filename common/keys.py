@@ -61,6 +61,29 @@ def generated_commit(run: str, shard: int) -> str:
     return f"{generated_shard_prefix(run, shard)}_COMMIT.json"
 
 
+def rejected_prefix(run: str) -> str:
+    """Samples that failed a quality gate, in parts beside ``generated/``, with their reasons."""
+    return f"runs/{run}/rejected/"
+
+
+def rejected_shard_prefix(run: str, shard: int) -> str:
+    return f"runs/{run}/rejected/{shard_name(shard)}/"
+
+
+def rejected_part(run: str, shard: int, part: int) -> str:
+    return f"{rejected_shard_prefix(run, shard)}part-{part:0{PART_DIGITS}d}.jsonl.zst"
+
+
+def gates_prefix(run: str) -> str:
+    """Pause and resume decisions of the run monitor, one put-once object each."""
+    return f"runs/{run}/gates/"
+
+
+def gate_event(run: str, kind: str, stamp: str) -> str:
+    """``kind`` is ``pause`` or ``resume``; stamps sort chronologically."""
+    return f"runs/{run}/gates/{kind}-{stamp}.json"
+
+
 def failed_shard(run: str, shard: int, stamp: str) -> str:
     """A parked shard's reason; one object per parking so history is never overwritten."""
     return f"runs/{run}/failed/{shard_name(shard)}/{stamp}.json"
@@ -77,6 +100,28 @@ def shard_of(key: str) -> int | None:
     match = _SHARD_DIR.search(key)
     return int(match.group(1)) if match else None
 
+
+
+def hidden_prefix(run: str) -> str:
+    return f"runs/{run}/hidden/"
+
+
+def hidden_shard_prefix(run: str, shard: int) -> str:
+    return f"runs/{run}/hidden/{shard_name(shard)}/"
+
+
+def hidden_part(run: str, shard: int, part: int) -> str:
+    """Many records per safetensors file, concatenated on the token axis."""
+    return f"{hidden_shard_prefix(run, shard)}part-{part:0{PART_DIGITS}d}.safetensors"
+
+
+def hidden_index(run: str, shard: int) -> str:
+    return f"{hidden_shard_prefix(run, shard)}index.json"
+
+
+def hidden_commit(run: str, shard: int) -> str:
+    """Written last by the hidden task: the shard's parts and record ids are final."""
+    return f"{hidden_shard_prefix(run, shard)}_COMMIT.json"
 
 # Redis keys. Redis is transport only: everything here can be rebuilt or is advisory.
 def redis_lease(run: str, shard: int) -> str:
@@ -115,6 +160,40 @@ def redis_rate(run: str) -> str:
 def redis_requests(run: str) -> str:
     """Hash worker name -> engine requests sent for this run."""
     return f"dflash:{run}:requests"
+
+
+def redis_gates(run: str) -> str:
+    """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
+    return f"dflash:{run}:gates"
+
+
+def redis_gate_window(run: str) -> str:
+    """List of the latest outcomes ("1" rejected, "0" accepted), newest first."""
+    return f"dflash:{run}:gates:window"
+
+
+def redis_gate_hist(run: str) -> str:
+    """Hash supervised-token count -> turns with that count."""
+    return f"dflash:{run}:gates:hist"
+
+
+def redis_gate_examples(run: str, reason: str) -> str:
+    return f"dflash:{run}:gates:examples:{reason}"
+
+
+def redis_gate_rebuild(run: str) -> str:
+    """Lock held while one worker rebuilds the monitor from storage."""
+    return f"dflash:{run}:gates:rebuild"
+
+
+def redis_answers(run: str) -> str:
+    """Hash answer hash -> the first sample id that gave that answer (duplicate gate)."""
+    return f"dflash:{run}:answers"
+
+
+def redis_paused(run: str) -> str:
+    """JSON {reason, examples, at} while the run is paused by its quality gates."""
+    return f"dflash:{run}:paused"
 
 
 def redis_engines() -> str:

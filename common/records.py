@@ -13,6 +13,7 @@ from typing import Any
 import zstandard
 
 from common.errors import RunConfigMismatch
+from common.gates import GateConfig
 
 CODE_VERSION = "0.1.0"
 
@@ -21,6 +22,7 @@ class RunState(StrEnum):
     ENQUEUING = "enqueuing"
     PENDING = "pending"
     RUNNING = "running"
+    PAUSED = "paused"
     DONE = "done"
     FAILED = "failed"
 
@@ -29,6 +31,7 @@ class TaskOutcome(StrEnum):
     COMMITTED = "committed"
     ALREADY_COMMITTED = "already-committed"
     PARKED = "parked"
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class RunConfig:
     shard_size: int
     limit: int | None
     sampling: Sampling = Sampling()
+    gates: GateConfig = GateConfig()
     chat_template_sha: str | None = None
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)
@@ -69,6 +73,7 @@ class RunConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["sampling"] = Sampling(**data.get("sampling", {}))
+        values["gates"] = GateConfig.from_json(data.get("gates"))
         return cls(**values)
 
     def differences(self, other: RunConfig) -> list[str]:
@@ -138,7 +143,11 @@ class InputManifest:
 
 @dataclass(frozen=True)
 class ShardCommit:
-    """``_COMMIT.json``: the canonical samples of a shard and where they live."""
+    """``_COMMIT.json``: the canonical samples of a shard and where they live.
+
+    ``sample_ids`` are the samples that passed the gates (the only ones handed downstream);
+    ``rejected_ids`` failed a gate and live under ``rejected/`` with their reasons.
+    """
 
     run: str
     shard: int
@@ -147,18 +156,20 @@ class ShardCommit:
     part_of: dict[str, str]
     stats: dict[str, Any]
     worker: str
+    rejected_ids: list[str] = field(default_factory=list)
     committed_at: float = field(default_factory=time.time)
 
     @property
     def samples(self) -> int:
-        return len(self.sample_ids)
+        """Samples of the shard that went through generation (accepted or rejected)."""
+        return len(self.sample_ids) + len(self.rejected_ids)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ShardCommit:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 def dumps(obj: Any) -> bytes:

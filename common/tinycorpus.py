@@ -100,13 +100,13 @@ def passage(rng: random.Random, lo: int, hi: int, pool: list[str] = WORDS) -> st
     return " ".join(parts)
 
 
-def segment(rng: random.Random, pool: list[str]) -> str:
-    """Two to four sentences of 5-10 words (10-40 words): a reasoning block or an answer."""
-    # After the second sentence the text stops with probability 1/2 at every sentence end. A
+def segment(rng: random.Random, pool: list[str], least: int = 2, most: int = 4) -> str:
+    """``least`` to ``most`` sentences of 5-10 words: a reasoning block or an answer."""
+    # After ``least`` sentences the text stops with probability 1/2 at every sentence end. A
     # constant, even hazard survives temperature sampling (0.7 would sharpen a uniform length
     # distribution's small early hazards towards never stopping) and keeps outputs short.
-    parts = [sentence(rng, rng.randint(5, 10), pool) for _ in range(2)]
-    while len(parts) < 4 and rng.random() < 0.5:
+    parts = [sentence(rng, rng.randint(5, 10), pool) for _ in range(least)]
+    while len(parts) < most and rng.random() < 0.5:
         parts.append(sentence(rng, rng.randint(5, 10), pool))
     return " ".join(parts)
 
@@ -133,7 +133,8 @@ def conversation(rng: random.Random, mt_prompts: list[str]) -> list[dict[str, st
     messages.append(
         {
             "role": "assistant",
-            "reasoning_content": segment(rng, THINK_WORDS),
+            # Long enough that a reply clears the quality gates' floor of 32 generated tokens.
+            "reasoning_content": segment(rng, THINK_WORDS, least=4, most=7),
             "content": segment(rng, ANSWER_WORDS),
         }
     )

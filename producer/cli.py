@@ -66,6 +66,34 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+SKIPPABLE_GATES = ("truncated", "thinking", "empty_answer", "leakage", "duplicates")
+
+
+def gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Quality-gate thresholds of enqueue, frozen into run.json."""
+    options = [
+        click.option("--min-supervised-tokens", type=click.IntRange(min=0), default=32,
+                     show_default=True, envvar="DFLASH_MIN_SUPERVISED_TOKENS",
+                     help="Reject a sample with a turn of fewer generated tokens "
+                          "(2 x the DFlash block size)."),
+        click.option("--max-reject-rate", type=click.FloatRange(0, 1), default=0.2,
+                     show_default=True, envvar="DFLASH_MAX_REJECT_RATE",
+                     help="Pause the run when the rolling rejection rate exceeds this."),
+        click.option("--pause-after", type=click.IntRange(min=1), default=200,
+                     show_default=True, envvar="DFLASH_PAUSE_AFTER",
+                     help="Samples the rolling rejection rate is taken over."),
+        click.option("--min-answer-tokens", type=click.IntRange(min=0), default=256,
+                     show_default=True, envvar="DFLASH_MIN_ANSWER_TOKENS",
+                     help="Reject at enqueue a prompt that leaves less room than this per "
+                          "answer in the model's context."),
+        click.option("--skip-gate", "skip", multiple=True, type=click.Choice(SKIPPABLE_GATES),
+                     help="Turn a per-sample gate off (repeatable)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def _services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any, Any]:
     """Storage, Celery app and Redis client; fails early and clearly if Redis is needed but down."""
     import redis
@@ -115,13 +143,20 @@ def main() -> None:
               envvar="DFLASH_THINKING", help="Generate with the thinking block enabled.")
 @click.option("--model", envvar="DFLASH_MODEL", default=None,
               help="Target model directory [default: the embedded tiny CPU model].")
+@gate_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
 def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_field: str | None,
             shard_size: int, limit: int | None, max_new_tokens: int, temperature: float,
-            top_p: float, top_k: int, thinking: bool, model: str | None, as_json: bool) -> None:
+            top_p: float, top_k: int, thinking: bool, model: str | None, as_json: bool,
+            **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
-    from producer.commands import build_run_config, print_enqueue_report
+    from producer.commands import (
+        build_gates,
+        build_run_config,
+        context_check,
+        print_enqueue_report,
+    )
     from producer.enqueue import enqueue_run
 
     settings = load_settings(storage=settings.storage, broker_url=settings.broker_url,
@@ -129,9 +164,10 @@ def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_fiel
     config = build_run_config(settings, run=run, input_path=input_path, fmt=fmt,
                               prompt_field=prompt_field, shard_size=shard_size, limit=limit,
                               max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_p=top_p, top_k=top_k, thinking=thinking)
+                              top_p=top_p, top_k=top_k, thinking=thinking,
+                              gates=build_gates(**gates))
     storage, app, client = _services(settings)
-    report = enqueue_run(storage, app, client, config)
+    report = enqueue_run(storage, app, client, config, context_check(settings, config))
     print_enqueue_report(report, storage, as_json)
     if report.rejected:
         sys.exit(EXIT_REJECTED)
@@ -141,20 +177,41 @@ def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_fiel
 @click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id to resume.")
 @click.option("--force", is_flag=True,
               help="Queue unfinished shards even if a task for them is already queued.")
+@click.option("--accept-gates", is_flag=True,
+              help="Lift a quality-gate pause, accepting the rejections so far; the monitor "
+                   "keeps watching the samples that follow.")
+@click.option("--max-reject-rate", type=click.FloatRange(0, 1), default=None,
+              help="New pause threshold for the rejection rate (lifts a pause too).")
+@click.option("--pause-after", type=click.IntRange(min=1), default=None,
+              help="New size of the rolling window the rate is taken over (lifts a pause too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
-def resume(settings: Settings, run: str, force: bool, as_json: bool) -> None:
-    """Re-queue every shard that has no commit, from storage alone (after a crash or wipe)."""
-    from producer.commands import print_enqueue_report
-    from producer.enqueue import resume_run
+def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
+           max_reject_rate: float | None, pause_after: int | None, as_json: bool) -> None:
+    """Re-queue every shard without a commit, from storage alone (after a crash, wipe or pause)."""
+    from producer.commands import context_check, print_enqueue_report
+    from producer.enqueue import read_run_config, resume_run
 
     storage, app, client = _services(settings)
-    print_enqueue_report(resume_run(storage, app, client, run, force=force), storage, as_json)
+    config = read_run_config(storage, run)
+    if config is not None:
+        from common.monitor import resume_gates
+
+        lifted = resume_gates(client, storage, run, config.gates, accept=accept_gates,
+                              max_reject_rate=max_reject_rate, pause_after=pause_after)
+        if lifted and not as_json:
+            click.echo(f"run {run}: quality gates resumed (max reject rate "
+                       f"{lifted['max_reject_rate']:.0%} over {lifted['pause_after']} samples"
+                       + (", rejections so far accepted)" if accept_gates else ")"))
+    report = resume_run(storage, app, client, run, force=force,
+                        check_for=lambda c: context_check(settings, c))
+    print_enqueue_report(report, storage, as_json)
 
 
 @main.command()
 @click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id.")
-@click.option("--watch", is_flag=True, help="Refresh until the run is done or failed.")
+@click.option("--watch", is_flag=True,
+              help="Refresh until the run is done, failed or paused.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
               help="Seconds between refreshes with --watch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (per refresh).")
@@ -284,8 +341,13 @@ def dump_json(obj: Any) -> None:
 
 # doctor receives common_options rather than importing this module, so there is no import cycle.
 from producer.doctor import doctor_command  # noqa: E402
+from producer.plan import plan_storage  # noqa: E402
 
 main.add_command(doctor_command(common_options))
+main.add_command(plan_storage)
+from producer.report import report_command  # noqa: E402
+
+main.add_command(report_command(common_options))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -16,10 +17,12 @@ import redis
 from common import keys
 from common.config import Settings
 from common.errors import ConfigError, InputError
+from common.gates import GateConfig
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
 from common.storage import Storage
 from producer.enqueue import EnqueueReport
+from producer.fit import ContextCheck
 from producer.rows import FORMATS
 from producer.status import StatusReader
 
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 def build_run_config(settings: Settings, *, run: str, input_path: str, fmt: str,
                      prompt_field: str | None, shard_size: int, limit: int | None,
                      max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                     thinking: bool) -> RunConfig:
+                     thinking: bool, gates: GateConfig | None = None) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint."""
     if not keys.valid_run_id(run):
         raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
@@ -48,8 +51,28 @@ def build_run_config(settings: Settings, *, run: str, input_path: str, fmt: str,
         shard_size=shard_size, limit=limit,
         sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, thinking=thinking),
+        gates=gates or GateConfig(),
         chat_template_sha=template_sha(template),
     )
+
+
+def build_gates(*, min_supervised_tokens: int, max_reject_rate: float, pause_after: int,
+                min_answer_tokens: int, skip: tuple[str, ...]) -> GateConfig:
+    """The gate thresholds from CLI options; ``skip`` names gates to turn off."""
+    return GateConfig(
+        min_supervised_tokens=min_supervised_tokens, max_reject_rate=max_reject_rate,
+        pause_after=pause_after, min_answer_tokens=min_answer_tokens,
+        reject_truncated="truncated" not in skip, require_thinking="thinking" not in skip,
+        reject_empty_answer="empty_answer" not in skip, reject_leakage="leakage" not in skip,
+        reject_duplicates="duplicates" not in skip,
+    )
+
+
+def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:
+    """The enqueue-time context check for the run's model (None if its context is unknown)."""
+    model_settings = replace(settings, model=config.model)
+    return ContextCheck.for_model(resolve_model_path(model_settings),
+                                  config.gates.min_answer_tokens, config.sampling.thinking)
 
 
 def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:
@@ -79,10 +102,19 @@ def render_status(status: dict[str, Any]) -> str:
         f"running, {shards['pending']} pending, {shards['parked']} parked",
         f"  samples {samples['done']}/{total} done, {samples['in_progress']} in uncommitted "
         f"parts, {samples['rejected']} rejected",
+        f"  gates   {status['gates']['rejected']}/{status['gates']['checked']} rejected "
+        f"({status['gates']['rate']:.1%})"
+        + "".join(f", {r} {n}" for r, n in status["gates"]["reasons"].items()),
         f"  speed   {status['tokens']['per_s']:.1f} tok/s, {status['samples_per_s']:.2f} "
         f"samples/s, ETA {_duration(eta) if eta is not None else '?'}",
     ]
     lines += [f"  parked shard {p['shard']}: {p['reason']}" for p in status["parked"]]
+    if status.get("pause"):
+        lines.append(f"  PAUSED  {status['pause']['reason']}")
+        lines += [f"    e.g. {e['id']}: {', '.join(e['reasons'])}: {e['answer'][:80]!r}"
+                  for e in status["pause"].get("examples", [])]
+        lines.append(f"  see `dflash-pipeline report --run {status['run']}`, then `dflash-pipeline "
+                     f"resume --run {status['run']} --accept-gates` to continue")
     lines += [f"  engine {name}: {e['url']} (log {e['log']})"
               for name, e in sorted(status.get("engines", {}).items())]
     return "\n".join(lines)
@@ -104,7 +136,7 @@ def show_status(storage: Storage, client: redis.Redis, run: str, *, watch: bool,
         while True:
             status = reader.read()
             click.echo(json.dumps(status, sort_keys=True))
-            if status["state"] in (RunState.DONE, RunState.FAILED):
+            if status["state"] in (RunState.DONE, RunState.FAILED, RunState.PAUSED):
                 return
             time.sleep(interval)
     watch_progress(reader, interval)
@@ -130,7 +162,7 @@ def watch_progress(reader: StatusReader, interval: float,
                 detail=f"{status['state']} | shards {status['shards']['committed']}/"
                        f"{status['shards']['total']} | {status['tokens']['per_s']:.0f} tok/s",
             )
-            if status["state"] in (RunState.DONE, RunState.FAILED):
+            if status["state"] in (RunState.DONE, RunState.FAILED, RunState.PAUSED):
                 return status
             check()
             time.sleep(interval)

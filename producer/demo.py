@@ -84,7 +84,13 @@ def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
 def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_tokens: int,
              flower: bool, flower_port: int) -> int:
     """Returns the process exit code: 0 when every shard committed."""
-    from producer.commands import build_run_config, print_enqueue_report, watch_progress
+    from producer.commands import (
+        build_run_config,
+        context_check,
+        print_enqueue_report,
+        render_status,
+        watch_progress,
+    )
     from producer.enqueue import enqueue_run
     from producer.status import StatusReader
 
@@ -118,16 +124,23 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
         storage, client = open_storage(settings.storage), redis.Redis.from_url(
             url, decode_responses=True)
         started = time.monotonic()
-        report = enqueue_run(storage, make_app(settings), client, config)
+        report = enqueue_run(storage, make_app(settings), client, config,
+                             context_check(settings, config))
         print_enqueue_report(report, storage, as_json=False)
         click.echo(f"worker log: {out_dir / 'logs' / 'worker.log'}")
         status = watch_progress(StatusReader(storage, client, run), interval=1.0,
                                 check=lambda: _alive(worker, out_dir / "logs" / "worker.log"))
         wall = time.monotonic() - started
-    done = status["samples"]["done"]
+    done, gates = status["samples"]["done"], status["gates"]
     click.echo(f"\n{done} samples committed {wall:.0f}s after enqueue "
                f"({done / wall:.2f} samples/s, {status['tokens']['generated']} tokens)")
+    reasons = "".join(f", {r} {n}" for r, n in gates["reasons"].items())
+    click.echo(f"quality gates: {gates['rejected']}/{gates['checked']} rejected "
+               f"({gates['rate']:.1%}){reasons}")
+    if status["state"] == RunState.PAUSED:
+        click.echo(render_status(status))
     click.echo(f"results: {settings.storage}/runs/{run}/generated/  "
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
     click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run}")
+    click.echo(f"report:  DFLASH_STORAGE={settings.storage} dflash-pipeline report --run {run}")
     return 0 if status["state"] == RunState.DONE else 1

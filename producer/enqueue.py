@@ -101,7 +101,11 @@ class TaskSender:
         return True
 
 
-def _records(config: RunConfig) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+RowCheck = Callable[[dict[str, Any]], "str | None"]
+
+
+def _records(config: RunConfig, check: RowCheck | None = None
+             ) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     factory = s3_client if config.input.startswith("s3://") else None
     for count, record in enumerate(iter_records(config.input, s3_client_factory=factory)):
         if config.limit is not None and count >= config.limit:
@@ -110,19 +114,22 @@ def _records(config: RunConfig) -> Iterator[tuple[int, dict[str, Any] | None, st
             yield record.line, None, record.error
             continue
         try:
-            yield (
-                record.line,
-                normalize(record.data, config.format, config.prompt_field).to_json(),
-                None,
-            )
+            row = normalize(record.data, config.format, config.prompt_field).to_json()
         except BadRow as bad:
             yield record.line, None, str(bad)
+            continue
+        reason = check(row) if check is not None else None
+        yield (record.line, None, reason) if reason else (record.line, row, None)
 
 
 def write_inputs(
-    storage: Storage, config: RunConfig, on_shard: Callable[[int], None]
+    storage: Storage, config: RunConfig, on_shard: Callable[[int], None],
+    check: RowCheck | None = None,
 ) -> InputManifest:
-    """Stream the input into put-once shards; bad rows go to the rejected area with reasons."""
+    """Stream the input into put-once shards; bad rows go to the rejected area with reasons.
+
+    ``check`` may reject a well-formed row too (e.g. a prompt that cannot fit the context).
+    """
     ids = IdRegistry()
     shard_rows: list[int] = []
     buffer: list[dict[str, Any]] = []
@@ -146,7 +153,7 @@ def write_inputs(
         storage.put_once(keys.rejected_input_rows(config.run, chunk), body.encode())
         rejected.clear()
 
-    for line, row, error in _records(config):
+    for line, row, error in _records(config, check):
         rows += 1
         if row is not None:
             try:
@@ -181,7 +188,8 @@ def write_inputs(
 
 
 def enqueue_run(
-    storage: Storage, app: Celery, client: redis.Redis, config: RunConfig
+    storage: Storage, app: Celery, client: redis.Redis, config: RunConfig,
+    check: RowCheck | None = None,
 ) -> EnqueueReport:
     """Freeze the config, write the input shards unless already written, queue missing shards."""
     config = freeze_run_config(storage, config)
@@ -190,7 +198,7 @@ def enqueue_run(
     manifest = read_manifest(storage, config.run)
     if manifest is None:
         log.info("run %s: reading %s", config.run, config.input)
-        manifest = write_inputs(storage, config, on_shard=sender.send)
+        manifest = write_inputs(storage, config, on_shard=sender.send, check=check)
         report.wrote_inputs = True
     else:
         for shard in range(manifest.shards):
@@ -199,7 +207,8 @@ def enqueue_run(
 
 
 def resume_run(
-    storage: Storage, app: Celery, client: redis.Redis, run: str, force: bool = False
+    storage: Storage, app: Celery, client: redis.Redis, run: str, force: bool = False,
+    check_for: Callable[[RunConfig], RowCheck | None] = lambda config: None,
 ) -> EnqueueReport:
     """Re-queue every shard without a commit, from storage alone."""
     config = read_run_config(storage, run)
@@ -208,7 +217,7 @@ def resume_run(
     manifest = read_manifest(storage, run)
     if manifest is None:
         # enqueue died while reading the input: finish that first, exactly as enqueue would.
-        return enqueue_run(storage, app, client, config)
+        return enqueue_run(storage, app, client, config, check_for(config))
     sender = TaskSender(storage, app, client, run)
     for shard in range(manifest.shards):
         sender.send(shard, force=force)

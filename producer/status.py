@@ -14,6 +14,7 @@ import redis
 
 from common import keys
 from common.errors import NotFound
+from common.monitor import pause_from_storage
 from common.records import RunState, ShardCommit
 from common.storage import Storage
 from producer.enqueue import read_manifest, read_run_config
@@ -50,6 +51,10 @@ class StatusReader:
         rate = live["samples_per_s"]
         state = _state(manifest is not None, total, committed, len(parked), running,
                        done + partial)
+        gates = self._gates(live)
+        pause = live["pause"] if live["ready"] else pause_from_storage(self.storage, self.run)
+        if pause and state not in (RunState.DONE, RunState.FAILED):
+            state = RunState.PAUSED
         return {
             "run": self.run,
             "state": state.value,
@@ -59,7 +64,12 @@ class StatusReader:
                        "parked": len(parked),
                        "pending": max(total - committed - running - len(parked), 0)},
             "samples": {"total": rows, "done": done, "in_progress": partial,
-                        "rejected": manifest.rejected if manifest else 0},
+                        "rejected": (manifest.rejected if manifest else 0) + gates["rejected"],
+                        "input_rejected": manifest.rejected if manifest else 0,
+                        "gate_rejected": gates["rejected"]},
+            "gates": gates,
+            "pause": pause if state is RunState.PAUSED else None,
+            "reason": pause["reason"] if pause and state is RunState.PAUSED else None,
             "tokens": {"generated": tokens, "per_s": round(live["tokens_per_s"], 2)},
             "samples_per_s": round(rate, 3),
             "eta_s": round(remaining / rate, 1) if rate > 0 and remaining is not None
@@ -74,10 +84,29 @@ class StatusReader:
             if key.endswith("/_COMMIT.json") and shard is not None and shard not in self.commits:
                 self.commits[shard] = ShardCommit.from_json(json.loads(self.storage.get(key)))
 
+    def _gates(self, live: dict[str, Any]) -> dict[str, Any]:
+        """Quality-gate counts: the run monitor's live ones, else the commits' (after a wipe)."""
+        stats = live["gates"]
+        if stats.get("ready"):
+            checked, rejected = int(stats.get("checked", 0)), int(stats.get("rejected", 0))
+            reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items()
+                       if k.startswith("reason:")}
+        else:
+            checked = sum(c.samples for c in self.commits.values())
+            rejected = sum(len(c.rejected_ids) for c in self.commits.values())
+            reasons = {}
+            for commit in self.commits.values():
+                for reason, count in commit.stats.get("rejections", {}).items():
+                    reasons[reason] = reasons.get(reason, 0) + count
+        return {"checked": checked, "rejected": rejected,
+                "rate": round(rejected / checked, 4) if checked else 0.0,
+                "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}
+
     def _live(self) -> dict[str, Any]:
         """Redis-side numbers; empty (not an error) when Redis is unreachable or was wiped."""
         empty: dict[str, Any] = {"running": set(), "parked": {}, "partial": {},
-                                 "tokens_per_s": 0.0, "samples_per_s": 0.0, "engines": {}}
+                                 "tokens_per_s": 0.0, "samples_per_s": 0.0, "engines": {},
+                                 "gates": {}, "pause": None, "ready": False}
         try:
             leases = self.client.scan_iter(keys.redis_lease_pattern(self.run), count=1000)
             running = {int(k.rsplit("-", 1)[-1]) for k in leases}
@@ -85,6 +114,8 @@ class StatusReader:
             partial = self.client.hgetall(keys.redis_partial(self.run))
             events = self.client.lrange(keys.redis_rate(self.run), 0, -1)
             engines = self.client.hgetall(keys.redis_engines())
+            gates = self.client.hgetall(keys.redis_gates(self.run))
+            pause = self.client.get(keys.redis_paused(self.run))
         except redis.RedisError:
             return empty
         tokens_per_s, samples_per_s = _rates(events)
@@ -95,6 +126,9 @@ class StatusReader:
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
             "engines": {name: json.loads(v) for name, v in engines.items()},
+            "gates": gates,
+            "pause": json.loads(pause) if pause else None,
+            "ready": "ready" in gates,
         }
 
 

@@ -33,7 +33,7 @@ def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Pat
     run = "mt-bench-demo"
     commits = [json.loads(storage.get(k)) for k in storage.list(keys.generated_prefix(run))
                if k.endswith("_COMMIT.json")]
-    committed = [i for c in commits for i in c["sample_ids"]]
+    committed = [i for c in commits for i in c["sample_ids"] + c["rejected_ids"]]
     questions = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
     assert sorted(committed) == sorted(str(q["question_id"]) for q in questions)
     assert len(committed) == len(set(committed)) == 80
@@ -64,6 +64,21 @@ def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Pat
                 assert answers[0]["content"] in second_prompt
                 assert question["turns"][1] in second_prompt
                 assert sample["finish_reason"] == sample["turns"][-1]["finish_reason"]
+
+    # The demo passes the quality gates; its rejections and their reasons are in the report.
+    assert "quality gates:" in result.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "report", "--run", run, "--json", "--no-png"],
+        env={**env, "DFLASH_STORAGE": str(out / "storage")}, cwd=ROOT, capture_output=True,
+        text=True, timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["samples"]["total"] == 80 and data["paused"] is None
+    assert data["rejection_rate"] < data["gates"]["max_reject_rate"]
+    assert sum(data["reasons"].values()) >= data["samples"]["rejected"]
+    assert data["supervised_tokens"]["min"] is not None
+
     rerun = subprocess.run(
         [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out", str(out),
          "--max-new-tokens", "128"],

@@ -37,11 +37,11 @@ def _commits(storage_url: str, run: str) -> dict[int, dict]:
 
 
 def _committed_samples(storage_url: str, run: str) -> list[dict]:
-    """Every canonical sample, read through the commits exactly as a consumer would."""
+    """Every canonical sample, accepted or rejected by the gates, read through the commits."""
     storage = open_storage(storage_url)
     samples = []
     for commit in _commits(storage_url, run).values():
-        wanted = set(commit["sample_ids"])
+        wanted = set(commit["sample_ids"]) | set(commit["rejected_ids"])
         for part in commit["parts"]:
             for sample in decode_jsonl_zst(storage.get(part)):
                 if sample["id"] in wanted and commit["part_of"][sample["id"]] == part:
@@ -78,7 +78,7 @@ def test_status_progress_then_rerun_writes_and_queues_nothing(
     assert any(0 < s["samples"]["done"] + s["samples"]["in_progress"] < 12 for s in running)
     final = seen[-1]
     assert final["shards"] == {**final["shards"], "total": 3, "committed": 3}
-    assert final["samples"]["done"] == 12 and final["samples"]["rejected"] == 0
+    assert final["samples"]["done"] == 12 and final["samples"]["input_rejected"] == 0
     assert final["tokens"]["generated"] > 0
 
     before, queued = _all_keys(pipeline.env["DFLASH_STORAGE"]), _queue_len(redis_server)

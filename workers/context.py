@@ -15,6 +15,7 @@ import redis
 from common import keys
 from common.config import Settings, load_settings
 from common.errors import ConfigError
+from common.gates import TokenInfo
 from common.models import resolve_model_path
 from common.storage import Storage, open_storage
 from workers.engines.base import Engine, EngineLoop
@@ -69,6 +70,11 @@ class WorkerContext:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
+
+    @cached_property
+    def tokens(self) -> TokenInfo:
+        """Special and think-marker ids of the engine's tokenizer, for the quality gates."""
+        return TokenInfo.of(self.engine.tokenizer)
 
     @cached_property
     def storage(self) -> Storage:

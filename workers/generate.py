@@ -19,13 +19,21 @@ from celery import Task
 
 from common import keys
 from common.celery_app import QUEUE_HIDDEN, TASK_GENERATE, TASK_HIDDEN, app
-from common.errors import ConfigError, DflashError, LeaseBusy, NotFound, ShuttingDown
+from common.errors import (
+    ConfigError,
+    DflashError,
+    LeaseBusy,
+    NotFound,
+    RunPaused,
+    ShuttingDown,
+)
 from common.lease import Lease
 from common.models import template_sha
+from common.monitor import RunMonitor
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst, dumps
 from workers import metrics
 from workers.context import WorkerContext, get_context
-from workers.generation import ShardCounters, regenerate
+from workers.generation import Job, ShardCounters, regenerate
 from workers.parts import PartBuffer, ShardParts
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,11 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
         _give_back_attempt(ctx, task)
         raise self.retry(countdown=1) from None
+    except RunPaused as paused:
+        # Acked, not retried: `resume --accept-gates` queues the shard again.
+        log.warning("run %s shard %d: %s; stopped", task.run, task.shard, paused)
+        _give_back_attempt(ctx, task)
+        outcome = TaskOutcome.PAUSED
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
         raise self.retry(countdown=ctx.settings.lease_ttl / 2 + random.random()) from None
@@ -72,6 +85,14 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
     commit_key = keys.generated_commit(task.run, task.shard)
     if ctx.storage.exists(commit_key):
         return TaskOutcome.ALREADY_COMMITTED
+    config = load_run_config(ctx, task.run)
+    monitor = RunMonitor(ctx.redis, ctx.storage, task.run, config.gates)
+    monitor.ensure_ready()
+    if monitor.paused():
+        ctx.redis.hdel(keys.redis_queued(task.run), keys.shard_name(task.shard))
+        log.info("run %s shard %d: run paused by its quality gates; not started", task.run,
+                 task.shard)
+        return TaskOutcome.PAUSED
     owner = f"{worker}:{uuid.uuid4().hex[:8]}"
     with Lease(ctx.redis, keys.redis_lease(task.run, task.shard), owner, ctx.settings.lease_ttl) \
             as lease:
@@ -82,7 +103,6 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
                                    "(worker killed or lost each time)")
         if ctx.storage.exists(commit_key):
             return TaskOutcome.ALREADY_COMMITTED
-        config = load_run_config(ctx, task.run)
         check_template(ctx, config)
         rows = load_input_shard(ctx, task)
         parts = ShardParts(ctx.storage, task)
@@ -92,11 +112,12 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
         log.info("run %s shard %d: %d samples, %d already in %d parts, generating %d",
                  task.run, task.shard, len(rows), len(rows) - len(todo), len(parts.known),
                  len(todo))
-        progress = Progress(ctx, task, worker)
+        progress = Progress(ctx, task, worker, monitor)
         buffer = PartBuffer(parts, ctx.settings.part_samples, ctx.settings.part_seconds,
-                            on_write=progress.part_written)
-        samples = regenerate(ctx.loop, ctx.engine, todo, config.sampling, task.shard,
-                             progress.counters)
+                            before_write=monitor.claim_answers, on_write=progress.part_written)
+        job = Job(ctx.engine, config.sampling, config.gates, task.shard, progress.counters,
+                  ctx.tokens)
+        samples = regenerate(ctx.loop, job, todo)
         with closing(samples):
             for sample in samples:
                 lease.check()
@@ -104,6 +125,8 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
                 if ctx.stopping.is_set():
                     buffer.flush()
                     raise ShuttingDown(f"worker stopping; {len(parts.done_ids)} samples kept")
+                if progress.pause:
+                    raise RunPaused(f"run paused by its quality gates: {progress.pause['reason']}")
         buffer.flush()
         progress.flush_requests()
         commit = parts.commit([row["id"] for row in rows], worker)
@@ -167,12 +190,19 @@ def _give_back_attempt(ctx: WorkerContext, task: ShardTask) -> None:
 class Progress:
     """Advisory counters for status (tokens/s, ETA, requests); losing them loses no data."""
 
-    def __init__(self, ctx: WorkerContext, task: ShardTask, worker: str) -> None:
-        self.ctx, self.task, self.worker = ctx, task, worker
+    def __init__(self, ctx: WorkerContext, task: ShardTask, worker: str,
+                 monitor: RunMonitor) -> None:
+        self.ctx, self.task, self.worker, self.monitor = ctx, task, worker, monitor
         self.counters = ShardCounters()
         self.reported_requests = 0
+        self.pause: dict[str, Any] | None = None
 
-    def part_written(self, samples: list[dict[str, Any]]) -> None:
+    def part_written(self, accepted: list[dict[str, Any]],
+                     rejected: list[dict[str, Any]]) -> None:
+        """Count a written part for status and the run monitor (which may pause the run)."""
+        self.pause = self.monitor.record(accepted, rejected)
+        metrics.REJECTED.labels(self.task.run).inc(len(rejected))
+        samples = accepted + rejected
         task, run = self.task, self.task.run
         tokens = sum(s["usage"]["completion_tokens"] for s in samples)
         try:

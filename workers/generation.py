@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.gates import GateConfig, TokenInfo, TurnFacts, inspect_turn, judge
 from common.records import Sampling
 from workers.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
@@ -48,10 +49,14 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Samp
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _answer(tokenizer: Any, result: GenResult, thinking: bool) -> dict[str, Any]:
+def _decode(tokenizer: Any, ids: list[int]) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = (backend.decode(result.output_ids, skip_special_tokens=False) if backend is not None
-            else tokenizer.decode(result.output_ids, skip_special_tokens=False))
+    return (backend.decode(ids, skip_special_tokens=False) if backend is not None
+            else tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def _answer(tokenizer: Any, raw: str, thinking: bool) -> dict[str, Any]:
+    text = raw
     for token in tokenizer.all_special_tokens:
         if token not in ("<think>", "</think>"):
             text = text.replace(token, "")
@@ -71,7 +76,8 @@ def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
 
 
 def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
-            turns: list[dict[str, Any]], engine_info: dict[str, Any]) -> dict[str, Any]:
+            turns: list[dict[str, Any]], engine_info: dict[str, Any],
+            quality: dict[str, Any]) -> dict[str, Any]:
     last = turns[-1]
     return {
         "id": row["id"],
@@ -88,30 +94,48 @@ def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
         },
         "latency_s": round(sum(t["latency_s"] for t in turns), 4),
         "engine": engine_info,
+        "quality": quality,
     }
 
 
-async def regenerate_one(engine: Engine, row: dict[str, Any], sampling: Sampling, shard: int,
-                         counters: ShardCounters) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Job:
+    """What every conversation of a shard is generated and judged with."""
+
+    engine: Engine
+    sampling: Sampling
+    gates: GateConfig
+    shard: int
+    counters: ShardCounters
+    tokens: TokenInfo
+
+
+async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
     """One conversation, every assistant turn answering the conversation so far."""
+    tokenizer, sampling = job.engine.tokenizer, job.sampling
     messages: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
+    facts: list[TurnFacts] = []
     for group in row["turns"]:
         messages.extend(group)
-        request = GenRequest(render_prompt(engine.tokenizer, messages, sampling), sampling)
-        counters.requests += 1
-        result = await engine.generate(request)
-        messages.append(_answer(engine.tokenizer, result, sampling.thinking))
+        request = GenRequest(render_prompt(tokenizer, messages, sampling), sampling)
+        job.counters.requests += 1
+        result = await job.engine.generate(request)
+        raw = _decode(tokenizer, result.output_ids)
+        answer = _answer(tokenizer, raw, sampling.thinking)
+        messages.append(answer)
         turns.append(_turn(request, result))
-    return _record(row, shard, messages, turns, engine.info())
+        facts.append(inspect_turn(job.tokens, request.input_ids, result.output_ids, raw,
+                                  answer["content"], result.finish_reason))
+    quality = judge(facts, job.gates, sampling.thinking)
+    return _record(row, job.shard, messages, turns, job.engine.info(), quality)
 
 
-def regenerate(loop: EngineLoop, engine: Engine, rows: Sequence[dict[str, Any]],
-               sampling: Sampling, shard: int, counters: ShardCounters) -> Iterator[dict[str, Any]]:
+def regenerate(loop: EngineLoop, job: Job,
+               rows: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Yield finished samples in completion order; closing the iterator cancels the rest."""
     done: queue.SimpleQueue = queue.SimpleQueue()
-    futures = [loop.submit(regenerate_one(engine, row, sampling, shard, counters))
-               for row in rows]
+    futures = [loop.submit(regenerate_one(job, row)) for row in rows]
     for future in futures:
         future.add_done_callback(done.put)
     try:

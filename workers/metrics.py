@@ -1,7 +1,8 @@
 """Prometheus metrics of a worker's own progress, for dashboards beside Flower.
 
 Set ``DFLASH_METRICS_PORT`` (0 = off) and scrape ``http://worker:PORT/metrics``: samples, tokens
-and parts written per run, engine requests, shards committed, and the engine's requests in flight.
+and parts written per run, samples rejected by the gates, engine requests, shards committed, and
+the engine's requests in flight.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ log = logging.getLogger(__name__)
 
 SAMPLES = Counter("dflash_samples_generated", "Samples written to parts", ["run"])
 TOKENS = Counter("dflash_output_tokens_generated", "Output tokens in written samples", ["run"])
+REJECTED = Counter("dflash_samples_rejected", "Samples rejected by the quality gates", ["run"])
 PARTS = Counter("dflash_parts_written", "Part objects written", ["run"])
 REQUESTS = Counter("dflash_engine_requests", "Requests sent to the engine", ["run"])
 COMMITS = Counter("dflash_shards_committed", "Shards committed by this worker", ["run"])

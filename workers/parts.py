@@ -1,8 +1,10 @@
-"""A shard's generated parts: what is already written, writing new ones, and the commit.
+"""A shard's parts: what is already written, writing new ones, and the commit.
 
-Parts are put-once objects; a shard can hold parts from several attempts (a worker killed
-mid-shard, a redelivery). The commit lists exactly one canonical copy of every input sample:
-parts are read in order and the first part holding an id wins.
+Samples that passed the gates go to ``generated/shard-N/part-M``, rejected ones to
+``rejected/shard-N/part-M``. Parts are put-once objects; a shard can hold parts from several
+attempts (a worker killed mid-shard, a redelivery). The commit lists exactly one canonical copy
+of every input sample: generated parts, then rejected parts, each in key order; the first part
+holding an id wins.
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ class SampleStat:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
+    reasons: tuple[str, ...]
 
     @classmethod
     def of(cls, sample: dict[str, Any]) -> SampleStat:
         usage = sample.get("usage", {})
+        reasons = tuple(sample.get("quality", {}).get("reasons", ()))
         return cls(sample["id"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
-                   sample.get("finish_reason", "stop"))
+                   sample.get("finish_reason", "stop"), reasons)
+
+
+def _part_key(task: ShardTask, rejected: bool, number: int) -> str:
+    make = keys.rejected_part if rejected else keys.generated_part
+    return make(task.run, task.shard, number)
 
 
 @dataclass
@@ -47,27 +56,29 @@ class ShardParts:
 
     def refresh(self) -> None:
         """Read every part written so far that this object has not seen yet."""
-        prefix = keys.generated_shard_prefix(self.task.run, self.task.shard)
-        for key in self.storage.list(prefix):
-            if keys.part_number(key) is not None and key not in self.known:
-                samples = decode_jsonl_zst(self.storage.get(key))
-                self.known[key] = [SampleStat.of(s) for s in samples]
+        run, shard = self.task.run, self.task.shard
+        for prefix in (keys.generated_shard_prefix(run, shard),
+                       keys.rejected_shard_prefix(run, shard)):
+            for key in self.storage.list(prefix):
+                if keys.part_number(key) is not None and key not in self.known:
+                    samples = decode_jsonl_zst(self.storage.get(key))
+                    self.known[key] = [SampleStat.of(s) for s in samples]
 
     @property
     def done_ids(self) -> set[str]:
         return {stat.id for stats in self.known.values() for stat in stats}
 
-    @property
-    def next_part(self) -> int:
-        numbers = [keys.part_number(k) for k in self.known]
+    def next_part(self, rejected: bool) -> int:
+        prefix = _part_key(self.task, rejected, 0).rsplit("/", 1)[0]
+        numbers = [keys.part_number(k) for k in self.known if k.startswith(prefix)]
         return max((n for n in numbers if n is not None), default=-1) + 1
 
-    def write(self, samples: list[dict[str, Any]]) -> str:
-        """Write ``samples`` as the next free part number; returns its key."""
+    def write(self, samples: list[dict[str, Any]], rejected: bool = False) -> str:
+        """Write ``samples`` as the next free part number of their area; returns its key."""
         data = encode_jsonl_zst(samples)
-        number = self.next_part
+        number = self.next_part(rejected)
         while True:
-            key = keys.generated_part(self.task.run, self.task.shard, number)
+            key = _part_key(self.task, rejected, number)
             if self.storage.put_once(key, data):
                 self.known[key] = [SampleStat.of(s) for s in samples]
                 return key
@@ -80,21 +91,25 @@ class ShardParts:
         """Write ``_COMMIT.json`` over the canonical samples; an existing commit wins."""
         self.refresh()
         part_of: dict[str, str] = {}
-        chosen: list[SampleStat] = []
+        chosen: dict[str, SampleStat] = {}
         wanted = set(expected)
-        for key in sorted(self.known):
+        generated = keys.generated_prefix(self.task.run)
+        # Generated parts before rejected ones, each area in key order: first part wins.
+        for key in sorted(self.known, key=lambda k: (not k.startswith(generated), k)):
             for stat in self.known[key]:
                 if stat.id in wanted and stat.id not in part_of:
                     part_of[stat.id] = key
-                    chosen.append(stat)
+                    chosen[stat.id] = stat
         missing = [i for i in expected if i not in part_of]
         if missing:
             raise StorageError(f"shard {self.task.shard}: {len(missing)} samples missing "
                                f"from parts, e.g. {missing[:3]}")
         commit = ShardCommit(
             run=self.task.run, shard=self.task.shard,
-            parts=sorted(set(part_of.values())), sample_ids=list(expected), part_of=part_of,
-            stats=_stats(chosen), worker=worker,
+            parts=sorted(set(part_of.values())),
+            sample_ids=[i for i in expected if part_of[i].startswith(generated)],
+            rejected_ids=[i for i in expected if not part_of[i].startswith(generated)],
+            part_of=part_of, stats=_stats(list(chosen.values())), worker=worker,
         )
         key = keys.generated_commit(self.task.run, self.task.shard)
         if not self.storage.put_once(key, dumps(commit.to_json())):
@@ -110,16 +125,26 @@ def _stats(chosen: list[SampleStat]) -> dict[str, Any]:
         "prompt_tokens": sum(s.prompt_tokens for s in chosen),
         "completion_tokens": sum(s.completion_tokens for s in chosen),
         "finish_reasons": dict(Counter(s.finish_reason for s in chosen)),
+        "rejected": sum(1 for s in chosen if s.reasons),
+        "rejections": dict(Counter(r for s in chosen for r in s.reasons)),
     }
 
 
+Samples = list[dict[str, Any]]
+
+
 class PartBuffer:
-    """Collects finished samples and writes a part every N samples or T seconds."""
+    """Collects finished samples and writes a part every N samples or T seconds.
+
+    ``before_write`` may reject more samples (the run-wide duplicate check) before the split into
+    a generated and a rejected part; ``on_write(accepted, rejected)`` sees what was written.
+    """
 
     def __init__(self, parts: ShardParts, max_samples: int, max_seconds: float,
-                 on_write: Callable[[list[dict[str, Any]]], None]) -> None:
+                 before_write: Callable[[Samples], None],
+                 on_write: Callable[[Samples, Samples], None]) -> None:
         self.parts, self.max_samples, self.max_seconds = parts, max_samples, max_seconds
-        self.on_write = on_write
+        self.before_write, self.on_write = before_write, on_write
         self.buffer: list[dict[str, Any]] = []
         self.since = time.monotonic()
 
@@ -131,9 +156,14 @@ class PartBuffer:
 
     def flush(self) -> None:
         if self.buffer:
-            key = self.parts.write(self.buffer)
-            log.info("run %s shard %d: wrote %s (%d samples)", self.parts.task.run,
-                     self.parts.task.shard, key.rsplit("/", 1)[-1], len(self.buffer))
-            self.on_write(self.buffer)
+            self.before_write(self.buffer)
+            accepted = [s for s in self.buffer if s["quality"]["passed"]]
+            rejected = [s for s in self.buffer if not s["quality"]["passed"]]
+            for samples, is_rejected in ((accepted, False), (rejected, True)):
+                if samples:
+                    key = self.parts.write(samples, rejected=is_rejected)
+                    log.info("run %s shard %d: wrote %s (%d samples)", self.parts.task.run,
+                             self.parts.task.shard, key.split("/", 2)[-1], len(samples))
+            self.on_write(accepted, rejected)
         self.buffer = []
         self.since = time.monotonic()

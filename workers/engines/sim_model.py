@@ -11,6 +11,8 @@ Ids come from a tokenizer directory when one is given (``<think>``, ``</think>``
 fixed built-in table :data:`BUILTIN` (``<|im_end|>`` = 2, ``<think>`` = 3, ``</think>`` = 4).
 The degenerate answer mode replies with exactly six tokens, ``thinking`` ``\\n\\n`` `` response``
 ``\\n`` ``OK.`` end-of-turn; under a tokenizer each piece is its longest single-token prefix.
+Other faulty modes (``empty``, ``unclosed``, ``leak``: see :func:`plan_output`) exercise the
+quality gates; ``--answer-mode-rate`` applies a mode to only a fraction of the prompts.
 Timing: :class:`Scheduler` (formula in the docstring of :mod:`workers.engines.simulator`).
 """
 
@@ -170,12 +172,22 @@ def request_rng(seed: int, input_ids: list[int]) -> random.Random:
     return random.Random(int.from_bytes(digest.digest(), "big"))
 
 
+ANSWER_MODES = ("normal", "degenerate", "empty", "unclosed", "leak")
+
+
 def plan_output(vocab: Vocab, input_ids: list[int], seed: int, mode: str, len_mu: float,
-                len_sigma: float) -> list[int]:
-    """The full reply (ending with end-of-turn) that the request would get without limits."""
+                len_sigma: float, mode_rate: float = 1.0) -> list[int]:
+    """The full reply (ending with end-of-turn) that the request would get without limits.
+
+    A non-normal ``mode`` applies to a ``mode_rate`` fraction of requests (fixed per prompt):
+    ``degenerate`` six tokens; ``empty`` a closed think block and no answer; ``unclosed`` a
+    think block never closed; ``leak`` a stray ``<|im_start|>`` inside the answer.
+    """
+    rng = request_rng(seed, input_ids)
+    if mode != "normal" and rng.random() >= mode_rate:
+        mode = "normal"
     if mode == "degenerate":
         return list(vocab.degenerate)
-    rng = request_rng(seed, input_ids)
     total = max(1, round(rng.lognormvariate(len_mu, len_sigma)))
     markup = len(vocab.think) + len(vocab.end_think) + len(vocab.nl2) + 1
     body = max(2, total - markup)
@@ -187,8 +199,14 @@ def plan_output(vocab: Vocab, input_ids: list[int], seed: int, mode: str, len_mu
             ids.extend(rng.choice(vocab.words))
         return ids[:n]
 
-    return [*vocab.think, *fill(reasoning), *vocab.end_think, *vocab.nl2,
-            *fill(body - reasoning if body > reasoning else 1), vocab.eot]
+    answer = fill(body - reasoning if body > reasoning else 1)
+    if mode == "empty":
+        return [*vocab.think, *fill(reasoning), *vocab.end_think, *vocab.nl2, vocab.eot]
+    if mode == "unclosed":
+        return [*vocab.think, *fill(reasoning), *answer, vocab.eot]
+    if mode == "leak":
+        answer.insert(len(answer) // 2, min(vocab.specials - {vocab.eot}, default=vocab.eot))
+    return [*vocab.think, *fill(reasoning), *vocab.end_think, *vocab.nl2, *answer, vocab.eot]
 
 
 def finish(full: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[list[int], dict]:

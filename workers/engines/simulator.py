@@ -7,7 +7,8 @@ also the tokenizer when it holds one)::
     python -m workers.engines.simulator --port 30000 [--host 127.0.0.1] [--tokenizer DIR]
         [--max-running 64] [--decode-base-ms 2.0] [--decode-per-req-ms 0.05]
         [--prefill-per-token-us 20] [--len-mu 5.3] [--len-sigma 0.8] [--seed 0]
-        [--time-scale 1.0] [--answer-mode normal|degenerate] [--fail-rate 0] [--startup-delay 0]
+        [--time-scale 1.0] [--answer-mode normal|degenerate|empty|unclosed|leak]
+        [--answer-mode-rate 1] [--fail-rate 0] [--startup-delay 0]
 
 It prints ``simulator listening on http://HOST:PORT`` when ready and exits cleanly on SIGTERM.
 Endpoints: ``POST /generate`` (SGLang's native shape, ``input_ids`` only, a list of lists for a
@@ -47,6 +48,7 @@ from pathlib import Path
 from aiohttp import web
 
 from workers.engines.sim_model import (
+    ANSWER_MODES,
     BadRequest,
     LatencyModel,
     Scheduler,
@@ -115,7 +117,7 @@ class Simulator:
         started = time.monotonic()
         self.stats["requests"] += 1
         full = plan_output(self.vocab, ids, self.args.seed, self.args.answer_mode,
-                           self.args.len_mu, self.args.len_sigma)
+                           self.args.len_mu, self.args.len_sigma, self.args.answer_mode_rate)
         out, reason = finish(full, max_new, stops | {self.vocab.eot})
         decoded = await self.scheduler.run(len(ids), len(out))
         if decoded < len(out):
@@ -226,7 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--len-sigma", type=float, default=0.8)
     add("--seed", type=int, default=0)
     add("--time-scale", type=float, default=1.0, help="multiplies every duration")
-    add("--answer-mode", choices=("normal", "degenerate"), default="normal")
+    add("--answer-mode", choices=ANSWER_MODES, default="normal",
+        help="faulty replies for quality-gate tests (see workers.engines.sim_model)")
+    add("--answer-mode-rate", type=float, default=1.0,
+        help="fraction of prompts (fixed per prompt) that get the --answer-mode reply")
     add("--fail-rate", type=float, default=0.0, help="fraction of requests answered HTTP 500")
     add("--startup-delay", type=float, default=0.0, help="seconds of 503 on /health")
     add("--log-level", default="info")

@@ -1,0 +1,70 @@
+"""Input-side gate: reject at enqueue the conversations that cannot fit the model's context.
+
+A conversation fits when its input messages, rendered with the chat template, plus
+``min_answer_tokens`` for every assistant turn to generate stay within the model's context
+(``max_position_embeddings`` in its ``config.json``). Earlier answers are not known yet, so this
+is a lower bound: a row rejected here would surely be truncated. Most rows are accepted by a
+byte count alone (a token covers at least one byte of text; the template adds a bounded
+overhead per message), so only long rows are tokenized.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_OVERHEAD = 16  # tokens of role markup per message, more than any common template adds
+
+
+def context_length(model_dir: Path) -> int | None:
+    """The model's context window from its config.json, or None when it does not say."""
+    config = model_dir / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    for name in ("max_position_embeddings", "max_sequence_length", "n_positions"):
+        if isinstance(data.get(name), int):
+            return data[name]
+    return None
+
+
+@dataclass
+class ContextCheck:
+    """Says why a normalized conversation cannot fit, or None when it can."""
+
+    tokenizer: Any
+    context: int
+    min_answer_tokens: int
+    thinking: bool
+
+    @classmethod
+    def for_model(cls, model_dir: Path, min_answer_tokens: int, thinking: bool
+                  ) -> ContextCheck | None:
+        context = context_length(model_dir)
+        if context is None:
+            log.warning("model %s does not state its context length; prompts are not checked "
+                        "against it", model_dir)
+            return None
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(model_dir), context, min_answer_tokens, thinking)
+
+    def __call__(self, row: dict[str, Any]) -> str | None:
+        messages = [m for group in row["turns"] for m in group]
+        answers = len(row["turns"]) * self.min_answer_tokens
+        upper = sum(len(str(m.get("content", "")).encode()) + TEMPLATE_OVERHEAD for m in messages)
+        if upper + answers <= self.context:
+            return None
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True,
+                                                  enable_thinking=self.thinking)
+        prompt = len(self.tokenizer.encode(text, add_special_tokens=False))
+        if prompt + answers <= self.context:
+            return None
+        return (f"prompt too long: {prompt} tokens + {answers} for {len(row['turns'])} answer(s) "
+                f"of at least {self.min_answer_tokens} > the model's context of {self.context}")

@@ -1,0 +1,175 @@
+"""Quality gates on real engine output (the simulator's faulty modes, the CPU model), loss masks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.gates import GateConfig, TokenInfo
+from common.records import Sampling
+from common.trainrows import training_rows
+from tests.conftest import ROOT, RedisServer, running_simulator
+from workers.engines.base import EngineLoop
+from workers.generation import Job, ShardCounters, regenerate
+
+
+@pytest.fixture(scope="module")
+def tiny(model_cache: Path) -> Path:
+    from common.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model(model_cache)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny)
+
+
+def mt_bench_rows(n: int, prefix: str = "q") -> list[dict[str, Any]]:
+    lines = (ROOT / "data" / "mt_bench_question.jsonl").read_text().splitlines()[:n]
+    return [{"id": f"{prefix}{i}", "source": {},
+             "turns": [[{"role": "user", "content": t}] for t in json.loads(line)["turns"]]}
+            for i, line in enumerate(lines)]
+
+
+def generate(engine: Any, tokenizer: Any, rows: list[dict[str, Any]], *,
+             gates: GateConfig | None = None, max_new_tokens: int = 512) -> list[dict]:
+    loop = EngineLoop()
+    gates = gates or GateConfig()
+    job = Job(engine, Sampling(max_new_tokens=max_new_tokens), gates, 0, ShardCounters(),
+              TokenInfo.of(tokenizer))
+    try:
+        samples = list(regenerate(loop, job, rows))
+    finally:
+        if hasattr(engine, "aclose"):
+            loop.run(engine.aclose())
+        loop.stop()
+    return sorted(samples, key=lambda s: s["id"])
+
+
+@pytest.fixture
+def simulate(tiny: Path, tokenizer: Any) -> Iterator[Any]:
+    """Run rows through a simulator started with the given flags; returns the judged samples."""
+    from workers.engines.sglang import SglangEngine
+
+    def run(rows: list[dict], *flags: str, **kw: Any) -> list[dict]:
+        with running_simulator("--tokenizer", str(tiny), "--time-scale", "0.01", "--len-mu",
+                               "4.5", "--len-sigma", "0.3", *flags) as url:
+            engine = SglangEngine(url, tokenizer, 16, 30.0, 5.0,
+                                  [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+            return generate(engine, tokenizer, rows, **kw)
+
+    yield run
+
+
+def reasons(samples: list[dict]) -> set[str]:
+    return {r for s in samples for r in s["quality"]["reasons"]}
+
+
+def test_well_formed_replies_pass_every_gate(simulate: Any) -> None:
+    samples = simulate(mt_bench_rows(6))
+    assert [s["quality"]["passed"] for s in samples] == [True] * 6, reasons(samples)
+    for sample in samples:
+        quality = sample["quality"]
+        assert quality["supervised_tokens"] == [len(t["output_ids"]) for t in sample["turns"]]
+        assert all(0 < n < len(t["output_ids"])
+                   for n, t in zip(quality["thinking_tokens"], sample["turns"], strict=True))
+
+
+def test_truncated_replies_are_rejected_with_unclosed_thinking(simulate: Any) -> None:
+    samples = simulate(mt_bench_rows(4), max_new_tokens=24)
+    for sample in samples:
+        assert sample["finish_reason"] == "length"
+        assert {"truncated", "thinking_unclosed", "too_few_tokens"} <= set(
+            sample["quality"]["reasons"])
+        assert not sample["quality"]["passed"]
+        assert any("finish_reason length after 24 tokens" in d for d in
+                   sample["quality"]["details"])
+
+
+def test_unclosed_thinking_is_rejected(simulate: Any) -> None:
+    samples = simulate(mt_bench_rows(3), "--answer-mode", "unclosed")
+    assert all(s["finish_reason"] == "stop" for s in samples)
+    assert reasons(samples) == {"thinking_unclosed"}
+
+
+def test_empty_answer_is_rejected(simulate: Any) -> None:
+    samples = simulate(mt_bench_rows(3), "--answer-mode", "empty")
+    assert all(s["messages"][-1]["content"] == "" for s in samples)
+    assert reasons(samples) == {"empty_answer"}
+
+
+def test_template_leakage_is_rejected(simulate: Any) -> None:
+    samples = simulate(mt_bench_rows(3), "--answer-mode", "leak")
+    assert reasons(samples) == {"template_leakage"}
+    assert all("special token id" in s["quality"]["details"][0] for s in samples)
+
+
+def test_six_token_replies_fall_under_the_floor(simulate: Any) -> None:
+    samples = simulate(mt_bench_rows(3), "--answer-mode", "degenerate")
+    for sample in samples:
+        assert sample["quality"]["supervised_tokens"] == [6, 6]
+        assert {"too_few_tokens", "thinking_missing"} <= set(sample["quality"]["reasons"])
+    # The floor is a threshold: lowered under six tokens, only the missing thinking remains.
+    lenient = simulate(mt_bench_rows(2), "--answer-mode", "degenerate",
+                       gates=GateConfig(min_supervised_tokens=6))
+    assert reasons(lenient) == {"thinking_missing"}
+
+
+def test_exact_duplicate_answers_across_the_run(simulate: Any, tmp_path: Path) -> None:
+    from common.monitor import RunMonitor
+    from common.storage import LocalStorage
+
+    rows = mt_bench_rows(3) + [{**mt_bench_rows(1)[0], "id": "copy-of-q0"}]
+    samples = {s["id"]: s for s in simulate(rows)}
+    assert samples["q0"]["quality"]["answer_hash"] == samples["copy-of-q0"]["quality"][
+        "answer_hash"]
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        monitor = RunMonitor(server.client(), LocalStorage(str(tmp_path / "s")), "dup",
+                             GateConfig())
+        monitor.claim_answers([samples["q0"], samples["q1"]])
+        monitor.claim_answers([samples["q2"], samples["copy-of-q0"]])
+        assert samples["copy-of-q0"]["quality"]["reasons"] == ["duplicate"]
+        assert "same answer as sample q0" in samples["copy-of-q0"]["quality"]["details"]
+        assert all(samples[i]["quality"]["passed"] for i in ("q0", "q1", "q2"))
+        # A redelivered sample giving its own answer again is not its own duplicate.
+        again = json.loads(json.dumps(samples["q0"]))
+        monitor.claim_answers([again])
+        assert again["quality"]["passed"]
+    finally:
+        server.kill()
+
+
+def test_loss_masks_cover_exactly_the_generated_tokens(tiny: Path, tokenizer: Any) -> None:
+    from workers.engines.cpu import CpuEngine
+
+    engine = CpuEngine(tiny, batch_size=4, seed=0)
+    samples = generate(engine, tokenizer, mt_bench_rows(4), max_new_tokens=160)
+    for sample in samples:
+        rows = training_rows(sample)
+        assert len(rows) == len(sample["turns"]) == 2
+        answers = [m for m in sample["messages"] if m["role"] == "assistant"]
+        for row, turn, answer in zip(rows, sample["turns"], answers, strict=True):
+            mask = row.loss_mask
+            assert row.input_ids == turn["prompt_ids"] + turn["output_ids"]
+            assert sum(mask) == len(turn["output_ids"]) == turn["completion_tokens"]
+            assert mask == [0] * len(turn["prompt_ids"]) + [1] * len(turn["output_ids"])
+            supervised = [t for t, m in zip(row.input_ids, mask, strict=True) if m]
+            text = tokenizer.decode(supervised, skip_special_tokens=False)
+            assert text == tokenizer.decode(turn["output_ids"], skip_special_tokens=False)
+            assert answer["content"] in text and answer["reasoning_content"] in text
+            if turn["finish_reason"] == "stop":
+                assert supervised[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+        # Turn 2's prompt shows turn 1's answer but, as Qwen3 templates do, not its reasoning.
+        history = tokenizer.decode(rows[1].input_ids[:rows[1].prompt_tokens])
+        assert answers[0]["content"] in history
+        if answers[0]["reasoning_content"]:
+            assert answers[0]["reasoning_content"] not in history
