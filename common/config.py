@@ -63,6 +63,10 @@ class Settings:
     request_timeout: float = 3600.0
     metrics_port: int = 0
     retry_backoff_max: float = 60.0
+    hidden_batch_tokens: int = 32768
+    hidden_device: str = "auto"
+    hidden_part_bytes: int = 512 * 2**20
+    train_checkpoint_steps: int = 50
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -114,6 +118,10 @@ _ENV = {
     "request_timeout": "DFLASH_REQUEST_TIMEOUT",
     "metrics_port": "DFLASH_METRICS_PORT",
     "retry_backoff_max": "DFLASH_RETRY_BACKOFF_MAX",
+    "hidden_batch_tokens": "DFLASH_HIDDEN_BATCH_TOKENS",
+    "hidden_device": "DFLASH_HIDDEN_DEVICE",
+    "hidden_part_bytes": "DFLASH_HIDDEN_PART_BYTES",
+    "train_checkpoint_steps": "DFLASH_TRAIN_CHECKPOINT_STEPS",
 }
 
 

@@ -84,9 +84,10 @@ def gate_event(run: str, kind: str, stamp: str) -> str:
     return f"runs/{run}/gates/{kind}-{stamp}.json"
 
 
-def failed_shard(run: str, shard: int, stamp: str) -> str:
+def failed_shard(run: str, shard: int, stamp: str, stage: str = "generate") -> str:
     """A parked shard's reason; one object per parking so history is never overwritten."""
-    return f"runs/{run}/failed/{shard_name(shard)}/{stamp}.json"
+    where = "" if stage == "generate" else f"{stage}/"
+    return f"runs/{run}/failed/{where}{shard_name(shard)}/{stamp}.json"
 
 
 def part_number(key: str) -> int | None:
@@ -160,6 +161,12 @@ def redis_rate(run: str) -> str:
 def redis_requests(run: str) -> str:
     """Hash worker name -> engine requests sent for this run."""
     return f"dflash:{run}:requests"
+
+
+def redis_stage(run: str, stage: str, what: str) -> str:
+    """Per-stage bookkeeping of the hidden/train stages: ``lease:shard-N``, ``queued``,
+    ``attempts``, ``parked`` (kept apart from the generate stage's keys)."""
+    return f"dflash:{run}:{stage}:{what}"
 
 
 def redis_gates(run: str) -> str:

@@ -58,6 +58,9 @@ class RunConfig:
     limit: int | None
     sampling: Sampling = Sampling()
     gates: GateConfig = GateConfig()
+    mode: str = "offline"  # offline: hidden-state workers store features; online: train queue
+    layout: str = "dflash"  # target layers kept for the drafter: dflash (K layers) or eagle3
+    target_layers: int = 5
     chat_template_sha: str | None = None
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)

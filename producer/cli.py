@@ -143,13 +143,22 @@ def main() -> None:
               envvar="DFLASH_THINKING", help="Generate with the thinking block enabled.")
 @click.option("--model", envvar="DFLASH_MODEL", default=None,
               help="Target model directory [default: the embedded tiny CPU model].")
+@click.option("--mode", type=click.Choice(["offline", "online"]), default="offline",
+              show_default=True, envvar="DFLASH_MODE",
+              help="After a shard's commit: offline stores target hidden states (queue "
+                   "hidden); online trains the drafter on the fly (queue train, nothing stored).")
+@click.option("--layout", type=click.Choice(["dflash", "eagle3"]), default="dflash",
+              show_default=True, envvar="DFLASH_LAYOUT",
+              help="Target layers kept for the drafter.")
+@click.option("--target-layers", type=click.IntRange(min=1), default=5, show_default=True,
+              envvar="DFLASH_TARGET_LAYERS", help="K target layers of the dflash layout.")
 @gate_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
 def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_field: str | None,
             shard_size: int, limit: int | None, max_new_tokens: int, temperature: float,
-            top_p: float, top_k: int, thinking: bool, model: str | None, as_json: bool,
-            **gates: Any) -> None:
+            top_p: float, top_k: int, thinking: bool, model: str | None, mode: str, layout: str,
+            target_layers: int, as_json: bool, **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
     from producer.commands import (
         build_gates,
@@ -165,7 +174,8 @@ def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_fiel
                               prompt_field=prompt_field, shard_size=shard_size, limit=limit,
                               max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, thinking=thinking,
-                              gates=build_gates(**gates))
+                              gates=build_gates(**gates), mode=mode, layout=layout,
+                              target_layers=target_layers)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
     print_enqueue_report(report, storage, as_json)
@@ -270,6 +280,28 @@ def worker_generate(settings: Settings, gpu: int | None, concurrency: int, engin
     }
     exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
                 loglevel=loglevel, engine_env=engine_env)
+
+
+@worker.command("hidden")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, envvar="DFLASH_GPU",
+              help="GPU index this worker owns (sets CUDA_VISIBLE_DEVICES) [default: CPU "
+                   "unless one is visible].")
+@click.option("--batch-tokens", type=click.IntRange(min=1), default=None,
+              envvar="DFLASH_HIDDEN_BATCH_TOKENS",
+              help="Padded tokens per forward pass (rows are batched by length) "
+                   "[default: 32768].")
+@click.option("--name", default=None, envvar="DFLASH_WORKER_NAME",
+              help="Worker node name [default: hidden-gpuN@host or hidden-cpu@host].")
+@click.option("--loglevel", default="INFO", show_default=True, envvar="DFLASH_LOGLEVEL",
+              help="Celery log level.")
+@common_options
+def worker_hidden(settings: Settings, gpu: int | None, batch_tokens: int | None,
+                  name: str | None, loglevel: str) -> None:
+    """Run a Celery worker on queue `hidden`: target hidden states of committed shards."""
+    from producer.commands import exec_worker
+
+    exec_worker(settings, queue="hidden", gpu=gpu, concurrency=1, name=name, loglevel=loglevel,
+                engine_env={"DFLASH_HIDDEN_BATCH_TOKENS": str(batch_tokens or "")})
 
 
 @main.command()

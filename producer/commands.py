@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 def build_run_config(settings: Settings, *, run: str, input_path: str, fmt: str,
                      prompt_field: str | None, shard_size: int, limit: int | None,
                      max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                     thinking: bool, gates: GateConfig | None = None) -> RunConfig:
+                     thinking: bool, gates: GateConfig | None = None, mode: str = "offline",
+                     layout: str = "dflash", target_layers: int = 5) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint."""
     if not keys.valid_run_id(run):
         raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
@@ -51,7 +52,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str, fmt: str,
         shard_size=shard_size, limit=limit,
         sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, thinking=thinking),
-        gates=gates or GateConfig(),
+        gates=gates or GateConfig(), mode=mode, layout=layout, target_layers=target_layers,
         chat_template_sha=template_sha(template),
     )
 
@@ -82,7 +83,9 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
     good = report.rows - report.rejected
     click.echo(f"run {report.run}: {report.rows} rows read, {good} good, "
                f"{report.rejected} rejected; {report.shards} shards "
-               f"({report.committed} committed), {report.enqueued} queued now")
+               f"({report.committed} committed), {report.enqueued} queued now"
+               + (f", {report.downstream} committed shards queued downstream"
+                  if report.downstream else ""))
     if report.rejected:
         click.echo(f"rejected rows (full list under {storage.root.rstrip('/')}/"
                    f"runs/{report.run}/rejected/input/):")
@@ -168,12 +171,16 @@ def watch_progress(reader: StatusReader, interval: float,
             time.sleep(interval)
 
 
+WORKER_APPS = {"generate": "workers.app", "hidden": "workers.hidden_app",
+               "train": "workers.train_app"}
+
+
 def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
                 name: str | None, loglevel: str) -> list[str]:
     """The celery command a worker runs; the threads pool lets held shards share one engine."""
     node = name or (f"{queue}-gpu{gpu}@%h" if gpu is not None else f"{queue}-cpu@%h")
     return [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        sys.executable, "-m", "celery", "-A", WORKER_APPS[queue], "worker",
         "-Q", queue, "-P", "threads", "-c", str(concurrency), "-n", node,
         "-l", loglevel, "-E", "--without-gossip", "--without-mingle",
     ]

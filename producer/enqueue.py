@@ -17,7 +17,14 @@ import redis
 from celery import Celery
 
 from common import keys
-from common.celery_app import QUEUE_GENERATE, TASK_GENERATE
+from common.celery_app import (
+    QUEUE_GENERATE,
+    QUEUE_HIDDEN,
+    QUEUE_TRAIN,
+    TASK_GENERATE,
+    TASK_HIDDEN,
+    TASK_TRAIN,
+)
 from common.errors import BadRow, NotFound
 from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
 from common.storage import Storage, s3_client
@@ -40,6 +47,7 @@ class EnqueueReport:
     rejected: int = 0
     enqueued: int = 0
     committed: int = 0
+    downstream: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
     wrote_inputs: bool = False
 
@@ -221,7 +229,39 @@ def resume_run(
     sender = TaskSender(storage, app, client, run)
     for shard in range(manifest.shards):
         sender.send(shard, force=force)
-    return _fill(EnqueueReport(run=run), manifest, sender)
+    report = _fill(EnqueueReport(run=run), manifest, sender)
+    report.downstream = send_downstream(storage, app, client, config, sender.committed, force)
+    return report
+
+
+def downstream_done(storage: Storage, config: RunConfig) -> set[int]:
+    """Committed shards that the run's downstream stage has already finished."""
+    if config.mode == "online":
+        from common.drafter_store import trained_shards
+
+        return trained_shards(storage, config.run)
+    from common.hidden_store import committed_hidden_shards
+
+    return set(committed_hidden_shards(storage, config.run))
+
+
+def send_downstream(storage: Storage, app: Celery, client: redis.Redis, config: RunConfig,
+                    committed: set[int | None], force: bool = False) -> int:
+    """Queue hidden (offline) or train (online) tasks for committed shards not yet done there."""
+    stage = QUEUE_TRAIN if config.mode == "online" else QUEUE_HIDDEN
+    task_name = TASK_TRAIN if config.mode == "online" else TASK_HIDDEN
+    todo = sorted({s for s in committed if s is not None} - downstream_done(storage, config))
+    sent = 0
+    for shard in todo:
+        name = keys.shard_name(shard)
+        if not client.hsetnx(keys.redis_stage(config.run, stage, "queued"), name, "1") \
+                and not force:
+            continue
+        if client.hdel(keys.redis_stage(config.run, stage, "parked"), name):
+            client.hdel(keys.redis_stage(config.run, stage, "attempts"), name)
+        app.send_task(task_name, args=[ShardTask(config.run, shard).to_json()], queue=stage)
+        sent += 1
+    return sent
 
 
 def _fill(report: EnqueueReport, manifest: InputManifest, sender: TaskSender) -> EnqueueReport:

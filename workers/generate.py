@@ -18,7 +18,14 @@ import redis
 from celery import Task
 
 from common import keys
-from common.celery_app import QUEUE_HIDDEN, TASK_GENERATE, TASK_HIDDEN, app
+from common.celery_app import (
+    QUEUE_HIDDEN,
+    QUEUE_TRAIN,
+    TASK_GENERATE,
+    TASK_HIDDEN,
+    TASK_TRAIN,
+    app,
+)
 from common.errors import (
     ConfigError,
     DflashError,
@@ -132,7 +139,7 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
         commit = parts.commit([row["id"] for row in rows], worker)
         log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
         metrics.COMMITS.labels(task.run).inc()
-        hand_off(task)
+        hand_off(ctx, config, task)
         forget_progress(ctx, task)
     return TaskOutcome.COMMITTED
 
@@ -156,9 +163,12 @@ def load_input_shard(ctx: WorkerContext, task: ShardTask) -> list[dict[str, Any]
     return decode_jsonl_zst(ctx.storage.get(keys.input_shard(task.run, task.shard)))
 
 
-def hand_off(task: ShardTask) -> None:
-    """Queue the committed shard for the hidden-state stage (its consumer may come later)."""
-    app.send_task(TASK_HIDDEN, args=[task.to_json()], queue=QUEUE_HIDDEN, retry=True,
+def hand_off(ctx: WorkerContext, config: RunConfig, task: ShardTask) -> None:
+    """Queue the committed shard downstream: hidden states (offline) or training (online)."""
+    stage, name, queue = ((QUEUE_TRAIN, TASK_TRAIN, QUEUE_TRAIN) if config.mode == "online"
+                          else (QUEUE_HIDDEN, TASK_HIDDEN, QUEUE_HIDDEN))
+    ctx.redis.hset(keys.redis_stage(task.run, stage, "queued"), keys.shard_name(task.shard), 1)
+    app.send_task(name, args=[task.to_json()], queue=queue, retry=True,
                   retry_policy=_HANDOFF_RETRY)
 
 

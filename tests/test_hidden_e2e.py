@@ -1,0 +1,112 @@
+"""Second queue end to end: generate -> hidden-state workers -> safetensors shards in S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common import keys
+from common.hidden_store import iter_hidden_records
+from common.layers import layer_ids
+from common.storage import open_storage
+from tests.conftest import ROOT, Pipeline, wait_until
+from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
+
+pytestmark = pytest.mark.e2e
+
+
+def start_hidden_worker(pipeline: Pipeline, name: str, **env: str) -> subprocess.Popen[bytes]:
+    log = pipeline.log_dir / f"{name}.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "worker", "hidden", "--name", f"{name}@%h"],
+            env={**pipeline.env, **env}, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+    pipeline.workers.append(proc)
+    wait_until(lambda: b" ready." in log.read_bytes() or proc.poll() is not None, 120,
+               f"worker {name} to be ready")
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return proc
+
+
+def hidden_commits(storage, run: str) -> list[str]:  # noqa: ANN001
+    return [k for k in storage.list(keys.hidden_prefix(run)) if k.endswith("/_COMMIT.json")]
+
+
+def reference(model, ids: torch.Tensor, layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    with torch.inference_mode():
+        states = model(input_ids=ids[None].long(), output_hidden_states=True).hidden_states
+    return torch.cat([states[i + 1][0] for i in layers], dim=-1), states[-1][0]
+
+
+@pytest.mark.parametrize("layout", ["dflash", "eagle3"])
+def test_hidden_states_match_a_direct_forward(pipeline: Pipeline, tmp_path: Path,
+                                              model_cache: Path, layout: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from common.tinymodel import ensure_tiny_model
+
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(6))
+    pipeline.start_worker("gen")
+    start_hidden_worker(pipeline, "hid")
+    pipeline.cli("enqueue", "--input", src, "--run", layout, "--shard-size", "3", "--layout",
+                 layout, "--max-new-tokens", "128", check=True)
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    wait_until(lambda: len(hidden_commits(storage, layout)) == 2, 240, "2 hidden commits")
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(model_cache)).eval()
+    layers = layer_ids(layout, model.config.num_hidden_layers, 5)
+    samples = {s["id"]: s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], layout)
+               if s["quality"]["passed"]}
+    records = list(iter_hidden_records(storage, layout))
+    assert sorted((r["sample_id"], r["turn"]) for r in records) == sorted(
+        (i, t) for i, s in samples.items() for t in range(len(s["turns"])))
+    for record in records:
+        turn = samples[record["sample_id"]]["turns"][record["turn"]]
+        assert record["input_ids"].tolist() == turn["prompt_ids"] + turn["output_ids"]
+        assert int(record["loss_mask"].sum()) == len(turn["output_ids"])
+        assert record["hidden_states"].dtype == torch.bfloat16
+        features, last = reference(model, record["input_ids"], layers)
+        assert record["hidden_states"].shape == features.shape
+        assert torch.allclose(record["hidden_states"].float(), features, rtol=2e-2, atol=2e-2)
+        if layout == "eagle3":
+            assert torch.allclose(record["last_hidden_states"].float(), last, rtol=2e-2,
+                                  atol=2e-2)
+        else:
+            assert "last_hidden_states" not in record
+
+
+def test_hidden_worker_killed_mid_shard_then_resume(pipeline: Pipeline, tmp_path: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
+    pipeline.start_worker("gen")
+    pipeline.cli("enqueue", "--input", src, "--run", "hk", "--shard-size", "4",
+                 "--max-new-tokens", "128", check=True)
+    pipeline.wait_done("hk")
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    client = __import__("redis").Redis.from_url(pipeline.env["DFLASH_BROKER_URL"])
+    # Tiny parts and one row per forward, so the shard is mid-way when the lease shows up.
+    victim = start_hidden_worker(pipeline, "victim", DFLASH_HIDDEN_PART_BYTES="1",
+                                 DFLASH_HIDDEN_BATCH_TOKENS="1")
+    wait_until(lambda: list(client.scan_iter("dflash:hk:hidden:lease:*")), 60,
+               "the hidden worker to lease a shard")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert len(hidden_commits(storage, "hk")) < 2, "both shards finished before the kill"
+
+    resumed = json.loads(pipeline.cli("resume", "--run", "hk", "--json", check=True).stdout)
+    assert resumed["downstream"] >= 1
+    start_hidden_worker(pipeline, "rescuer", DFLASH_HIDDEN_PART_BYTES="1")
+    wait_until(lambda: len(hidden_commits(storage, "hk")) == 2, 120, "both shards committed")
+    records = [(r["sample_id"], r["turn"]) for r in iter_hidden_records(storage, "hk")]
+    accepted = [s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], "hk")
+                if s["quality"]["passed"]]
+    assert len(records) == len(set(records)) == sum(len(s["turns"]) for s in accepted)
+    again = json.loads(pipeline.cli("resume", "--run", "hk", "--json", check=True).stdout)
+    assert again["downstream"] == 0

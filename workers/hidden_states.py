@@ -1,0 +1,201 @@
+"""Target hidden states for drafter training: one HF forward per length-sorted batch of rows.
+
+    extractor = HiddenExtractor(ExtractorConfig(model_path, layout="dflash", k=5))
+    batches, padding = length_batches(rows, max_tokens=32768, max_rows=64)
+    for batch in batches:
+        records = extractor.extract(batch)    # list[HiddenRecord], CPU tensors, one per row
+    log.info("padding waste %.1f%%", 100 * padding.waste)
+
+The model is loaded once (bf16 on CUDA, float32 on CPU). Each batch is right-padded with an
+attention mask, run once with ``output_hidden_states=True`` and cut back to each row's real
+length. Records carry the compute dtype; :class:`common.hidden_store.HiddenShardWriter` stores
+them as bf16. Bad output (NaN/Inf, wrong shapes, token ids that are not the row's) raises
+:class:`common.errors.HiddenStateError` naming the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import HiddenStateError
+from common.hidden_store import HiddenMeta, HiddenRecord, check_record
+from common.layers import Layout, layer_ids
+from common.trainrows import TrainingRow
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ExtractorConfig:
+    """Which target to load, where, and which layers to keep."""
+
+    model_path: str
+    layout: str = Layout.DFLASH.value
+    k: int = 5
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def resolved_device(self) -> torch.device:
+        """``auto`` picks the first CUDA device when there is one."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolved_dtype(self, device: torch.device) -> torch.dtype:
+        """``auto`` is bf16 on CUDA (what the drafter trains on) and float32 on CPU."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if self.dtype not in _DTYPES:
+            raise HiddenStateError(f"unknown dtype {self.dtype!r}; choose auto, "
+                                   f"{', '.join(_DTYPES)}")
+        return _DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class PaddingStats:
+    """How much of the batched compute was padding: ``waste = padded_tokens / real_tokens``."""
+
+    rows: int
+    batches: int
+    real_tokens: int
+    padded_tokens: int
+
+    @property
+    def waste(self) -> float:
+        return self.padded_tokens / self.real_tokens if self.real_tokens else 0.0
+
+
+def length_batches(rows: Sequence[TrainingRow], max_tokens: int = 32768, max_rows: int = 64,
+                   max_waste: float | None = 0.05,
+                   sort: bool = True) -> tuple[list[list[TrainingRow]], PaddingStats]:
+    """Group rows (longest first) so a padded batch stays under ``max_tokens`` and ``max_rows``.
+
+    Sorting puts rows of similar length together; a batch is also closed before its padding
+    would exceed ``max_waste`` of its real tokens, so the total waste stays under it too (a row
+    far shorter than its neighbours starts a new batch). ``sort=False, max_waste=None`` is plain
+    batching in input order, for comparison. A row longer than ``max_tokens`` goes alone.
+    """
+    if max_tokens < 1 or max_rows < 1:
+        raise ValueError("max_tokens and max_rows must be positive")
+    order = list(rows)
+    if sort:
+        order.sort(key=lambda r: (-len(r.input_ids), r.sample_id, r.turn))
+    batches: list[list[TrainingRow]] = []
+    batch: list[TrainingRow] = []
+    width = real = 0
+    for row in order:
+        n = len(row.input_ids)
+        new_width, new_real = max(width, n), real + n
+        too_wasteful = (max_waste is not None
+                        and new_width * (len(batch) + 1) - new_real > max_waste * new_real)
+        if batch and (len(batch) >= max_rows or new_width * (len(batch) + 1) > max_tokens
+                      or too_wasteful):
+            batches.append(batch)
+            batch, new_width, new_real = [], n, n
+        batch.append(row)
+        width, real = new_width, new_real
+    if batch:
+        batches.append(batch)
+    real = sum(len(r.input_ids) for r in order)
+    slots = sum(len(b) * max(len(r.input_ids) for r in b) for b in batches)
+    return batches, PaddingStats(len(order), len(batches), real, slots - real)
+
+
+def check_finite(features: torch.Tensor, attention_mask: torch.Tensor,
+                 batch: Sequence[TrainingRow], what: str = "hidden_states") -> None:
+    """Raise naming the rows whose real positions hold NaN or Inf (one device sync)."""
+    per_token = features.sum(dim=-1, dtype=torch.float32)
+    bad = ~torch.isfinite(per_token) & attention_mask.bool()
+    rows = bad.any(dim=-1)
+    if bool(rows.any()):
+        names = [f"{batch[i].sample_id}#{batch[i].turn}" for i in rows.nonzero().flatten().tolist()]
+        raise HiddenStateError(f"{what} contain NaN or Inf in {len(names)} rows: {names[:5]}")
+
+
+class HiddenExtractor:
+    """Loads the target once and turns batches of training rows into hidden-state records."""
+
+    def __init__(self, config: ExtractorConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype(self.device)
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype)
+        self.model = model.to(self.device).eval()
+        # The decoder stack alone: hidden states without the LM head's [T, vocab] logits.
+        self.backbone = self.model.base_model
+        text = self.model.config.get_text_config()
+        self.num_layers: int = text.num_hidden_layers
+        self.hidden_size: int = text.hidden_size
+        self.vocab_size: int = text.vocab_size
+        self.layer_ids = layer_ids(config.layout, self.num_layers, config.k)
+        self.meta = HiddenMeta(layout=config.layout, layer_ids=tuple(self.layer_ids),
+                               hidden_size=self.hidden_size, num_layers=self.num_layers,
+                               model=str(config.model_path))
+        log.info("hidden extractor: %s on %s (%s), %d layers, hidden %d, %s layers %s",
+                 config.model_path, self.device, self.dtype, self.num_layers, self.hidden_size,
+                 config.layout, self.layer_ids)
+
+    def _inputs(self, batch: Sequence[TrainingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``input_ids`` and ``attention_mask``; rejects unusable rows first."""
+        width = max(len(r.input_ids) for r in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, row in enumerate(batch):
+            n = len(row.input_ids)
+            if n == 0 or len(row.loss_mask) != n:
+                raise HiddenStateError(f"row {row.sample_id}#{row.turn}: {n} input ids but "
+                                       f"{len(row.loss_mask)} loss-mask entries")
+            ids[i, :n] = torch.tensor(row.input_ids, dtype=torch.long)
+            mask[i, :n] = 1
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.vocab_size:
+            raise HiddenStateError(f"token ids out of range [0, {self.vocab_size}): min {low}, "
+                                   f"max {high} (rows generated with another model?)")
+        return ids, mask
+
+    def extract(self, batch: Sequence[TrainingRow]) -> list[HiddenRecord]:
+        """One forward over ``batch``; a record per row, in batch order, on the CPU."""
+        if not batch:
+            return []
+        ids, mask = self._inputs(batch)
+        with torch.inference_mode():
+            device_mask = mask.to(self.device)
+            out = self.backbone(input_ids=ids.to(self.device), attention_mask=device_mask,
+                                output_hidden_states=True, use_cache=False)
+            states = out.hidden_states
+            if len(states) != self.num_layers + 1:
+                raise HiddenStateError(f"model returned {len(states)} hidden states, expected "
+                                       f"{self.num_layers + 1}")
+            features = torch.cat([states[i + 1] for i in self.layer_ids], dim=-1)
+            check_finite(features, device_mask, batch)
+            last = None
+            if self.meta.has_last:
+                last = states[-1]
+                check_finite(last, device_mask, batch, "last hidden states")
+                last = last.cpu()
+            features = features.cpu()
+        return [self._record(row, i, ids, features, last) for i, row in enumerate(batch)]
+
+    def _record(self, row: TrainingRow, i: int, ids: torch.Tensor, features: torch.Tensor,
+                last: torch.Tensor | None) -> HiddenRecord:
+        n = len(row.input_ids)
+        input_ids = ids[i, :n].to(torch.int32)
+        if not torch.equal(input_ids, torch.tensor(row.input_ids, dtype=torch.int32)):
+            raise HiddenStateError(f"row {row.sample_id}#{row.turn}: token ids changed on the "
+                                   "way through the batch")
+        record = HiddenRecord(
+            sample_id=row.sample_id, turn=row.turn, input_ids=input_ids,
+            loss_mask=torch.tensor(row.loss_mask, dtype=torch.uint8),
+            hidden_states=features[i, :n],
+            last_hidden_states=None if last is None else last[i, :n],
+        )
+        check_record(record, self.meta, finite=False)
+        return record
