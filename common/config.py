@@ -67,6 +67,9 @@ class Settings:
     hidden_device: str = "auto"
     hidden_part_bytes: int = 512 * 2**20
     train_checkpoint_steps: int = 50
+    train_rows_per_step: int = 8
+    train_total_steps: int = 2000
+    drafter_layers: int = 5
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -122,6 +125,9 @@ _ENV = {
     "hidden_device": "DFLASH_HIDDEN_DEVICE",
     "hidden_part_bytes": "DFLASH_HIDDEN_PART_BYTES",
     "train_checkpoint_steps": "DFLASH_TRAIN_CHECKPOINT_STEPS",
+    "train_rows_per_step": "DFLASH_TRAIN_ROWS_PER_STEP",
+    "train_total_steps": "DFLASH_TRAIN_TOTAL_STEPS",
+    "drafter_layers": "DFLASH_DRAFTER_LAYERS",
 }
 
 

@@ -12,6 +12,8 @@ PART_DIGITS = 4
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHARD_DIR = re.compile(r"shard-(\d{6})/")
+STEP_DIGITS = 6
+_STEP = re.compile(r"/step-(\d{6})(?:\.(\d+))?/_COMMIT\.json$")
 _PART = re.compile(r"part-(\d{4})\.jsonl\.zst$")
 
 
@@ -82,6 +84,30 @@ def gates_prefix(run: str) -> str:
 def gate_event(run: str, kind: str, stamp: str) -> str:
     """``kind`` is ``pause`` or ``resume``; stamps sort chronologically."""
     return f"runs/{run}/gates/{kind}-{stamp}.json"
+
+
+def drafter_prefix(run: str) -> str:
+    return f"runs/{run}/drafter/"
+
+
+def drafter_checkpoint(run: str, step: int, name: str, seq: int = 0) -> str:
+    """A file of the drafter checkpoint at ``step`` (``state.pt``, then ``_COMMIT.json``).
+
+    ``seq`` > 0 names a later checkpoint at the same step (only its ledger moved on).
+    """
+    suffix = f".{seq}" if seq else ""
+    return f"runs/{run}/drafter/step-{step:0{STEP_DIGITS}d}{suffix}/{name}"
+
+
+def drafter_latest(run: str) -> str:
+    """Pointer to the newest committed checkpoint: the one object that is overwritten."""
+    return f"runs/{run}/drafter/latest.json"
+
+
+def checkpoint_id(key: str) -> tuple[int, int] | None:
+    """(step, seq) of a checkpoint's ``_COMMIT.json`` key, else None."""
+    match = _STEP.search(key)
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def failed_shard(run: str, shard: int, stamp: str, stage: str = "generate") -> str:

@@ -35,6 +35,10 @@ class Storage(ABC):
         """Write ``key`` unless it exists; True if this call wrote it, False if it was there."""
 
     @abstractmethod
+    def replace(self, key: str, data: bytes) -> None:
+        """Overwrite ``key``: only for pointers (``latest.json``) that readers can rebuild."""
+
+    @abstractmethod
     def get(self, key: str) -> bytes:
         """Return the object's bytes or raise :class:`NotFound`."""
 
@@ -79,6 +83,17 @@ class LocalStorage(Storage):
         finally:
             tmp.unlink(missing_ok=True)
         return True
+
+    def replace(self, key: str, data: bytes) -> None:
+        final = self._file(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, final)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StorageError(f"cannot write {final}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
         try:
@@ -136,6 +151,14 @@ class S3Storage(Storage):
             except BotoCoreError as exc:
                 raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
         raise StorageError(f"cannot write {self.root}{key}: conditional write kept conflicting")
+
+    def replace(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -304,6 +304,58 @@ def worker_hidden(settings: Settings, gpu: int | None, batch_tokens: int | None,
                 engine_env={"DFLASH_HIDDEN_BATCH_TOKENS": str(batch_tokens or "")})
 
 
+@worker.command("train")
+@click.option("--gpu", type=click.IntRange(min=0), default=None, envvar="DFLASH_GPU",
+              help="GPU index this worker owns (sets CUDA_VISIBLE_DEVICES) [default: CPU "
+                   "unless one is visible].")
+@click.option("--rows-per-step", type=click.IntRange(min=1), default=None,
+              envvar="DFLASH_TRAIN_ROWS_PER_STEP", help="Training rows per optimizer step "
+              "[default: 8].")
+@click.option("--checkpoint-steps", type=click.IntRange(min=1), default=None,
+              envvar="DFLASH_TRAIN_CHECKPOINT_STEPS",
+              help="Checkpoint to storage every N steps [default: 50].")
+@click.option("--total-steps", type=click.IntRange(min=1), default=None,
+              envvar="DFLASH_TRAIN_TOTAL_STEPS",
+              help="Length of the cosine learning-rate schedule [default: 2000].")
+@click.option("--name", default=None, envvar="DFLASH_WORKER_NAME",
+              help="Worker node name [default: train-gpuN@host or train-cpu@host].")
+@click.option("--loglevel", default="INFO", show_default=True, envvar="DFLASH_LOGLEVEL",
+              help="Celery log level.")
+@common_options
+def worker_train(settings: Settings, gpu: int | None, rows_per_step: int | None,
+                 checkpoint_steps: int | None, total_steps: int | None, name: str | None,
+                 loglevel: str) -> None:
+    """Run a Celery worker on queue `train`: online DFlash drafter training (one per run)."""
+    from producer.commands import exec_worker
+
+    exec_worker(settings, queue="train", gpu=gpu, concurrency=1, name=name, loglevel=loglevel,
+                engine_env={"DFLASH_TRAIN_ROWS_PER_STEP": str(rows_per_step or ""),
+                            "DFLASH_TRAIN_CHECKPOINT_STEPS": str(checkpoint_steps or ""),
+                            "DFLASH_TRAIN_TOTAL_STEPS": str(total_steps or "")})
+
+
+@main.command("export-drafter")
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to export.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to write config.json and model.safetensors to.")
+@click.option("--step", type=click.IntRange(min=1), default=None,
+              help="Checkpoint step to export [default: the newest].")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@common_options
+def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
+                   as_json: bool) -> None:
+    """Export a run's drafter checkpoint as an HF-style directory SGLang's DFLASH loads."""
+    from producer.commands import export_drafter_checkpoint
+
+    result = export_drafter_checkpoint(settings, run, out_dir, step)
+    if as_json:
+        dump_json(result)
+    else:
+        click.echo(f"run {run}: drafter step {result['step']} exported to {result['out']} "
+                   f"({result['tensors']} tensors; serve with --speculative-algorithm DFLASH "
+                   f"--speculative-draft-model-path {result['out']})")
+
+
 @main.command()
 @click.option("--input", "input_path", default="data/mt_bench_question.jsonl",
               show_default=True, help="Prompt file to regenerate.")

@@ -197,3 +197,34 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
                        loglevel=loglevel)
     os.execve(argv[0], argv, env)
+
+
+def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str,
+                              step: int | None) -> dict[str, Any]:
+    """Load a drafter checkpoint on the run's target and write the HF-style export."""
+    from common.drafter_store import committed_steps, load_checkpoint
+    from common.errors import NotFound
+    from common.storage import open_storage
+    from producer.enqueue import read_run_config
+    from workers.drafter.demo import load_target
+    from workers.drafter.export import export_drafter
+    from workers.drafter.model import add_mask_token
+    from workers.drafter.train import DrafterTrainer
+
+    storage = open_storage(settings.storage)
+    config = read_run_config(storage, run)
+    if config is None:
+        raise NotFound(f"run {run!r} not found in {storage.root}")
+    steps = committed_steps(storage, run)
+    if not steps:
+        raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/)")
+    if step is not None and step not in steps:
+        raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
+    target, tokenizer = load_target(resolve_model_path(replace(settings, model=config.model)))
+    add_mask_token(tokenizer, target)
+    loaded = load_checkpoint(storage, run, step)
+    assert loaded is not None  # the step is committed
+    trainer = DrafterTrainer.from_state_dict(loaded[0], target)
+    out = export_drafter(trainer, out_dir)
+    return {"run": run, "step": trainer.steps, "out": str(out),
+            "tensors": len(trainer.drafter.state_dict())}

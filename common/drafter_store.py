@@ -1,0 +1,120 @@
+"""Drafter checkpoints in storage: ``runs/<run>/drafter/step-N/{state.pt,_COMMIT.json}``.
+
+A checkpoint holds the trainer's full state (drafter, optimizer, scheduler, anchor RNG) and the
+**ledger** of what it has consumed: shards finished in the current epoch and, for the shard in
+progress, how many of its rows were trained. Both files are put-once; ``_COMMIT.json`` is
+written last and makes the checkpoint real. ``latest.json`` points at the newest one (a hint:
+readers fall back to the highest committed step when it is missing or stale).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from common import keys
+from common.errors import NotFound
+from common.records import dumps
+from common.storage import Storage
+
+log = logging.getLogger(__name__)
+
+STATE_FILE, COMMIT_FILE = "state.pt", "_COMMIT.json"
+
+
+@dataclass
+class Ledger:
+    """What a trainer has consumed: whole shards this epoch, and rows of the current one."""
+
+    epoch: int = 0
+    done: list[int] = field(default_factory=list)
+    partial: dict[str, int] = field(default_factory=dict)  # shard -> rows already trained
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ledger:
+        return cls(int(data.get("epoch", 0)), [int(s) for s in data.get("done", [])],
+                   {str(k): int(v) for k, v in data.get("partial", {}).items()})
+
+    def rows_done(self, shard: int) -> int:
+        return self.partial.get(str(shard), 0)
+
+
+def checkpoints(storage: Storage, run: str) -> list[tuple[int, int]]:
+    """(step, seq) of every committed checkpoint, oldest first."""
+    found = (keys.checkpoint_id(k) for k in storage.list(keys.drafter_prefix(run)))
+    return sorted(c for c in found if c is not None)
+
+
+def committed_steps(storage: Storage, run: str) -> list[int]:
+    """Steps of the committed checkpoints, ascending (a step may hold several)."""
+    return sorted({step for step, _ in checkpoints(storage, run)})
+
+
+def latest_step(storage: Storage, run: str) -> int | None:
+    """The step of the newest committed checkpoint, or None before the first."""
+    found = checkpoints(storage, run)
+    return found[-1][0] if found else None
+
+
+def _newest(storage: Storage, run: str, step: int | None) -> tuple[int, int] | None:
+    found = [c for c in checkpoints(storage, run) if step is None or c[0] == step]
+    return found[-1] if found else None
+
+
+def read_ledger(storage: Storage, run: str) -> Ledger:
+    """The ledger of the newest checkpoint (empty before the first)."""
+    newest = _newest(storage, run, None)
+    if newest is None:
+        return Ledger()
+    raw = storage.get(keys.drafter_checkpoint(run, newest[0], COMMIT_FILE, newest[1]))
+    return Ledger.from_json(json.loads(raw)["ledger"])
+
+
+def trained_shards(storage: Storage, run: str) -> set[int]:
+    """Shards whose training is in the newest checkpoint (``resume`` re-queues the others)."""
+    return set(read_ledger(storage, run).done)
+
+
+def save_checkpoint(storage: Storage, run: str, step: int, state: dict[str, Any],
+                    ledger: Ledger, metrics: dict[str, Any]) -> str:
+    """Write state, then the commit, then move ``latest.json``; returns the checkpoint's dir."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({**state, "ledger": ledger.to_json()}, buffer)
+    seq = 0
+    while not storage.put_once(keys.drafter_checkpoint(run, step, STATE_FILE, seq),
+                               buffer.getvalue()):
+        seq += 1  # a checkpoint at this step exists: this one only moves the ledger on
+    commit = {"run": run, "step": step, "seq": seq, "ledger": ledger.to_json(),
+              "metrics": metrics, "bytes": buffer.tell(), "at": time.time()}
+    storage.put_once(keys.drafter_checkpoint(run, step, COMMIT_FILE, seq), dumps(commit))
+    where = keys.drafter_checkpoint(run, step, "", seq).rstrip("/")
+    storage.replace(keys.drafter_latest(run), dumps({"step": step, "seq": seq, "dir": where,
+                                                     "at": commit["at"]}))
+    log.info("run %s: checkpoint %s (%d shards done, %.1f MB)", run, where, len(ledger.done),
+             buffer.tell() / 1e6)
+    return where
+
+
+def load_checkpoint(storage: Storage, run: str, step: int | None = None,
+                    device: str = "cpu") -> tuple[dict[str, Any], Ledger] | None:
+    """The trainer state and ledger at ``step`` (default: the newest), or None before any."""
+    import torch
+
+    newest = _newest(storage, run, step)
+    if newest is None:
+        return None
+    try:
+        raw = storage.get(keys.drafter_checkpoint(run, newest[0], STATE_FILE, newest[1]))
+    except NotFound:
+        return None
+    state = torch.load(io.BytesIO(raw), map_location=device, weights_only=True)
+    return state, Ledger.from_json(state.pop("ledger"))

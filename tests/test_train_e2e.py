@@ -1,0 +1,88 @@
+"""Online drafter training end to end: generate -> train queue -> checkpoints, kill -9, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common import keys
+from common.drafter_store import committed_steps, load_checkpoint, read_ledger
+from common.storage import open_storage
+from tests.conftest import ROOT, Pipeline, wait_until
+from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+
+pytestmark = pytest.mark.e2e
+
+TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP": "4",
+             "DFLASH_TRAIN_TOTAL_STEPS": "40"}
+
+
+def start_train_worker(pipeline: Pipeline, name: str) -> subprocess.Popen[bytes]:
+    log = pipeline.log_dir / f"{name}.log"
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "worker", "train", "--name", f"{name}@%h"],
+            env={**pipeline.env, **TRAIN_ENV}, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+    pipeline.workers.append(proc)
+    wait_until(lambda: b" ready." in log.read_bytes() or proc.poll() is not None, 120,
+               f"worker {name} to be ready")
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return proc
+
+
+def adam_steps(state: dict) -> set[int]:
+    return {int(s["step"]) for s in state["optimizer"]["state"].values()}
+
+
+def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path: Path,
+                                                    model_cache: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    victim = start_train_worker(pipeline, "trainer")
+    pipeline.start_worker("gen")
+    pipeline.cli("enqueue", "--input", src, "--run", "on", "--shard-size", "4", "--mode",
+                 "online", "--max-new-tokens", "128", check=True)
+    wait_until(lambda: committed_steps(storage, "on"), 240, "a first drafter checkpoint")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    before = committed_steps(storage, "on")[-1]
+    assert len(read_ledger(storage, "on").done) < 4, "training ended before the kill"
+    before_state, _ = load_checkpoint(storage, "on", before)
+    assert adam_steps(before_state) == {before}
+
+    start_train_worker(pipeline, "trainer2")
+    pipeline.wait_done("on")
+    pipeline.cli("resume", "--run", "on", check=True)  # shards acked after the last checkpoint
+    wait_until(lambda: sorted(read_ledger(storage, "on").done) == [0, 1, 2, 3], 240,
+               "every shard in the ledger")
+    ledger = read_ledger(storage, "on")
+    assert len(ledger.done) == len(set(ledger.done)) == 4 and not ledger.partial
+    final = committed_steps(storage, "on")[-1]
+    state, _ = load_checkpoint(storage, "on", final)
+    # AdamW's per-parameter step count went on from the checkpoint instead of restarting.
+    assert final > before and adam_steps(state) == {final} == {state["steps"]}
+    assert not list(storage.list(keys.hidden_prefix("on"))), "online mode stored hidden states"
+    commit = json.loads(storage.get(keys.drafter_checkpoint("on", final, "_COMMIT.json")))
+    assert commit["metrics"]["loss"] and json.loads(storage.get(keys.drafter_latest("on"))) \
+        ["step"] == final
+
+    out = tmp_path / "export"
+    result = pipeline.cli("export-drafter", "--run", "on", "--out", str(out), "--json",
+                          check=True)
+    assert json.loads(result.stdout)["step"] == final
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 16
+    assert set(config["dflash_config"]) >= {"mask_token_id", "target_layer_ids"}
+    from safetensors.torch import load_file
+
+    weights = load_file(str(out / "model.safetensors"))
+    assert not [k for k in weights if "embed_tokens" in k or "lm_head" in k]
+    assert torch.equal(weights["fc.weight"].float(), state["drafter"]["fc.weight"].float())

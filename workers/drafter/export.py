@@ -1,0 +1,127 @@
+"""Export a trained drafter as an HF-style directory that SGLang's DFLASH algorithm loads.
+
+    export_drafter(trainer, "out/drafter")     # or a DFlashDraftModel; dtype=torch.bfloat16 to cast
+    drafter = load_drafter("out/drafter", target)
+
+    python -m sglang.launch_server --model-path <target> --speculative-algorithm DFLASH \\
+        --speculative-draft-model-path out/drafter
+
+The directory holds ``config.json`` (a Qwen3-style config with ``architectures:
+["DFlashDraftModel"]``, ``block_size``, ``num_target_layers`` and ``dflash_config: {mask_token_id,
+mask_token, target_layer_ids, block_size}``, the layout of the z-lab/SpecForge checkpoints) and
+``model.safetensors`` with the drafter's own weights only: no embedding and no LM head, which
+SGLang takes from the target.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from workers.drafter.model import DFlashConfig, DFlashDraftModel
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "DFlashDraftModel"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def hf_config(config: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The ``config.json`` contents for ``config`` with weights stored in ``dtype``."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "block_size": config.block_size,
+        "num_target_layers": config.num_target_layers,
+        "dflash_config": {
+            "mask_token_id": config.mask_token_id,
+            "mask_token": config.mask_token,
+            "target_layer_ids": list(config.target_layer_ids),
+            "block_size": config.block_size,
+        },
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "rope_scaling": None,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "attention_bias": config.attention_bias,
+        "attention_dropout": 0.0,
+        "initializer_range": config.initializer_range,
+        "layer_types": ["full_attention"] * config.num_hidden_layers,
+        "is_causal": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "dtype": _DTYPE_NAMES[dtype],
+        "torch_dtype": _DTYPE_NAMES[dtype],
+    }
+
+
+def config_from_hf(data: dict[str, Any]) -> DFlashConfig:
+    """The :class:`DFlashConfig` of an exported ``config.json``."""
+    if ARCHITECTURE not in data.get("architectures", []):
+        raise ValueError(f"not a DFlash drafter config: architectures={data.get('architectures')}")
+    dflash = data["dflash_config"]
+    rope = data.get("rope_parameters") or {}
+    return DFlashConfig(
+        hidden_size=data["hidden_size"], num_attention_heads=data["num_attention_heads"],
+        num_key_value_heads=data["num_key_value_heads"], head_dim=data["head_dim"],
+        intermediate_size=data["intermediate_size"], vocab_size=data["vocab_size"],
+        num_target_layers=data["num_target_layers"],
+        target_layer_ids=tuple(dflash["target_layer_ids"]),
+        mask_token_id=dflash["mask_token_id"], num_hidden_layers=data["num_hidden_layers"],
+        block_size=dflash.get("block_size", data["block_size"]),
+        rms_norm_eps=data["rms_norm_eps"],
+        rope_theta=float(rope.get("rope_theta", data.get("rope_theta"))),
+        max_position_embeddings=data["max_position_embeddings"],
+        hidden_act=data.get("hidden_act", "silu"),
+        attention_bias=data.get("attention_bias", False),
+        initializer_range=data.get("initializer_range", 0.02),
+        mask_token=dflash.get("mask_token", DFlashConfig.mask_token),
+    )
+
+
+def export_drafter(trainer_or_model: Any, out_dir: str | Path,
+                   dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` for a trainer's or a bare drafter."""
+    drafter: DFlashDraftModel = getattr(trainer_or_model, "drafter", trainer_or_model)
+    if not isinstance(drafter, DFlashDraftModel):
+        raise TypeError(f"expected a DrafterTrainer or DFlashDraftModel, not {type(drafter)}")
+    dtype = dtype or drafter.fc.weight.dtype
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {name: t.detach().to("cpu", dtype).contiguous()
+               for name, t in drafter.state_dict().items()}
+    save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    text = json.dumps(hf_config(drafter.config, dtype), indent=2, sort_keys=True)
+    (out / CONFIG_FILE).write_text(text + "\n")
+    log.info("exported drafter (%d tensors, %s) to %s", len(weights), _DTYPE_NAMES[dtype], out)
+    return out
+
+
+def load_drafter(path: str | Path, target: nn.Module,
+                 dtype: torch.dtype | None = None) -> DFlashDraftModel:
+    """Rebuild an exported drafter on ``target``'s device, sharing its embedding and LM head."""
+    path = Path(path)
+    config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()))
+    embed = target.get_input_embeddings()
+    drafter = DFlashDraftModel(config, embed, target.get_output_embeddings())
+    drafter.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
+    return drafter.to(embed.weight.device, dtype) if dtype else drafter.to(embed.weight.device)

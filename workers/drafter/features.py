@@ -1,0 +1,59 @@
+"""Online target features: the frozen target's chosen layers over a batch of rows, never stored.
+
+    rows = [FeaturedRow(row, feats) for row, feats in
+            zip(batch, target_features(target, batch, drafter.config.target_layer_ids))]
+    # or, in one call:
+    rows = with_target_features(target, batch, drafter.config.target_layer_ids)
+    metrics = trainer.step(rows)
+
+Rows are right-padded into one forward pass (causal attention: padding after a row cannot change
+its positions) with ``output_hidden_states=True``; layer ``i`` is HF ``hidden_states[i + 1]``.
+The target runs under ``torch.no_grad`` (not inference mode: the drafter's backward must be
+able to save the features) in its own dtype and the features are views cut
+back to each row's length, on the target's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from common.trainrows import TrainingRow
+
+
+@dataclass(frozen=True)
+class FeaturedRow:
+    """A training row with its target features ``[T, K*H]``."""
+
+    row: TrainingRow
+    features: torch.Tensor
+
+
+@torch.no_grad()
+def target_features(target: nn.Module, rows: Sequence[TrainingRow],
+                    layer_ids: Sequence[int], pad_id: int = 0) -> list[torch.Tensor]:
+    """One ``[T_i, K*H]`` tensor per row: the target's layers ``layer_ids`` concatenated."""
+    if not rows:
+        return []
+    device = target.get_input_embeddings().weight.device
+    lengths = [len(r.input_ids) for r in rows]
+    width = max(lengths)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : lengths[i]] = torch.tensor(row.input_ids, dtype=torch.long)
+        attention[i, : lengths[i]] = 1
+    out = target(input_ids=ids.to(device), attention_mask=attention.to(device),
+                 output_hidden_states=True, use_cache=False, logits_to_keep=1)
+    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    return [feats[i, :n] for i, n in enumerate(lengths)]
+
+
+def with_target_features(target: nn.Module, rows: Sequence[TrainingRow],
+                         layer_ids: Sequence[int], pad_id: int = 0) -> list[FeaturedRow]:
+    """``rows`` paired with their freshly computed target features."""
+    feats = target_features(target, rows, layer_ids, pad_id)
+    return [FeaturedRow(row, f) for row, f in zip(rows, feats, strict=True)]

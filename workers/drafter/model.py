@@ -1,0 +1,277 @@
+"""The DFlash block-diffusion drafter: a few Qwen3-style layers reading target-layer features.
+
+    mask_id = add_mask_token(tokenizer, target)               # once, before building the drafter
+    drafter = DFlashDraftModel.for_target(target, mask_id)    # 5 layers, block size 16
+    hidden = drafter(block_ids, block_positions, features, context_positions, attn_mask)
+    logits = drafter.logits(hidden)
+
+The drafter borrows the target's embedding and LM head: they are used, frozen, but are not
+submodules, so they are neither in ``parameters()`` nor in ``state_dict()`` (nor in the export).
+Target features ``[S, K*H]`` (K target layers concatenated) become ``hidden_norm(fc(x))`` and are
+prepended to every layer's keys and values; the block's own states are the queries and the rest
+of the keys. ``attn_mask`` is a dense boolean mask or a flex ``BlockMask`` from
+:mod:`workers.drafter.masks`. Parameter names match the DFlash checkpoints SGLang loads
+(``layers.N.self_attn.q_proj.weight``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    rotate_half,
+)
+
+from common.layers import dflash_layer_ids
+
+log = logging.getLogger(__name__)
+
+# SGLang's DFLASH worker looks this token up (or adds it) when the config has no mask_token_id.
+MASK_TOKEN = "<|MASK|>"
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """Drafter shape, the target it reads from, and the DFlash block settings."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    num_hidden_layers: int = 5
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    initializer_range: float = 0.02
+    mask_token: str = MASK_TOKEN
+
+    @property
+    def num_context_features(self) -> int:
+        return len(self.target_layer_ids)
+
+    @property
+    def context_dim(self) -> int:
+        """Width of the concatenated target features, ``K * H``."""
+        return self.num_context_features * self.hidden_size
+
+    @classmethod
+    def from_target(cls, target_config: Any, mask_token_id: int, *, num_hidden_layers: int = 5,
+                    block_size: int = 16, num_features: int = 5) -> DFlashConfig:
+        """Copy the target's layer shape and pick ``num_features`` DFlash target layers."""
+        text = getattr(target_config, "get_text_config", lambda: target_config)()
+        heads = text.num_attention_heads
+        rope = getattr(text, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", 1_000_000.0))
+        if rope.get("rope_type", "default") != "default":
+            log.warning("target uses rope_type=%s; the drafter uses default RoPE",
+                        rope.get("rope_type"))
+        return cls(
+            hidden_size=text.hidden_size, num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
+            num_target_layers=text.num_hidden_layers,
+            target_layer_ids=tuple(dflash_layer_ids(text.num_hidden_layers, num_features)),
+            mask_token_id=mask_token_id, num_hidden_layers=num_hidden_layers,
+            block_size=block_size, rms_norm_eps=text.rms_norm_eps, rope_theta=float(rope_theta),
+            max_position_embeddings=text.max_position_embeddings,
+            hidden_act=getattr(text, "hidden_act", "silu"),
+            attention_bias=bool(getattr(text, "attention_bias", False)),
+        )
+
+    def qwen3_config(self) -> Qwen3Config:
+        """The equivalent transformers config, to build Qwen3 blocks (MLP, RoPE) from."""
+        return Qwen3Config(
+            hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size, vocab_size=self.vocab_size,
+            num_hidden_layers=self.num_hidden_layers, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
+            max_position_embeddings=self.max_position_embeddings, hidden_act=self.hidden_act,
+            attention_bias=self.attention_bias,
+        )
+
+
+def add_mask_token(tokenizer: Any, model: nn.Module) -> int:
+    """Give ``tokenizer`` a mask token (``<|MASK|>`` unless it has one) and return its id.
+
+    Grows the model's embedding (and a tied or untied LM head) only when the id falls outside
+    it; Qwen3 checkpoints have spare rows, so their weights stay untouched. SGLang needs the id
+    below the served target's vocab size, so for a real target this must not resize it.
+    """
+    if tokenizer.mask_token_id is None:
+        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+    mask_id = int(tokenizer.mask_token_id)
+    rows = model.get_input_embeddings().num_embeddings
+    if mask_id >= rows:
+        log.warning("growing the target embedding from %d to %d rows for %s",
+                    rows, mask_id + 1, tokenizer.mask_token)
+        # A fixed seed: every process (a resumed trainer, the exporter) gets the same new row.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model.resize_token_embeddings(mask_id + 1, mean_resizing=True)
+    return mask_id
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [b, h, L, d] by per-position ``cos``/``sin`` [b, L, d]."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+_COMPILED_FLEX: Any = None
+
+
+def _flex_attention(device: torch.device) -> Any:
+    """flex_attention: compiled once per process on CUDA; eager (a slow reference) elsewhere."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention)
+    return _COMPILED_FLEX
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3 attention (q/k norms, GQA, RoPE) whose keys/values are context then block."""
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        heads, kv_heads, hidden = (config.num_attention_heads, config.num_key_value_heads,
+                                   config.hidden_size)
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor,
+                q_rope: tuple[torch.Tensor, torch.Tensor],
+                k_rope: tuple[torch.Tensor, torch.Tensor], attn_mask: Any) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, -1, self.head_dim)).transpose(1, 2)
+        kv_in = torch.cat([context, x], dim=1)
+        kv_len = kv_in.shape[1]
+        k = self.k_norm(self.k_proj(kv_in).view(b, kv_len, -1, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, kv_len, -1, self.head_dim).transpose(1, 2)
+        q, k = _rope(q, *q_rope), _rope(k, *k_rope)
+        if isinstance(attn_mask, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)
+        else:
+            out = _flex_attention(q.device)(q, k, v, block_mask=attn_mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 decoder layer around :class:`DFlashAttention`."""
+
+    def __init__(self, config: DFlashConfig, qwen3: Qwen3Config) -> None:
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DFlashAttention(config)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = Qwen3MLP(qwen3)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, q_rope: Any, k_rope: Any,
+                attn_mask: Any) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, attn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass(frozen=True)
+class _TargetHeads:
+    """The target's embedding and LM head, held outside the module tree so they stay shared."""
+
+    embed: nn.Module
+    lm_head: nn.Module
+
+
+class DFlashDraftModel(nn.Module):
+    """DFlash drafter: N decoder layers + context projection, with the target's embed/LM head."""
+
+    def __init__(self, config: DFlashConfig, embed_tokens: nn.Module, lm_head: nn.Module,
+                 init_seed: int = 0) -> None:
+        super().__init__()
+        if embed_tokens.weight.shape[0] <= config.mask_token_id:
+            raise ValueError(f"the target embedding has {embed_tokens.weight.shape[0]} rows; "
+                             f"mask token id {config.mask_token_id} needs a row (add_mask_token)")
+        self.config = config
+        qwen3 = config.qwen3_config()
+        with torch.random.fork_rng(devices=[]):
+            self.layers = nn.ModuleList(DFlashDecoderLayer(config, qwen3)
+                                        for _ in range(config.num_hidden_layers))
+            self.fc = nn.Linear(config.context_dim, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(qwen3)
+        for module in (embed_tokens, lm_head):
+            module.requires_grad_(False)
+        self._target = _TargetHeads(embed_tokens, lm_head)
+        self.reset_parameters(init_seed)
+
+    @classmethod
+    def for_target(cls, target: nn.Module, mask_token_id: int, *, num_hidden_layers: int = 5,
+                   block_size: int = 16, num_features: int = 5,
+                   init_seed: int = 0) -> DFlashDraftModel:
+        """A fresh drafter shaped after ``target`` (an HF causal LM), on the target's device."""
+        config = DFlashConfig.from_target(target.config, mask_token_id,
+                                          num_hidden_layers=num_hidden_layers,
+                                          block_size=block_size, num_features=num_features)
+        drafter = cls(config, target.get_input_embeddings(), target.get_output_embeddings(),
+                      init_seed=init_seed)
+        return drafter.to(target.get_input_embeddings().weight.device)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """Qwen3-style init (normal(0, initializer_range) linears, unit norms) from ``seed``."""
+        generator = torch.Generator().manual_seed(seed)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                weight = torch.empty(module.weight.shape).normal_(
+                    0.0, self.config.initializer_range, generator=generator)
+                module.weight.copy_(weight)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, Qwen3RMSNorm):
+                module.weight.fill_(1.0)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings from the target's frozen table."""
+        return self._target.embed(token_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits from the target's frozen LM head (in the head's dtype)."""
+        return self._target.lm_head(hidden.to(self._target.lm_head.weight.dtype))
+
+    def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
+                features: torch.Tensor, context_positions: torch.Tensor,
+                attn_mask: Any) -> torch.Tensor:
+        """Final hidden states ``[b, Q, H]`` of the block positions (``[b, ...]`` inputs)."""
+        x = self.embed(block_ids).to(self.fc.weight.dtype)
+        context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        q_rope = self.rotary_emb(x, block_positions)
+        k_rope = self.rotary_emb(x, torch.cat([context_positions, block_positions], dim=1))
+        for layer in self.layers:
+            x = layer(x, context, q_rope, k_rope, attn_mask)
+        return self.norm(x)

@@ -1,0 +1,191 @@
+"""The ``train`` task: online DFlash drafter training on committed shards, no hidden states stored.
+
+Run one worker per run with ``dflash-pipeline worker train [--gpu N]``: it holds the frozen
+target, the drafter and its optimizer, takes shards from queue ``train`` (routed there after
+each commit when the run's mode is ``online``), computes the target's features on the fly and
+trains. Every ``DFLASH_TRAIN_CHECKPOINT_STEPS`` steps it checkpoints to
+``runs/<run>/drafter/`` with a ledger of consumed shards and rows; a restarted worker resumes
+from the newest checkpoint, skips shards already in the ledger and the rows of a shard already
+trained, so every shard is trained once per epoch. After a crash, ``resume --run RUN`` queues
+the shards that finished after the last checkpoint again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis
+from celery import Task
+
+from common import keys
+from common.celery_app import TASK_TRAIN, app
+from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
+from common.errors import ConfigError, DflashError, LeaseBusy, NothingToTrain, ShuttingDown
+from common.layers import dflash_layer_ids
+from common.lease import Lease
+from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome
+from common.trainrows import TrainingRow
+from workers.context import WorkerContext, get_context
+from workers.hidden import load_config, park_stage, read_rows
+
+log = logging.getLogger(__name__)
+
+STAGE = "train"
+RETRYABLE = (DflashError, redis.RedisError, OSError)
+_sessions: dict[str, Session] = {}
+_sessions_lock = threading.Lock()
+
+
+@dataclass
+class Session:
+    """One run's training state in this process: target, trainer, ledger, checkpoint cadence."""
+
+    run: str
+    target: Any
+    trainer: Any
+    ledger: Ledger
+    layer_ids: list[int]
+    pad_id: int
+    last_checkpoint: int
+
+    @property
+    def steps(self) -> int:
+        return self.trainer.steps
+
+
+@app.task(name=TASK_TRAIN, bind=True, max_retries=None)
+def train_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
+    """Celery entry point: retries and parking here, the work in :func:`process_train`."""
+    task = ShardTask.from_json(payload)
+    ctx = get_context()
+    try:
+        outcome = process_train(ctx, task, self.request.hostname or "train")
+    except ShuttingDown as stop:
+        log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
+        raise self.retry(countdown=1) from None
+    except LeaseBusy as busy:
+        log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
+        raise self.retry(countdown=ctx.settings.lease_ttl / 2 + random.random()) from None
+    except ConfigError as exc:
+        outcome = park_stage(ctx, task, STAGE, str(exc))
+    except RETRYABLE as exc:
+        log.warning("run %s shard %d: training failed (%r); retry", task.run, task.shard, exc)
+        raise self.retry(countdown=min(ctx.settings.retry_backoff_max, 5.0)) from exc
+    return {"run": task.run, "shard": task.shard, "outcome": outcome}
+
+
+def process_train(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutcome:
+    """Train on a shard's rows that the ledger has not seen; checkpoint on the way."""
+    owner = f"{worker}:{uuid.uuid4().hex[:8]}"
+    # One trainer per run: the run-wide lease keeps a second worker from forking the drafter.
+    lease_key = keys.redis_stage(task.run, STAGE, "lease:run")
+    with Lease(ctx.redis, lease_key, owner, ctx.settings.lease_ttl) as lease:
+        ctx.redis.hdel(keys.redis_stage(task.run, STAGE, "queued"), keys.shard_name(task.shard))
+        session = get_session(ctx, load_config(ctx, task.run))
+        if task.shard in session.ledger.done:
+            log.info("run %s shard %d: already trained this epoch; skipped", task.run,
+                     task.shard)
+            return TaskOutcome.ALREADY_COMMITTED
+        rows = load_rows(ctx, task)
+        start = session.ledger.rows_done(task.shard)
+        size = ctx.settings.train_rows_per_step
+        for first in range(start, len(rows), size):
+            lease.check()
+            if ctx.stopping.is_set():
+                raise ShuttingDown("worker stopping; the shard resumes from the last checkpoint")
+            train_step(ctx, session, rows[first:first + size], task)
+            session.ledger.partial[str(task.shard)] = first + size
+            if session.steps - session.last_checkpoint >= ctx.settings.train_checkpoint_steps:
+                checkpoint(ctx, session)
+        session.ledger.partial.pop(str(task.shard), None)
+        session.ledger.done.append(task.shard)
+        # Before the task is acked: a shard reported done is always in a checkpoint's ledger.
+        checkpoint(ctx, session)
+    return TaskOutcome.COMMITTED
+
+
+def load_rows(ctx: WorkerContext, task: ShardTask) -> list[TrainingRow]:
+    """The shard's accepted rows, in a fixed order (the ledger counts rows by position)."""
+    raw = ctx.storage.get(keys.generated_commit(task.run, task.shard))
+    return read_rows(ctx.storage, ShardCommit.from_json(json.loads(raw)))
+
+
+def train_step(ctx: WorkerContext, session: Session, rows: list[TrainingRow],
+               task: ShardTask) -> None:
+    """Target features on the fly, then one optimizer step; metrics to Redis and the log."""
+    from workers.drafter.features import with_target_features
+
+    featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
+    try:
+        metrics = session.trainer.step(featured)
+    except NothingToTrain as skip:
+        log.info("run %s shard %d: %s", task.run, task.shard, skip)
+        return
+    log.info("run %s shard %d: %s", task.run, task.shard, metrics.summary())
+    record = {"step": metrics.step, "loss": round(metrics.loss, 5),
+              "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
+              "acceptance_length": round(metrics.acceptance_length, 3),
+              "tokens_per_s": round(metrics.tokens_per_s, 1), "at": time.time()}
+    try:
+        ctx.redis.hset(keys.redis_stage(task.run, STAGE, "metrics"), mapping=record)
+    except redis.RedisError as err:
+        log.warning("run %s: training metrics not recorded: %s", task.run, err)
+
+
+def checkpoint(ctx: WorkerContext, session: Session) -> None:
+    metrics = ctx.redis.hgetall(keys.redis_stage(session.run, STAGE, "metrics"))
+    save_checkpoint(ctx.storage, session.run, session.steps, session.trainer.state_dict(),
+                    session.ledger, metrics)
+    session.last_checkpoint = session.steps
+
+
+def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
+    """The run's session in this process: resumed from its newest checkpoint, or fresh."""
+    with _sessions_lock:
+        session = _sessions.get(config.run)
+        newest = latest_step(ctx.storage, config.run)
+        if session is None or (newest is not None and newest > session.last_checkpoint):
+            # First shard here, or another worker trained since: start from storage's state.
+            _sessions[config.run] = new_session(ctx, config)
+        return _sessions[config.run]
+
+
+def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
+    from common.models import resolve_model_path
+    from workers.drafter.demo import load_target
+    from workers.drafter.model import DFlashDraftModel, add_mask_token
+    from workers.drafter.train import DrafterTrainer, TrainConfig
+
+    path = resolve_model_path(replace(ctx.settings, model=config.model))
+    target, tokenizer = load_target(path)
+    target.requires_grad_(False)
+    device = ctx.settings.hidden_device
+    if device != "auto":
+        target.to(device)
+    elif __import__("torch").cuda.is_available():
+        target.to("cuda")
+    mask_id = add_mask_token(tokenizer, target)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    layers = dflash_layer_ids(target.config.num_hidden_layers, config.target_layers)
+    resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
+    if resumed is not None:
+        state, ledger = resumed
+        trainer = DrafterTrainer.from_state_dict(state, target)
+        log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
+                 trainer.steps, len(ledger.done))
+    else:
+        drafter = DFlashDraftModel.for_target(target, mask_id, num_features=config.target_layers,
+                                              num_hidden_layers=ctx.settings.drafter_layers)
+        trainer = DrafterTrainer(drafter, TrainConfig(total_steps=ctx.settings.train_total_steps))
+        ledger = Ledger()
+        log.info("run %s: new drafter (%d layers) on target layers %s", config.run,
+                 ctx.settings.drafter_layers, layers)
+    layers = list(trainer.drafter.config.target_layer_ids)
+    return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps)
