@@ -111,6 +111,15 @@ def render_status(status: dict[str, Any]) -> str:
         f"  speed   {status['tokens']['per_s']:.1f} tok/s, {status['samples_per_s']:.2f} "
         f"samples/s, ETA {_duration(eta) if eta is not None else '?'}",
     ]
+    down = status.get("downstream") or {}
+    if down:
+        lines.append(f"  {down['stage']:<7} {down['committed']}/{shards['committed']} committed "
+                     f"shards done ({down['mode']})")
+        train = down.get("train") or {}
+        if train:
+            lines.append(f"  drafter step {train.get('step')}: loss {train.get('loss')}, slot-1 "
+                         f"accuracy {train.get('slot1_accuracy')}, acceptance length "
+                         f"{train.get('acceptance_length')}, {train.get('tokens_per_s')} tok/s")
     lines += [f"  parked shard {p['shard']}: {p['reason']}" for p in status["parked"]]
     if status.get("pause"):
         lines.append(f"  PAUSED  {status['pause']['reason']}")

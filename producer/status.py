@@ -76,6 +76,7 @@ class StatusReader:
             else (0.0 if remaining == 0 else None),
             "parked": [{"shard": s, "reason": r} for s, r in sorted(parked.items())],
             "engines": live["engines"],
+            "downstream": self._downstream(config, live),
         }
 
     def _read_commits(self) -> None:
@@ -83,6 +84,20 @@ class StatusReader:
             shard = keys.shard_of(key)
             if key.endswith("/_COMMIT.json") and shard is not None and shard not in self.commits:
                 self.commits[shard] = ShardCommit.from_json(json.loads(self.storage.get(key)))
+
+    def _downstream(self, config: Any, live: dict[str, Any]) -> dict[str, Any]:
+        """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
+        if config.mode != "online":
+            done = {keys.shard_of(k) for k in self.storage.list(keys.hidden_prefix(self.run))
+                    if k.endswith("/_COMMIT.json")}
+            return {"mode": "offline", "stage": "hidden", "committed": len(done)}
+        from common.drafter_store import read_ledger
+
+        train = dict(live["train"])
+        if "slot_accuracy" in train:
+            train["slot_accuracy"] = json.loads(train["slot_accuracy"])
+        return {"mode": "online", "stage": "train",
+                "committed": len(read_ledger(self.storage, self.run).done), "train": train}
 
     def _gates(self, live: dict[str, Any]) -> dict[str, Any]:
         """Quality-gate counts: the run monitor's live ones, else the commits' (after a wipe)."""
@@ -106,7 +121,7 @@ class StatusReader:
         """Redis-side numbers; empty (not an error) when Redis is unreachable or was wiped."""
         empty: dict[str, Any] = {"running": set(), "parked": {}, "partial": {},
                                  "tokens_per_s": 0.0, "samples_per_s": 0.0, "engines": {},
-                                 "gates": {}, "pause": None, "ready": False}
+                                 "gates": {}, "pause": None, "ready": False, "train": {}}
         try:
             leases = self.client.scan_iter(keys.redis_lease_pattern(self.run), count=1000)
             running = {int(k.rsplit("-", 1)[-1]) for k in leases}
@@ -116,6 +131,7 @@ class StatusReader:
             engines = self.client.hgetall(keys.redis_engines())
             gates = self.client.hgetall(keys.redis_gates(self.run))
             pause = self.client.get(keys.redis_paused(self.run))
+            train = self.client.hgetall(keys.redis_stage(self.run, "train", "metrics"))
         except redis.RedisError:
             return empty
         tokens_per_s, samples_per_s = _rates(events)
@@ -129,6 +145,7 @@ class StatusReader:
             "gates": gates,
             "pause": json.loads(pause) if pause else None,
             "ready": "ready" in gates,
+            "train": train,
         }
 
 

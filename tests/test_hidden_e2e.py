@@ -110,3 +110,5 @@ def test_hidden_worker_killed_mid_shard_then_resume(pipeline: Pipeline, tmp_path
     assert len(records) == len(set(records)) == sum(len(s["turns"]) for s in accepted)
     again = json.loads(pipeline.cli("resume", "--run", "hk", "--json", check=True).stdout)
     assert again["downstream"] == 0
+    assert pipeline.status("hk")["downstream"] == {"mode": "offline", "stage": "hidden",
+                                                   "committed": 2}

@@ -70,6 +70,9 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     # AdamW's per-parameter step count went on from the checkpoint instead of restarting.
     assert final > before and adam_steps(state) == {final} == {state["steps"]}
     assert not list(storage.list(keys.hidden_prefix("on"))), "online mode stored hidden states"
+    down = pipeline.status("on")["downstream"]
+    assert down["mode"] == "online" and down["committed"] == 4
+    assert down["train"]["step"] and len(down["train"]["slot_accuracy"]) == 15
     commit = json.loads(storage.get(keys.drafter_checkpoint("on", final, "_COMMIT.json")))
     assert commit["metrics"]["loss"] and json.loads(storage.get(keys.drafter_latest("on"))) \
         ["step"] == final

@@ -131,6 +131,7 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[TrainingRow],
     log.info("run %s shard %d: %s", task.run, task.shard, metrics.summary())
     record = {"step": metrics.step, "loss": round(metrics.loss, 5),
               "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
+              "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
               "acceptance_length": round(metrics.acceptance_length, 3),
               "tokens_per_s": round(metrics.tokens_per_s, 1), "at": time.time()}
     try:
