@@ -173,3 +173,19 @@ def test_loss_masks_cover_exactly_the_generated_tokens(tiny: Path, tokenizer: An
         assert answers[0]["content"] in history
         if answers[0]["reasoning_content"]:
             assert answers[0]["reasoning_content"] not in history
+
+
+def test_prompts_that_cannot_fit_the_context_are_rejected_at_enqueue(tiny: Path) -> None:
+    from producer.fit import ContextCheck
+
+    check = ContextCheck.for_model(tiny, min_answer_tokens=256, thinking=True)
+    assert check is not None and check.context == 4096
+    short = mt_bench_rows(1)[0]
+    assert check(short) is None
+    words = " ".join(["island"] * 4000)
+    long = {**short, "turns": [[{"role": "user", "content": words}]]}
+    reason = check(long)
+    assert reason and "prompt too long" in reason and "context of 4096" in reason
+    # Room for the answers counts too: a prompt that fits alone can leave too little of it.
+    roomy = ContextCheck.for_model(tiny, min_answer_tokens=2100, thinking=True)
+    assert roomy(short) is not None and "2 answer(s)" in roomy(short)

@@ -177,7 +177,7 @@ def test_bad_rows_are_reported_and_good_rows_committed(pipeline: Pipeline, tmp_p
     roles = [m["role"] for m in samples["ok-2"]["messages"]]
     assert roles == ["system", "user", "assistant"]
     assert samples["ok-2"]["messages"][2]["content"] != "old answer"
-    assert pipeline.status("bad")["samples"]["rejected"] == 7
+    assert pipeline.status("bad")["samples"]["input_rejected"] == 7
 
 
 def test_redis_killed_and_restarted_while_shards_queued(
