@@ -234,32 +234,38 @@ def resume_run(
     return report
 
 
-def downstream_done(storage: Storage, config: RunConfig) -> set[int]:
-    """Committed shards that the run's downstream stage has already finished."""
-    if config.mode == "online":
-        from common.drafter_store import trained_shards
-
-        return trained_shards(storage, config.run)
-    from common.hidden_store import committed_hidden_shards
-
-    return set(committed_hidden_shards(storage, config.run))
-
-
 def send_downstream(storage: Storage, app: Celery, client: redis.Redis, config: RunConfig,
                     committed: set[int | None], force: bool = False) -> int:
-    """Queue hidden (offline) or train (online) tasks for committed shards not yet done there."""
-    stage = QUEUE_TRAIN if config.mode == "online" else QUEUE_HIDDEN
-    task_name = TASK_TRAIN if config.mode == "online" else TASK_HIDDEN
-    todo = sorted({s for s in committed if s is not None} - downstream_done(storage, config))
+    """Queue the downstream tasks a crash may have lost; returns how many were sent.
+
+    Online runs: ``train`` for committed shards missing from the drafter's ledger. Offline
+    runs: ``hidden`` for committed shards without hidden states, and (dflash layout) ``train``
+    for shards whose stored hidden states the ledger has not seen.
+    """
+    from common.drafter_store import trained_shards
+    from common.hidden_store import committed_hidden_shards
+
+    generated = {s for s in committed if s is not None}
+    trained = trained_shards(storage, config.run)
+    if config.mode == "online":
+        return _send(app, client, config.run, QUEUE_TRAIN, TASK_TRAIN, generated - trained, force)
+    hidden = set(committed_hidden_shards(storage, config.run))
+    sent = _send(app, client, config.run, QUEUE_HIDDEN, TASK_HIDDEN, generated - hidden, force)
+    if config.layout == "dflash" and trained:  # offline training only once a trainer ran
+        sent += _send(app, client, config.run, QUEUE_TRAIN, TASK_TRAIN, hidden - trained, force)
+    return sent
+
+
+def _send(app: Celery, client: redis.Redis, run: str, stage: str, task_name: str,
+          shards: set[int], force: bool) -> int:
     sent = 0
-    for shard in todo:
+    for shard in sorted(shards):
         name = keys.shard_name(shard)
-        if not client.hsetnx(keys.redis_stage(config.run, stage, "queued"), name, "1") \
-                and not force:
+        if not client.hsetnx(keys.redis_stage(run, stage, "queued"), name, "1") and not force:
             continue
-        if client.hdel(keys.redis_stage(config.run, stage, "parked"), name):
-            client.hdel(keys.redis_stage(config.run, stage, "attempts"), name)
-        app.send_task(task_name, args=[ShardTask(config.run, shard).to_json()], queue=stage)
+        if client.hdel(keys.redis_stage(run, stage, "parked"), name):
+            client.hdel(keys.redis_stage(run, stage, "attempts"), name)
+        app.send_task(task_name, args=[ShardTask(run, shard).to_json()], queue=stage)
         sent += 1
     return sent
 

@@ -89,3 +89,24 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     weights = load_file(str(out / "model.safetensors"))
     assert not [k for k in weights if "embed_tokens" in k or "lm_head" in k]
     assert torch.equal(weights["fc.weight"].float(), state["drafter"]["fc.weight"].float())
+
+
+def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tmp_path: Path
+                                                          ) -> None:
+    from tests.test_hidden_e2e import start_hidden_worker
+
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    pipeline.start_worker("gen")
+    start_hidden_worker(pipeline, "hid")
+    trainer = start_train_worker(pipeline, "trainer")
+    pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4",
+                 "--max-new-tokens", "128", check=True)
+    wait_until(lambda: sorted(read_ledger(storage, "off").done) == [0, 1], 240,
+               "both shards trained from stored hidden states")
+    assert len([k for k in storage.list(keys.hidden_prefix("off"))
+                if k.endswith("/_COMMIT.json")]) == 2
+    state, _ = load_checkpoint(storage, "off")
+    assert state["steps"] >= 2 and adam_steps(state) == {state["steps"]}
+    log = (pipeline.log_dir / "trainer.log").read_text()
+    assert "run off shard 0: step" in log and trainer.poll() is None

@@ -21,7 +21,7 @@ import redis
 from celery import Task
 
 from common import keys
-from common.celery_app import TASK_HIDDEN, app
+from common.celery_app import QUEUE_TRAIN, TASK_HIDDEN, TASK_TRAIN, app
 from common.errors import (
     ConfigError,
     DflashError,
@@ -104,6 +104,10 @@ def process_hidden(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutc
                  "%.1f%%) in %d parts", task.run, task.shard, index.records, index.tokens,
                  index.tokens / elapsed, 100 * padding.waste, len(index.parts))
         ctx.redis.hdel(keys.redis_stage(task.run, STAGE, "attempts"), name)
+        if config.layout == "dflash":
+            # A drafter trainer, if one runs for this run, learns from the stored features.
+            ctx.redis.hset(keys.redis_stage(task.run, "train", "queued"), name, 1)
+            app.send_task(TASK_TRAIN, args=[task.to_json()], queue=QUEUE_TRAIN)
     return TaskOutcome.COMMITTED
 
 

@@ -1,9 +1,11 @@
-"""The ``train`` task: online DFlash drafter training on committed shards, no hidden states stored.
+"""The ``train`` task: DFlash drafter training on committed shards.
 
 Run one worker per run with ``dflash-pipeline worker train [--gpu N]``: it holds the frozen
 target, the drafter and its optimizer, takes shards from queue ``train`` (routed there after
 each commit when the run's mode is ``online``), computes the target's features on the fly and
-trains. Every ``DFLASH_TRAIN_CHECKPOINT_STEPS`` steps it checkpoints to
+trains; nothing is stored but checkpoints. In ``offline`` runs the same code trains from the
+features the hidden-state stage stored (the hidden worker queues each shard it commits).
+Every ``DFLASH_TRAIN_CHECKPOINT_STEPS`` steps it checkpoints to
 ``runs/<run>/drafter/`` with a ledger of consumed shards and rows; a restarted worker resumes
 from the newest checkpoint, skips shards already in the ledger and the rows of a shard already
 trained, so every shard is trained once per epoch. After a crash, ``resume --run RUN`` queues
@@ -22,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
+import torch
 from celery import Task
 
 from common import keys
@@ -88,12 +91,14 @@ def process_train(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
     lease_key = keys.redis_stage(task.run, STAGE, "lease:run")
     with Lease(ctx.redis, lease_key, owner, ctx.settings.lease_ttl) as lease:
         ctx.redis.hdel(keys.redis_stage(task.run, STAGE, "queued"), keys.shard_name(task.shard))
-        session = get_session(ctx, load_config(ctx, task.run))
+        config = load_config(ctx, task.run)
+        session = get_session(ctx, config)
         if task.shard in session.ledger.done:
             log.info("run %s shard %d: already trained this epoch; skipped", task.run,
                      task.shard)
             return TaskOutcome.ALREADY_COMMITTED
-        rows = load_rows(ctx, task)
+        rows = load_rows(ctx, task) if config.mode == "online" else stored_rows(ctx, session,
+                                                                              task)
         start = session.ledger.rows_done(task.shard)
         size = ctx.settings.train_rows_per_step
         for first in range(start, len(rows), size):
@@ -117,12 +122,31 @@ def load_rows(ctx: WorkerContext, task: ShardTask) -> list[TrainingRow]:
     return read_rows(ctx.storage, ShardCommit.from_json(json.loads(raw)))
 
 
-def train_step(ctx: WorkerContext, session: Session, rows: list[TrainingRow],
-               task: ShardTask) -> None:
-    """Target features on the fly, then one optimizer step; metrics to Redis and the log."""
-    from workers.drafter.features import with_target_features
+def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[Any]:
+    """Offline runs: the rows with the features the hidden-state stage stored (same order)."""
+    from common.hidden_store import iter_hidden_records, read_hidden_commit
+    from workers.drafter.features import FeaturedRow
 
-    featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
+    index = read_hidden_commit(ctx.storage, task.run, task.shard)
+    if index is None:
+        raise DflashError(f"hidden states of shard {task.shard} are not committed yet")
+    if list(index.layer_ids) != session.layer_ids:
+        raise ConfigError(f"stored hidden states hold layers {index.layer_ids} ({index.layout}); "
+                          f"the DFlash drafter trains on layers {session.layer_ids}")
+    device = session.target.get_input_embeddings().weight.device
+    return [FeaturedRow(TrainingRow(r["sample_id"], r["turn"], r["input_ids"].tolist(),
+                                    r["loss_mask"].tolist()),
+                        r["hidden_states"].to(device, torch.float32))
+            for r in iter_hidden_records(ctx.storage, task.run, [task.shard])]
+
+
+def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: ShardTask) -> None:
+    """One optimizer step (target features on the fly unless stored); metrics to Redis and log."""
+    from workers.drafter.features import FeaturedRow, with_target_features
+
+    featured = [r for r in rows if isinstance(r, FeaturedRow)]
+    if len(featured) != len(rows):
+        featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
     try:
         metrics = session.trainer.step(featured)
     except NothingToTrain as skip:
@@ -170,7 +194,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     device = ctx.settings.hidden_device
     if device != "auto":
         target.to(device)
-    elif __import__("torch").cuda.is_available():
+    elif torch.cuda.is_available():
         target.to("cuda")
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
