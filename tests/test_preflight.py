@@ -286,6 +286,9 @@ class FakeNvml(types.ModuleType):
 def test_gpu_clean_check_names_foreign_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeper = subprocess.Popen(["sleep", "300"])
     try:
+        # Right after fork the child has not exec'd sleep yet; name it once it has.
+        wait_until(lambda: psutil.Process(sleeper.pid).cmdline() == ["sleep", "300"], 10,
+                   "the sleeper to exec")
         monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([(sleeper.pid, 5000)], 5200))
         result = check_gpu_clean(0)
         assert result.status == "FAIL"
