@@ -86,6 +86,11 @@ def gate_event(run: str, kind: str, stamp: str) -> str:
     return f"runs/{run}/gates/{kind}-{stamp}.json"
 
 
+def report_png(run: str, stamp: str) -> str:
+    """A report's plots; one per ``report`` call, never overwritten."""
+    return f"runs/{run}/reports/report-{stamp}.png"
+
+
 def drafter_prefix(run: str) -> str:
     return f"runs/{run}/drafter/"
 

@@ -33,10 +33,6 @@ EXACT_BELOW = 16  # width-1 bins below this, power-of-two bins from here up
 MAX_EXAMPLES, MAX_DUP_IDS, MAX_DUP_GROUPS, ANSWER_CHARS, BAR_WIDTH = 3, 5, 20, 200, 40
 
 
-def _report_key(run: str, stamp: str) -> str:
-    return f"runs/{run}/reports/report-{stamp}.png"
-
-
 def bin_of(value: int) -> tuple[int, int]:
     """The histogram bin [lo, hi) of a token count: exact below 16, then powers of two."""
     value = max(int(value), 0)
@@ -291,7 +287,7 @@ def save_png(storage: Storage, run: str, data: bytes) -> str:
     """Write the PNG once under ``runs/<run>/reports/``; returns its full location."""
     while True:
         stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-        key = _report_key(run, stamp)
+        key = keys.report_png(run, stamp)
         if storage.put_once(key, data):
             return f"{storage.root.rstrip('/')}/{key}"
 
