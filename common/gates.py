@@ -65,11 +65,14 @@ class TokenInfo:
     specials: frozenset[int]
     think_open: int | None
     think_close: int | None
+    special_texts: tuple[str, ...] = ()  # special tokens other than the think markers
 
     @classmethod
     def of(cls, tokenizer: Any) -> TokenInfo:
         vocab = tokenizer.get_vocab()
-        return cls(frozenset(tokenizer.all_special_ids), vocab.get(THINK), vocab.get(END_THINK))
+        texts = tuple(t for t in tokenizer.all_special_tokens if t not in (THINK, END_THINK))
+        return cls(frozenset(tokenizer.all_special_ids), vocab.get(THINK), vocab.get(END_THINK),
+                   texts)
 
 
 @dataclass(frozen=True, slots=True)

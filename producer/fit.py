@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,17 @@ def context_length(model_dir: Path) -> int | None:
 class ContextCheck:
     """Says why a normalized conversation cannot fit, or None when it can."""
 
-    tokenizer: Any
+    model_dir: Path
     context: int
     min_answer_tokens: int
     thinking: bool
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """Loaded on the first row too long for the byte bound (most inputs never need it)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
 
     @classmethod
     def for_model(cls, model_dir: Path, min_answer_tokens: int, thinking: bool
@@ -50,9 +58,7 @@ class ContextCheck:
             log.warning("model %s does not state its context length; prompts are not checked "
                         "against it", model_dir)
             return None
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(model_dir), context, min_answer_tokens, thinking)
+        return cls(model_dir, context, min_answer_tokens, thinking)
 
     def __call__(self, row: dict[str, Any]) -> str | None:
         messages = [m for group in row["turns"] for m in group]

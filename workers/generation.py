@@ -55,11 +55,10 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
             else tokenizer.decode(ids, skip_special_tokens=False))
 
 
-def _answer(tokenizer: Any, raw: str, thinking: bool) -> dict[str, Any]:
+def _answer(tokens: TokenInfo, raw: str, thinking: bool) -> dict[str, Any]:
     text = raw
-    for token in tokenizer.all_special_tokens:
-        if token not in ("<think>", "</think>"):
-            text = text.replace(token, "")
+    for token in tokens.special_texts:
+        text = text.replace(token, "")
     reasoning, content = split_reasoning(text, thinking)
     return {"role": "assistant", "content": content, "reasoning_content": reasoning}
 
@@ -122,7 +121,7 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
         job.counters.requests += 1
         result = await job.engine.generate(request)
         raw = _decode(tokenizer, result.output_ids)
-        answer = _answer(tokenizer, raw, sampling.thinking)
+        answer = _answer(job.tokens, raw, sampling.thinking)
         messages.append(answer)
         turns.append(_turn(request, result))
         facts.append(inspect_turn(job.tokens, request.input_ids, result.output_ids, raw,
