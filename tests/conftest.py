@@ -184,11 +184,13 @@ class Pipeline:
         wait_until(lambda: self.state(run) == "done", timeout, f"run {run} to finish",
                    interval=0.5)
 
-    def start_worker(self, name: str, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, *extra: str, kind: str = "generate",
+                     **env: str) -> subprocess.Popen[bytes]:
+        """A ``worker KIND`` process (generate, hidden or train), once Celery says ready."""
         log = self.log_dir / f"{name}.log"
         with open(log, "ab") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "producer.cli", "worker", "generate", "--name",
+                [sys.executable, "-m", "producer.cli", "worker", kind, "--name",
                  f"{name}@%h", *extra],
                 env={**self.env, **env}, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
             )

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,24 +15,14 @@ from common import keys
 from common.hidden_store import iter_hidden_records
 from common.layers import layer_ids
 from common.storage import open_storage
-from tests.conftest import ROOT, Pipeline, wait_until
+from tests.conftest import Pipeline, wait_until
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 
 pytestmark = pytest.mark.e2e
 
 
 def start_hidden_worker(pipeline: Pipeline, name: str, **env: str) -> subprocess.Popen[bytes]:
-    log = pipeline.log_dir / f"{name}.log"
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "producer.cli", "worker", "hidden", "--name", f"{name}@%h"],
-            env={**pipeline.env, **env}, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-        )
-    pipeline.workers.append(proc)
-    wait_until(lambda: b" ready." in log.read_bytes() or proc.poll() is not None, 120,
-               f"worker {name} to be ready")
-    assert proc.poll() is None, log.read_text()[-3000:]
-    return proc
+    return pipeline.start_worker(name, kind="hidden", **env)
 
 
 def hidden_commits(storage, run: str) -> list[str]:  # noqa: ANN001

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from common import keys
 from common.drafter_store import committed_steps, load_checkpoint, read_ledger
 from common.storage import open_storage
-from tests.conftest import ROOT, Pipeline, wait_until
+from tests.conftest import Pipeline, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -25,17 +24,7 @@ TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP":
 
 
 def start_train_worker(pipeline: Pipeline, name: str) -> subprocess.Popen[bytes]:
-    log = pipeline.log_dir / f"{name}.log"
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "producer.cli", "worker", "train", "--name", f"{name}@%h"],
-            env={**pipeline.env, **TRAIN_ENV}, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-        )
-    pipeline.workers.append(proc)
-    wait_until(lambda: b" ready." in log.read_bytes() or proc.poll() is not None, 120,
-               f"worker {name} to be ready")
-    assert proc.poll() is None, log.read_text()[-3000:]
-    return proc
+    return pipeline.start_worker(name, kind="train", **TRAIN_ENV)
 
 
 def adam_steps(state: dict) -> set[int]:
