@@ -180,8 +180,8 @@ def watch_progress(reader: StatusReader, interval: float,
             time.sleep(interval)
 
 
-WORKER_APPS = {"generate": "workers.app", "hidden": "workers.hidden_app",
-               "train": "workers.train_app"}
+WORKER_APPS = {"generate": "workers.app", "hidden": "workers.downstream_app",
+               "train": "workers.downstream_app"}
 
 
 def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
