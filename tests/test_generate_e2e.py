@@ -102,7 +102,9 @@ def _interrupt_mid_shard(pipeline: Pipeline, src: str, run: str, shard_size: int
     victim.send_signal(sig)
     victim.wait(timeout=60)
     assert not storage.exists(keys.generated_commit(run, 0)), "shard 0 finished before the signal"
-    kept = {s["id"] for k in storage.list(keys.generated_prefix(run))
+    # Samples that failed a gate are kept too, in rejected parts: neither is generated again.
+    parts = [*storage.list(keys.generated_prefix(run)), *storage.list(keys.rejected_prefix(run))]
+    kept = {s["id"] for k in parts
             if keys.part_number(k) is not None for s in decode_jsonl_zst(storage.get(k))}
     assert kept, "no sample was written before the signal"
     return kept
