@@ -42,6 +42,7 @@ from workers import metrics
 from workers.context import WorkerContext, get_context
 from workers.generation import Job, ShardCounters, regenerate
 from workers.parts import PartBuffer, ShardParts
+from workers.retrying import retry_later
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         # A stop is not the shard's fault: give the attempt back and let another worker go on.
         log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
         _give_back_attempt(ctx, task)
-        raise self.retry(countdown=1) from None
+        retry_later(self, 1, task)
     except RunPaused as paused:
         # Acked, not retried: `resume --accept-gates` queues the shard again.
         log.warning("run %s shard %d: %s; stopped", task.run, task.shard, paused)
@@ -69,7 +70,7 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         outcome = TaskOutcome.PAUSED
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        raise self.retry(countdown=ctx.settings.lease_ttl / 2 + random.random()) from None
+        retry_later(self, ctx.settings.lease_ttl / 2 + random.random(), task)
     except ConfigError as exc:
         outcome = park(ctx, task, str(exc))
     except RETRYABLE as exc:
@@ -80,7 +81,7 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
             delay = min(ctx.settings.retry_backoff_max, 2.0**attempts)
             log.warning("run %s shard %d: attempt %d failed (%r); retry in %.0fs",
                         task.run, task.shard, attempts, exc, delay)
-            raise self.retry(countdown=delay) from exc
+            retry_later(self, delay, task)
     except Exception as exc:  # a bug does not fix itself by retrying: park the shard
         log.exception("run %s shard %d: unexpected error", task.run, task.shard)
         outcome = park(ctx, task, f"unexpected error: {exc!r}")

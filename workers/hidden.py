@@ -36,6 +36,7 @@ from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome, decod
 from common.trainrows import TrainingRow, training_rows
 from workers.context import WorkerContext, get_context
 from workers.hidden_states import ExtractorConfig, HiddenExtractor, length_batches
+from workers.retrying import retry_later
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,10 @@ def hidden_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         outcome = process_hidden(ctx, task, worker)
     except ShuttingDown as stop:
         log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
-        raise self.retry(countdown=1) from None
+        retry_later(self, 1, task)
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        raise self.retry(countdown=ctx.settings.lease_ttl / 2 + random.random()) from None
+        retry_later(self, ctx.settings.lease_ttl / 2 + random.random(), task)
     except (ConfigError, HiddenStateError) as exc:
         outcome = park_stage(ctx, task, STAGE, str(exc))
     except RETRYABLE as exc:
@@ -70,7 +71,7 @@ def hidden_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
             delay = min(ctx.settings.retry_backoff_max, 2.0**attempts)
             log.warning("run %s shard %d: hidden attempt %d failed (%r); retry in %.0fs",
                         task.run, task.shard, attempts, exc, delay)
-            raise self.retry(countdown=delay) from exc
+            retry_later(self, delay, task)
     return {"run": task.run, "shard": task.shard, "outcome": outcome}
 
 

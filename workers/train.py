@@ -37,6 +37,7 @@ from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext, get_context
 from workers.hidden import load_config, park_stage, read_rows
+from workers.retrying import retry_later
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +73,15 @@ def train_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         outcome = process_train(ctx, task, self.request.hostname or "train")
     except ShuttingDown as stop:
         log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
-        raise self.retry(countdown=1) from None
+        retry_later(self, 1, task)
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        raise self.retry(countdown=ctx.settings.lease_ttl / 2 + random.random()) from None
+        retry_later(self, ctx.settings.lease_ttl / 2 + random.random(), task)
     except ConfigError as exc:
         outcome = park_stage(ctx, task, STAGE, str(exc))
     except RETRYABLE as exc:
         log.warning("run %s shard %d: training failed (%r); retry", task.run, task.shard, exc)
-        raise self.retry(countdown=min(ctx.settings.retry_backoff_max, 5.0)) from exc
+        retry_later(self, min(ctx.settings.retry_backoff_max, 5.0), task)
     return {"run": task.run, "shard": task.shard, "outcome": outcome}
 
 
