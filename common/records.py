@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+import orjson
 import zstandard
 
 from common.errors import RunConfigMismatch
@@ -184,11 +185,27 @@ def encode_jsonl_zst(records: Iterable[dict[str, Any]]) -> bytes:
     """One JSON object per line, zstd-compressed (``.jsonl.zst``)."""
     buf = io.BytesIO()
     for record in records:
-        buf.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode())
+        buf.write(_line(record))
         buf.write(b"\n")
     return zstandard.ZstdCompressor(level=3).compress(buf.getvalue())
 
 
+def _line(record: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(record)
+    except orjson.JSONEncodeError:
+        # orjson refuses what UTF-8 cannot hold (lone surrogates from JSON escapes in user
+        # input) and non-string keys; the standard encoder escapes them instead.
+        return json.dumps(record, separators=(",", ":")).encode()
+
+
 def decode_jsonl_zst(data: bytes) -> list[dict[str, Any]]:
     raw = zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    return [_parse(line) for line in raw.splitlines() if line.strip()]
+
+
+def _parse(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)  # lone surrogates written by the fallback encoder above

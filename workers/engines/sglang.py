@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 
 from common.errors import EngineError
 from workers.engines.base import GenRequest, GenResult
@@ -21,6 +22,7 @@ from workers.engines.base import GenRequest, GenResult
 log = logging.getLogger(__name__)
 
 _BACKOFF_MAX_S = 10.0
+_JSON = {"Content-Type": "application/json"}
 
 
 class RetryableEngineError(EngineError):
@@ -142,13 +144,18 @@ class SglangEngine:
         assert self._session is not None
         started = time.perf_counter()
         self.requests += 1
-        async with self._session.post(f"{self.url}/generate",
-                                      json=payload(request, self.stop_ids)) as response:
+        async with self._session.post(f"{self.url}/generate", data=orjson.dumps(
+                payload(request, self.stop_ids)), headers=_JSON) as response:
             if response.status >= 500:
                 raise RetryableEngineError(f"HTTP {response.status}: "
                                            f"{(await response.text())[:200]}")
             if response.status >= 400:
                 raise EngineError(f"engine refused the request: HTTP {response.status}: "
                                   f"{(await response.text())[:300]}")
-            body = await response.json(content_type=None)
+            raw = await response.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise EngineError(f"/generate answered with invalid JSON ({exc}): "
+                              f"{raw[:200]!r}") from exc
         return parse_response(body, request, time.perf_counter() - started)
