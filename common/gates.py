@@ -110,8 +110,8 @@ def _thinking_tokens(info: TokenInfo, ids: list[int], prefilled: bool) -> int:
 def _leak(info: TokenInfo, ids: list[int], text: str, finish_reason: str) -> str | None:
     """The first stray special token or template marker, if any."""
     body = ids[:-1] if finish_reason == "stop" and ids and ids[-1] in info.specials else ids
-    stray = next((t for t in body if t in info.specials), None)
-    if stray is not None:
+    if not info.specials.isdisjoint(body):
+        stray = next(t for t in body if t in info.specials)
         return f"special token id {stray} inside the output"
     for marker in MARKERS:
         count = text.count(marker)

@@ -5,6 +5,7 @@ Prefer ``dflash-pipeline worker generate``, which sets the pool, name and queue 
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
@@ -26,6 +27,9 @@ def _load_engine(**_: object) -> None:
         log.critical("engine failed to start: %s", exc)
         # SystemExit passes through Celery's signal dispatch, which swallows Exceptions.
         raise SystemExit(f"engine failed to start: {exc}") from exc
+    # Everything loaded so far (transformers, torch, the tokenizer) lives as long as the worker:
+    # out of the collector's sight, full collections stop walking it between requests.
+    gc.freeze()
     context = get_context()
     if context.settings.metrics_port:
         try:

@@ -9,17 +9,15 @@ in-flight cap (shared by all shards the worker holds) decides how many run at a 
 
 from __future__ import annotations
 
+import asyncio
 import queue
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.gates import GateConfig, TokenInfo, TurnFacts, inspect_turn, judge
+from common.gates import END_THINK, THINK, GateConfig, TokenInfo, TurnFacts, inspect_turn, judge
 from common.records import Sampling
 from workers.engines.base import Engine, EngineLoop, GenRequest, GenResult
-
-_THINK = re.compile(r"^\s*<think>(.*?)(</think>|$)(.*)$", re.DOTALL)
 
 
 @dataclass
@@ -31,10 +29,11 @@ class ShardCounters:
 
 def split_reasoning(text: str, thinking: bool) -> tuple[str, str]:
     """Split output text into (reasoning_content, content); an unclosed block is all reasoning."""
-    match = _THINK.match(text) if thinking else None
-    if not match:
+    body = text.lstrip()
+    if not thinking or not body.startswith(THINK):
         return "", text.strip()
-    return match.group(1).strip(), match.group(3).strip()
+    reasoning, closed, content = body[len(THINK):].partition(END_THINK)
+    return reasoning.strip(), content.strip() if closed else ""
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Sampling) -> list[int]:
@@ -134,13 +133,28 @@ def regenerate(loop: EngineLoop, job: Job,
                rows: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Yield finished samples in completion order; closing the iterator cancels the rest."""
     done: queue.SimpleQueue = queue.SimpleQueue()
-    futures = [loop.submit(regenerate_one(job, row)) for row in rows]
-    for future in futures:
-        future.add_done_callback(done.put)
+
+    async def one(row: dict[str, Any]) -> None:
+        try:
+            done.put(await regenerate_one(job, row))
+        except Exception as exc:  # handed to the task thread, which raises it there
+            done.put(_Failed(exc))
+
+    async def every_row() -> None:
+        await asyncio.gather(*(one(row) for row in rows))
+
+    # One cross-thread future per shard, not per row: results come back through the queue.
+    future = loop.submit(every_row())
     try:
-        for _ in futures:
-            future = done.get()
-            yield future.result()
+        for _ in rows:
+            item = done.get()
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
     finally:
-        for future in futures:
-            future.cancel()
+        future.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: Exception
