@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 import uuid
 from contextlib import closing
@@ -42,7 +41,7 @@ from workers import metrics
 from workers.context import WorkerContext, get_context
 from workers.generation import Job, ShardCounters, regenerate
 from workers.parts import PartBuffer, ShardParts
-from workers.retrying import retry_later
+from workers.retrying import attempts_so_far, lease_wait, retry_later
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +69,12 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         outcome = TaskOutcome.PAUSED
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        retry_later(self, ctx.settings.lease_ttl / 2 + random.random(), task)
+        retry_later(self, lease_wait(ctx.settings.lease_ttl), task)
     except ConfigError as exc:
         outcome = park(ctx, task, str(exc))
     except RETRYABLE as exc:
-        attempts = _attempts(ctx, task)
+        attempts = attempts_so_far(ctx.redis, keys.redis_attempts(task.run),
+                                   keys.shard_name(task.shard))
         if attempts >= ctx.settings.max_deliveries:
             outcome = park(ctx, task, f"failed {attempts} times, last: {exc!r}")
         else:
@@ -181,14 +181,6 @@ def park(ctx: WorkerContext, task: ShardTask, reason: str) -> TaskOutcome:
     ctx.storage.put_once(keys.failed_shard(task.run, task.shard, stamp), dumps(record))
     ctx.redis.hset(keys.redis_parked(task.run), keys.shard_name(task.shard), reason)
     return TaskOutcome.PARKED
-
-
-def _attempts(ctx: WorkerContext, task: ShardTask) -> int:
-    try:
-        value = ctx.redis.hget(keys.redis_attempts(task.run), keys.shard_name(task.shard))
-    except redis.RedisError:
-        return 0
-    return int(value or 0)
 
 
 def _give_back_attempt(ctx: WorkerContext, task: ShardTask) -> None:

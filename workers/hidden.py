@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 import uuid
@@ -36,7 +35,7 @@ from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome, decod
 from common.trainrows import TrainingRow, training_rows
 from workers.context import WorkerContext, get_context
 from workers.hidden_states import ExtractorConfig, HiddenExtractor, length_batches
-from workers.retrying import retry_later
+from workers.retrying import attempts_so_far, lease_wait, retry_later
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +58,12 @@ def hidden_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         retry_later(self, 1, task)
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        retry_later(self, ctx.settings.lease_ttl / 2 + random.random(), task)
+        retry_later(self, lease_wait(ctx.settings.lease_ttl), task)
     except (ConfigError, HiddenStateError) as exc:
         outcome = park_stage(ctx, task, STAGE, str(exc))
     except RETRYABLE as exc:
-        attempts = int(ctx.redis.hget(keys.redis_stage(task.run, STAGE, "attempts"),
-                                      keys.shard_name(task.shard)) or 0)
+        attempts = attempts_so_far(ctx.redis, keys.redis_stage(task.run, STAGE, "attempts"),
+                                   keys.shard_name(task.shard))
         if attempts >= ctx.settings.max_deliveries:
             outcome = park_stage(ctx, task, STAGE, f"failed {attempts} times, last: {exc!r}")
         else:

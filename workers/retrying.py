@@ -8,9 +8,11 @@ dropped. :func:`retry_later` keeps trying on a fresh connection until the broker
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import NoReturn
 
+import redis
 from celery import Task
 from celery.exceptions import Reject
 
@@ -41,3 +43,16 @@ def retry_later(task: Task, countdown: float, shard: ShardTask) -> NoReturn:
                         rejected.reason)
             time.sleep(pause)
             pause = min(_PAUSE_MAX_S, pause * 2)
+
+
+def lease_wait(lease_ttl: float) -> float:
+    """Retry delay for a shard whose lease another worker holds: half a TTL, jittered."""
+    return lease_ttl / 2 + random.random()
+
+
+def attempts_so_far(client: redis.Redis, key: str, field: str) -> int:
+    """A shard's delivery count; 0 when Redis is unreachable (the failure being handled)."""
+    try:
+        return int(client.hget(key, field) or 0)
+    except redis.RedisError:
+        return 0

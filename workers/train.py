@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 import uuid
@@ -37,7 +36,7 @@ from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext, get_context
 from workers.hidden import load_config, park_stage, read_rows
-from workers.retrying import retry_later
+from workers.retrying import lease_wait, retry_later
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ def train_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
         retry_later(self, 1, task)
     except LeaseBusy as busy:
         log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        retry_later(self, ctx.settings.lease_ttl / 2 + random.random(), task)
+        retry_later(self, lease_wait(ctx.settings.lease_ttl), task)
     except ConfigError as exc:
         outcome = park_stage(ctx, task, STAGE, str(exc))
     except RETRYABLE as exc:
