@@ -6,8 +6,11 @@ Workers run ``celery -A workers.app worker`` (via ``dflash-pipeline worker gener
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from celery import Celery
 
+from common import keys
 from common.config import Settings, load_settings
 
 QUEUE_GENERATE = "generate"
@@ -17,6 +20,29 @@ QUEUE_TRAIN = "train"
 TASK_GENERATE = "dflash.generate_shard"
 TASK_HIDDEN = "dflash.hidden_shard"
 TASK_TRAIN = "dflash.train_shard"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A shard stage: its name (its Redis registries), task and queue; ``one_per_run`` stages
+    hold one lease per run instead of one per shard (one drafter trainer per run)."""
+
+    name: str
+    task_name: str
+    queue: str
+    one_per_run: bool = False
+
+    def keys(self, run: str) -> keys.StageKeys:
+        return keys.StageKeys(run, self.name)
+
+    def lease_key(self, run: str, shard: int) -> str:
+        return self.keys(run).lease(None if self.one_per_run else shard)
+
+
+GENERATE = StageSpec("generate", TASK_GENERATE, QUEUE_GENERATE)
+HIDDEN = StageSpec("hidden", TASK_HIDDEN, QUEUE_HIDDEN)
+TRAIN = StageSpec("train", TASK_TRAIN, QUEUE_TRAIN, one_per_run=True)
+STAGES = (GENERATE, HIDDEN, TRAIN)
 
 
 def celery_config(settings: Settings) -> dict[str, object]:

@@ -1,15 +1,28 @@
-"""Named exceptions shared by the producer and the workers, so callers catch what they mean."""
+"""Named exceptions shared by the producer and the workers, grouped by what a stage does with them.
+
+A stage task retries a :class:`TransientError` with capped backoff (and parks the shard after
+``DFLASH_MAX_DELIVERIES`` attempts), parks the shard at once on a :class:`PermanentError`, and
+parks it on anything it did not expect (with the traceback in the log): nothing is dropped.
+"""
 
 
 class DflashError(Exception):
     """Base class for every error this package raises on purpose."""
 
 
-class ConfigError(DflashError):
+class TransientError(DflashError):
+    """Something outside the shard failed and may work on a later attempt: retry with backoff."""
+
+
+class PermanentError(DflashError):
+    """The shard cannot succeed as things are (settings, data, a bug): park it with the reason."""
+
+
+class ConfigError(PermanentError):
     """A setting, option or environment variable has an unusable value."""
 
 
-class StorageError(DflashError):
+class StorageError(TransientError):
     """Storage could not be read or written after retries."""
 
 
@@ -21,15 +34,15 @@ class NotFound(StorageError):
     """The key does not exist in storage."""
 
 
-class RunConfigMismatch(DflashError):
+class RunConfigMismatch(PermanentError):
     """A run id is reused with a different frozen configuration."""
 
 
-class InputError(DflashError):
+class InputError(PermanentError):
     """The input file cannot be read at all (missing, unknown format)."""
 
 
-class BadRow(DflashError):
+class BadRow(PermanentError):
     """One input row is unusable; the message is the reason reported to the user."""
 
 
@@ -41,7 +54,7 @@ class LeaseBusy(DflashError):
     """The shard is leased by a live worker; try again after the lease would expire."""
 
 
-class EngineError(DflashError):
+class EngineError(TransientError):
     """The generation engine failed a request."""
 
 
@@ -49,7 +62,7 @@ class ShuttingDown(DflashError):
     """The worker is stopping: the shard flushed its last part and goes back to the queue."""
 
 
-class HiddenStateError(DflashError):
+class HiddenStateError(PermanentError):
     """Extracted or stored hidden states are unusable (NaN/Inf, wrong shape, wrong token ids)."""
 
 
@@ -59,3 +72,7 @@ class RunPaused(DflashError):
 
 class NothingToTrain(DflashError):
     """No row of a drafter training batch has enough supervised tokens for one DFlash block."""
+
+
+class NotReady(TransientError):
+    """An upstream stage has not committed what this stage reads yet; try again later."""

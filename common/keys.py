@@ -6,6 +6,7 @@ Storage keys are relative to the storage root (``s3://bucket/prefix`` or a local
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 SHARD_DIGITS = 6
 PART_DIGITS = 4
@@ -133,7 +134,6 @@ def shard_of(key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-
 def hidden_prefix(run: str) -> str:
     return f"runs/{run}/hidden/"
 
@@ -156,27 +156,56 @@ def hidden_commit(run: str, shard: int) -> str:
     return f"{hidden_shard_prefix(run, shard)}_COMMIT.json"
 
 # Redis keys. Redis is transport only: everything here can be rebuilt or is advisory.
-def redis_lease(run: str, shard: int) -> str:
-    return f"dflash:{run}:lease:{shard_name(shard)}"
+def redis_runs() -> str:
+    """Set of run ids that have had shards queued: where live workers look for shards to heal."""
+    return "dflash:runs"
 
 
-def redis_lease_pattern(run: str) -> str:
-    return f"dflash:{run}:lease:*"
+@dataclass(frozen=True)
+class StageKeys:
+    """One stage's registries for one run, as rq keeps one key per registry.
 
+    ``queued``: shard -> ``1`` while a task sits in the queue, or ``retry <epoch>`` while a retry
+    waits for its countdown (keeps ``resume`` idempotent). ``running``: shard -> owner while a
+    worker holds it (a shard here without a live lease lost its worker: it is healed).
+    ``attempts``: shard -> deliveries started (the delivery cap counts these). ``parked``:
+    shard -> reason. ``lease:shard-N`` (or ``lease:run`` for one-per-run stages): the lease.
+    """
 
-def redis_queued(run: str) -> str:
-    """Hash shard -> 1 while a generate task for it sits in the queue (keeps resume idempotent)."""
-    return f"dflash:{run}:queued"
+    run: str
+    stage: str
 
+    def _key(self, what: str) -> str:
+        return f"dflash:{self.run}:{self.stage}:{what}"
 
-def redis_attempts(run: str) -> str:
-    """Hash shard -> how many times a worker started it (the redelivery cap counts these)."""
-    return f"dflash:{run}:attempts"
+    @property
+    def queued(self) -> str:
+        return self._key("queued")
 
+    @property
+    def running(self) -> str:
+        return self._key("running")
 
-def redis_parked(run: str) -> str:
-    """Hash shard -> reason, for shards parked after too many failed deliveries."""
-    return f"dflash:{run}:parked"
+    @property
+    def attempts(self) -> str:
+        return self._key("attempts")
+
+    @property
+    def parked(self) -> str:
+        return self._key("parked")
+
+    @property
+    def metrics(self) -> str:
+        """Hash of the stage's latest metrics (the trainer's loss, accuracy, tokens/s)."""
+        return self._key("metrics")
+
+    def lease(self, shard: int | None) -> str:
+        """The shard's lease, or with ``None`` the stage's one lease per run."""
+        return self._key(f"lease:{'run' if shard is None else shard_name(shard)}")
+
+    @property
+    def lease_pattern(self) -> str:
+        return self._key("lease:*")
 
 
 def redis_partial(run: str) -> str:
@@ -192,12 +221,6 @@ def redis_rate(run: str) -> str:
 def redis_requests(run: str) -> str:
     """Hash worker name -> engine requests sent for this run."""
     return f"dflash:{run}:requests"
-
-
-def redis_stage(run: str, stage: str, what: str) -> str:
-    """Per-stage bookkeeping of the hidden/train stages: ``lease:shard-N``, ``queued``,
-    ``attempts``, ``parked`` (kept apart from the generate stage's keys)."""
-    return f"dflash:{run}:{stage}:{what}"
 
 
 def redis_gates(run: str) -> str:

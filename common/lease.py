@@ -1,9 +1,11 @@
-"""A per-shard lease in Redis, renewed by a heartbeat thread.
+"""A shard lease in Redis (``redis.lock.Lock``), renewed by a heartbeat thread.
 
-A redelivered shard (visibility timeout, ``resume`` after a crash) must not run twice at once:
-the first worker to ``SET NX`` the lease owns the shard until it releases it or stops renewing
-it for one TTL (a ``kill -9``). Storage stays correct without the lease (put-once writes, commit
-dedup); the lease only keeps two workers from spending a GPU on the same samples.
+A redelivered shard (healing, ``resume`` after a crash) must not run twice at once: the first
+worker to take the lock owns the shard until it releases it or stops renewing it for one TTL (a
+``kill -9``). Storage stays correct without the lease (put-once writes, commit dedup); the lease
+only keeps two workers from spending a GPU on the same samples. The lock's token is
+``owner ttl_ms``, so ``status`` can tell a live lease (renewed every third of its TTL) from one
+whose worker died.
 """
 
 from __future__ import annotations
@@ -12,23 +14,28 @@ import logging
 import threading
 
 import redis
+from redis.exceptions import LockError
 
 from common.errors import LeaseBusy, LeaseLost
 
 log = logging.getLogger(__name__)
 
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
-end
-return 0
-"""
+BEATS_PER_TTL = 3
+
+
+def lease_token(owner: str, ttl_ms: int) -> str:
+    return f"{owner} {ttl_ms}"
+
+
+def lease_is_live(token: str | None, pttl_ms: int) -> bool:
+    """Whether a lease was renewed lately: a worker that missed two beats is presumed dead."""
+    if not token or pttl_ms <= 0:
+        return False
+    _, _, ttl = token.rpartition(" ")
+    try:
+        return pttl_ms > int(ttl) / BEATS_PER_TTL * 0.9
+    except ValueError:
+        return True
 
 
 class Lease:
@@ -36,13 +43,15 @@ class Lease:
 
     def __init__(self, client: redis.Redis, key: str, owner: str, ttl: float) -> None:
         self.client, self.key, self.owner = client, key, owner
-        self.ttl_ms = int(ttl * 1000)
-        self._lost = threading.Event()
+        self.ttl_ms = max(int(ttl * 1000), 1)
+        self.token = lease_token(owner, self.ttl_ms)
+        self.lock = client.lock(key, timeout=ttl, blocking=False, thread_local=False)
+        self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Lease:
-        if not self.client.set(self.key, self.owner, nx=True, px=self.ttl_ms):
+        if not self.lock.acquire(token=self.token):
             holder = self.client.get(self.key)
             remaining = self.client.pttl(self.key)
             raise LeaseBusy(f"{self.key} held by {holder!r} for {max(remaining, 0) / 1000:.1f}s")
@@ -55,32 +64,48 @@ class Lease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            self.client.eval(_RELEASE, 1, self.key, self.owner)
+            self.lock.release()
+        except LockError:
+            pass  # expired or taken over: nothing of ours to release
         except redis.RedisError as err:
             # The lease then simply expires after its TTL.
             log.warning("could not release lease %s: %s", self.key, err)
 
     @property
     def lost(self) -> bool:
-        return self._lost.is_set()
+        return self._lost is not None
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if another worker took the shard over."""
-        if self._lost.is_set():
-            raise LeaseLost(f"lease {self.key} was lost; another worker owns the shard")
+        if self._lost is not None:
+            raise LeaseLost(self._lost)
 
     def _beat(self) -> None:
-        # Three renewals per TTL: one missed beat never loses the lease.
-        interval = self.ttl_ms / 3000
+        interval = self.ttl_ms / 1000 / BEATS_PER_TTL
         while not self._stop.wait(interval):
             try:
-                renewed = self.client.eval(_RENEW, 1, self.key, self.owner, self.ttl_ms)
+                self.lock.reacquire()
+                continue
+            except LockError:
+                pass
             except redis.RedisError as err:
                 # Redis down: nobody else can take the lease either; keep trying.
                 log.warning("lease %s heartbeat failed: %s", self.key, err)
                 continue
-            if not renewed:
-                log.error("lease %s lost to another owner", self.key)
-                self._lost.set()
+            if not self._take_back():
                 return
 
+    def _take_back(self) -> bool:
+        """After a failed renewal: re-take a lease Redis lost (wipe, expiry), or give up."""
+        try:
+            if self.lock.acquire(token=self.token):
+                log.warning("lease %s had vanished from Redis (wiped or expired); re-taken",
+                            self.key)
+                return True
+            holder = self.client.get(self.key)
+        except redis.RedisError as err:
+            log.warning("lease %s heartbeat failed: %s", self.key, err)
+            return True
+        self._lost = f"lease {self.key} was taken over by {holder!r}"
+        log.error("%s; this worker stops touching the shard", self._lost)
+        return False

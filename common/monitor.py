@@ -30,6 +30,7 @@ from common.storage import Storage
 log = logging.getLogger(__name__)
 
 EXAMPLES = 3
+REBUILD_CHUNK = 10_000
 REBUILD_WAIT_S = 600.0
 Samples = list[dict[str, Any]]
 
@@ -60,6 +61,14 @@ def pause_reason(window: list[int], since: int, max_rate: float, size: int) -> s
         return (f"{rejected} of the first {since} samples rejected: the rate over {size} "
                 f"samples would exceed the {max_rate:.0%} threshold")
     return None
+
+
+def window_stats(outcomes: list[int], limits: Thresholds) -> dict[str, Any]:
+    """The rolling window that a pause decision looked at (newest-first outcomes)."""
+    recent = outcomes[:limits.pause_after]
+    return {"size": len(recent), "rejected": sum(recent), "limit": limits.pause_after,
+            "rate": round(sum(recent) / len(recent), 4) if recent else 0.0,
+            "max_reject_rate": limits.max_reject_rate}
 
 
 @dataclass(frozen=True)
@@ -142,11 +151,12 @@ class RunMonitor:
         *_, window, since, paused = pipe.execute()
         if paused:
             return json.loads(paused)
-        reason = pause_reason([int(x) for x in window], int(since or 0), limits.max_reject_rate,
+        outcomes = [int(x) for x in window]
+        reason = pause_reason(outcomes, int(since or 0), limits.max_reject_rate,
                               limits.pause_after)
-        return self.pause(reason) if reason else None
+        return self.pause(reason, window_stats(outcomes, limits)) if reason else None
 
-    def pause(self, reason: str) -> dict[str, Any]:
+    def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
         """Pause the run (first caller wins) and record why, with examples, in storage."""
         stats = self.client.hgetall(keys.redis_gates(self.run))
         reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("reason:")}
@@ -159,7 +169,8 @@ class RunMonitor:
         record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
                   "examples": examples[:EXAMPLES], "at": time.time(),
                   "checked": int(stats.get("checked", 0)),
-                  "rejected": int(stats.get("rejected", 0)), "reasons": reasons}
+                  "rejected": int(stats.get("rejected", 0)), "reasons": reasons,
+                  "window": window}
         if self.client.set(keys.redis_paused(self.run), json.dumps(record), nx=True):
             log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
             self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))
@@ -208,17 +219,51 @@ def pause_from_storage(storage: Storage, run: str) -> dict[str, Any] | None:
     return events[-1][1] if events and events[-1][0] == "pause" else None
 
 
-def iter_run_samples(storage: Storage, run: str) -> Any:
-    """Every sample of the run once (generated parts first, then rejected, in key order)."""
-    seen: set[str] = set()
+def judged_samples(storage: Storage, run: str) -> tuple[Samples, dict[int, int]]:
+    """Every stored sample once, slimmed to what the monitor counts, in the order the gates
+    judged them (part write time, then accepted before rejected as :meth:`RunMonitor.record`
+    counts a part); and the samples already in parts of each uncommitted shard."""
+    committed: set[int] = set()
+    part_keys = []
     for prefix in (keys.generated_prefix(run), keys.rejected_prefix(run)):
-        for key in sorted(storage.list(prefix)):
-            if keys.part_number(key) is None or keys.shard_of(key) is None:
-                continue
-            for sample in decode_jsonl_zst(storage.get(key)):
-                if sample["id"] not in seen and "quality" in sample:
-                    seen.add(sample["id"])
-                    yield sample
+        for key in storage.list(prefix):
+            shard = keys.shard_of(key)
+            if key.endswith("/_COMMIT.json") and shard is not None:
+                committed.add(shard)
+            elif keys.part_number(key) is not None and shard is not None:
+                part_keys.append(key)
+    judged = []
+    for key in sorted(part_keys):
+        for sample in decode_jsonl_zst(storage.get(key)):
+            if "quality" in sample:
+                quality = sample["quality"]
+                order = (quality.get("judged_at", 0.0), not quality["passed"], len(judged))
+                judged.append((order, keys.shard_of(key), _slim(sample)))
+    judged.sort(key=lambda entry: entry[0])
+    seen: set[str] = set()
+    samples: Samples = []
+    partial: Counter[int] = Counter()
+    for _, shard, sample in judged:
+        if sample["id"] not in seen:
+            seen.add(sample["id"])
+            samples.append(sample)
+            if shard not in committed:
+                partial[shard] += 1
+    return samples, dict(partial)
+
+
+def _slim(sample: dict[str, Any]) -> dict[str, Any]:
+    """What counting needs of a sample; the last answer only for rejected ones (examples)."""
+    quality = sample["quality"]
+    slim = {"id": sample["id"], "quality": {k: quality[k] for k in
+                                            ("passed", "reasons", "supervised_tokens")}}
+    slim["quality"]["answer_hash"] = quality.get("answer_hash")
+    if not quality["passed"]:
+        slim["quality"]["details"] = quality.get("details", [])[:3]
+        answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
+        last = (answers[-1].get("content") or "")[:200] if answers else ""
+        slim["messages"] = [{"role": "assistant", "content": last}]
+    return slim
 
 
 def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig) -> None:
@@ -229,16 +274,20 @@ def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig) 
     last = resumes[-1] if resumes else {}
     size = int(last.get("pause_after") or gates.pause_after)
     accepted_at = max((int(r.get("checked", 0)) for r in resumes if r.get("accepted")), default=0)
-    samples = list(iter_run_samples(storage, run))
+    samples, partial = judged_samples(storage, run)
     names = [keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
-             keys.redis_answers(run), keys.redis_paused(run),
+             keys.redis_answers(run), keys.redis_paused(run), keys.redis_partial(run),
              *(keys.redis_gate_examples(run, r) for r in _reasons(samples))]
     pipe = client.pipeline(transaction=True)
     pipe.delete(*names)
-    _count(pipe, run, samples, size)
+    for first in range(0, len(samples), REBUILD_CHUNK):  # in judgement order, list kept short
+        _count(pipe, run, samples[first:first + REBUILD_CHUNK], size)
     for sample in samples:
-        if sample["quality"]["passed"]:
+        if sample["quality"]["passed"] and sample["quality"]["answer_hash"]:
             pipe.hsetnx(keys.redis_answers(run), sample["quality"]["answer_hash"], sample["id"])
+    if partial:
+        pipe.hset(keys.redis_partial(run), mapping={keys.shard_name(s): n
+                                                    for s, n in partial.items()})
     since = max(len(samples) - accepted_at, 0)
     pipe.hset(keys.redis_gates(run), "since", since)
     if since == 0:

@@ -33,6 +33,7 @@ class TaskOutcome(StrEnum):
     ALREADY_COMMITTED = "already-committed"
     PARKED = "parked"
     PAUSED = "paused"
+    LOST = "lost"  # another worker took the lease over and finishes the shard
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from common.config import Settings, load_settings
+from common.config import Settings, load_settings, mask_url
 from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
 
 EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
@@ -45,10 +45,19 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
                   help="Log progress to stderr.")
     @functools.wraps(func)
     def wrapper(storage: str | None, broker_url: str | None, verbose: bool, **kw: Any) -> Any:
+        import redis
+        from kombu.exceptions import OperationalError
+
         _setup_logging(verbose)
         settings = load_settings(storage=storage, broker_url=broker_url)
         try:
             return func(settings=settings, **kw)
+        except (redis.RedisError, OperationalError) as exc:
+            # Redis went away after start-up (the start-up check names it too).
+            click.echo(f"error: lost Redis at {settings.masked_broker_url}: "
+                       f"{mask_url(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__}"
+                       "; nothing is lost, run the command again once Redis is back", err=True)
+            sys.exit(EXIT_FAILURE)
         except RunConfigMismatch as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_MISMATCH)
@@ -58,7 +67,7 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
         except DflashError as exc:
             click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
             sys.exit(EXIT_FAILURE)
-        except OSError as exc:  # redis.ConnectionError is an OSError subclass too
+        except OSError as exc:
             click.echo(f"error: {exc} (broker {settings.masked_broker_url}, storage "
                        f"{settings.storage})", err=True)
             sys.exit(EXIT_FAILURE)

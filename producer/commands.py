@@ -96,40 +96,55 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
 
 
 def render_status(status: dict[str, Any]) -> str:
-    shards, samples = status["shards"], status["samples"]
+    shards, samples, gates = status["shards"], status["samples"], status["gates"]
     total = samples["total"] if samples["total"] is not None else "?"
     eta = status["eta_s"]
-    lines = [
-        f"run {status['run']}: {status['state']}   ({status['storage']})",
-        f"  shards  {shards['committed']}/{shards['total']} committed, {shards['running']} "
-        f"running, {shards['pending']} pending, {shards['parked']} parked",
+    lines = [f"run {status['run']}: {status['state']}   ({status['storage']})"]
+    if not status["redis"]["reachable"]:
+        lines.append("  REDIS UNREACHABLE: live figures (running, rates, ETA, parked) unknown; "
+                     "counts below come from storage")
+    lines += [
+        f"  shards  {shards['committed']}/{shards['total']} committed, "
+        + ", ".join(f"{_known(shards[k])} {k}" for k in
+                    ("running", "healing", "retrying", "pending", "parked")),
         f"  samples {samples['done']}/{total} done, {samples['in_progress']} in uncommitted "
         f"parts, {samples['rejected']} rejected",
-        f"  gates   {status['gates']['rejected']}/{status['gates']['checked']} rejected "
-        f"({status['gates']['rate']:.1%})"
-        + "".join(f", {r} {n}" for r, n in status["gates"]["reasons"].items()),
-        f"  speed   {status['tokens']['per_s']:.1f} tok/s, {status['samples_per_s']:.2f} "
-        f"samples/s, ETA {_duration(eta) if eta is not None else '?'}",
+        f"  gates   {gates['rejected']}/{gates['checked']} rejected ({gates['rate']:.1%})"
+        + "".join(f", {r} {n}" for r, n in gates["reasons"].items()),
+        f"  speed   {_known(status['tokens']['per_s'], '.1f')} tok/s, "
+        f"{_known(status['samples_per_s'], '.2f')} samples/s, "
+        f"ETA {_duration(eta) if eta is not None else '?'}",
     ]
     down = status.get("downstream") or {}
     if down:
         lines.append(f"  {down['stage']:<7} {down['committed']}/{shards['committed']} committed "
-                     f"shards done ({down['mode']})")
+                     f"shards done ({down['mode']}), {_known(down.get('parked'))} parked")
         train = down.get("train") or {}
         if train:
             lines.append(f"  drafter step {train.get('step')}: loss {train.get('loss')}, slot-1 "
                          f"accuracy {train.get('slot1_accuracy')}, acceptance length "
                          f"{train.get('acceptance_length')}, {train.get('tokens_per_s')} tok/s")
-    lines += [f"  parked shard {p['shard']}: {p['reason']}" for p in status["parked"]]
+    lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
+              for p in status["parked"] or []]
     if status.get("pause"):
+        window = status["pause"].get("window") or {}
         lines.append(f"  PAUSED  {status['pause']['reason']}")
+        if window:
+            lines.append(f"    window that tripped: {window['rejected']}/{window['size']} "
+                         f"rejected ({window['rate']:.0%}; limit {window['max_reject_rate']:.0%}"
+                         f" over {window['limit']}); whole run so far {gates['rate']:.1%}")
         lines += [f"    e.g. {e['id']}: {', '.join(e['reasons'])}: {e['answer'][:80]!r}"
                   for e in status["pause"].get("examples", [])]
         lines.append(f"  see `dflash-pipeline report --run {status['run']}`, then `dflash-pipeline "
                      f"resume --run {status['run']} --accept-gates` to continue")
     lines += [f"  engine {name}: {e['url']} (log {e['log']})"
-              for name, e in sorted(status.get("engines", {}).items())]
+              for name, e in sorted((status.get("engines") or {}).items())]
     return "\n".join(lines)
+
+
+def _known(value: Any, spec: str = "") -> str:
+    """A live figure, or '?' where Redis could not say."""
+    return "?" if value is None else format(value, spec)
 
 
 def _duration(seconds: float) -> str:
@@ -172,7 +187,8 @@ def watch_progress(reader: StatusReader, interval: float,
             progress.update(
                 bar, total=samples["total"], completed=samples["done"] + samples["in_progress"],
                 detail=f"{status['state']} | shards {status['shards']['committed']}/"
-                       f"{status['shards']['total']} | {status['tokens']['per_s']:.0f} tok/s",
+                       f"{status['shards']['total']} | {_known(status['tokens']['per_s'], '.0f')}"
+                       " tok/s",
             )
             if status["state"] in (RunState.DONE, RunState.FAILED, RunState.PAUSED):
                 return status

@@ -80,6 +80,20 @@ def read_manifest(storage: Storage, run: str) -> InputManifest | None:
         return None
 
 
+def send_shard(app: Celery, client: redis.Redis, run: str, queue: str, task_name: str,
+               shard: int, force: bool = False) -> bool:
+    """Queue one shard for a stage (the stage is named as its queue) unless already queued."""
+    names, field_name = keys.StageKeys(run, queue), keys.shard_name(shard)
+    # The marker makes a repeated resume idempotent; the worker clears it when it starts.
+    if not client.hsetnx(names.queued, field_name, "1") and not force:
+        return False
+    if client.hdel(names.parked, field_name):
+        # Re-queuing a parked shard is the user's decision to try again: a fresh count.
+        client.hdel(names.attempts, field_name)
+    app.send_task(task_name, args=[ShardTask(run, shard).to_json()], queue=queue)
+    return True
+
+
 class TaskSender:
     """Queues ``generate`` tasks, skipping shards that are committed or already queued."""
 
@@ -91,22 +105,15 @@ class TaskSender:
             if k.endswith("/_COMMIT.json")
         }
         self.enqueued = 0
+        client.sadd(keys.redis_runs(), run)  # where live workers look for shards to heal
 
     def send(self, shard: int, force: bool = False) -> bool:
         if shard in self.committed:
             return False
-        name = keys.shard_name(shard)
-        # The marker makes a repeated resume idempotent; the worker clears it when it starts.
-        if not self.client.hsetnx(keys.redis_queued(self.run), name, "1") and not force:
-            return False
-        if self.client.hdel(keys.redis_parked(self.run), name):
-            # Re-queuing a parked shard is the user's decision to try again: a fresh count.
-            self.client.hdel(keys.redis_attempts(self.run), name)
-        self.app.send_task(
-            TASK_GENERATE, args=[ShardTask(self.run, shard).to_json()], queue=QUEUE_GENERATE
-        )
-        self.enqueued += 1
-        return True
+        sent = send_shard(self.app, self.client, self.run, QUEUE_GENERATE, TASK_GENERATE, shard,
+                          force)
+        self.enqueued += sent
+        return sent
 
 
 RowCheck = Callable[[dict[str, Any]], "str | None"]
@@ -258,16 +265,8 @@ def send_downstream(storage: Storage, app: Celery, client: redis.Redis, config: 
 
 def _send(app: Celery, client: redis.Redis, run: str, stage: str, task_name: str,
           shards: set[int], force: bool) -> int:
-    sent = 0
-    for shard in sorted(shards):
-        name = keys.shard_name(shard)
-        if not client.hsetnx(keys.redis_stage(run, stage, "queued"), name, "1") and not force:
-            continue
-        if client.hdel(keys.redis_stage(run, stage, "parked"), name):
-            client.hdel(keys.redis_stage(run, stage, "attempts"), name)
-        app.send_task(task_name, args=[ShardTask(run, shard).to_json()], queue=stage)
-        sent += 1
-    return sent
+    return sum(send_shard(app, client, run, stage, task_name, shard, force)
+               for shard in sorted(shards))
 
 
 def _fill(report: EnqueueReport, manifest: InputManifest, sender: TaskSender) -> EnqueueReport:

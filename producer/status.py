@@ -1,6 +1,9 @@
 """Run status from storage (commits: the truth) and Redis (leases, live rates: advisory).
 
-``dflash-pipeline status --run RUN [--watch] [--json]``.
+``dflash-pipeline status --run RUN [--watch] [--json]``. When Redis is unreachable the live
+figures (running shards, rates, ETA, parked shards) are ``null``, never a made-up 0, and
+``redis.reachable`` says why; when Redis lost the run monitor's counters (a wipe), samples in
+progress and rejections are counted from the stored parts, so no figure goes backwards.
 """
 
 from __future__ import annotations
@@ -13,56 +16,69 @@ from typing import Any
 import redis
 
 from common import keys
+from common.celery_app import STAGES, TRAIN, StageSpec
 from common.errors import NotFound
+from common.lease import lease_is_live
 from common.monitor import pause_from_storage
-from common.records import RunState, ShardCommit
+from common.records import RunState, ShardCommit, decode_jsonl_zst
 from common.storage import Storage
 from producer.enqueue import read_manifest, read_run_config
 
 RATE_WINDOW_S = 120.0
 
 
+@dataclass(frozen=True)
+class StoredPart:
+    """What status needs of an uncommitted part (parts are put-once: read each once)."""
+
+    ids: frozenset[str]
+    rejected: int
+
+
 @dataclass
 class StatusReader:
-    """Reads a run's status; remembers commits already read since they never change."""
+    """Reads a run's status; remembers commits and parts already read since they never change."""
 
     storage: Storage
     client: redis.Redis
     run: str
     commits: dict[int, ShardCommit] = field(default_factory=dict)
+    parts: dict[str, StoredPart] = field(default_factory=dict)
 
     def read(self) -> dict[str, Any]:
         config = read_run_config(self.storage, self.run)
         if config is None:
             raise NotFound(f"run {self.run!r} not found in {self.storage.root}")
         manifest = read_manifest(self.storage, self.run)
-        self._read_commits()
+        part_keys = self._read_commits()
         live = self._live()
+        up = live is not None
         total = manifest.shards if manifest else len(list(
             self.storage.list(keys.inputs_prefix(self.run))))
         committed = len(self.commits)
-        parked = {s: r for s, r in live["parked"].items() if s not in self.commits}
-        running = len(live["running"] - set(self.commits))
         done = sum(c.samples for c in self.commits.values())
-        partial = sum(n for s, n in live["partial"].items() if s not in self.commits)
         tokens = sum(c.stats.get("completion_tokens", 0) for c in self.commits.values())
+        ready = up and "ready" in live["gates"]
+        stored = None if ready else self._stored_progress(part_keys)
+        partial = (sum(n for s, n in live["partial"].items() if s not in self.commits) if ready
+                   else stored.samples)
+        gates = self._gates(live["gates"] if ready else None, live, stored)
+        shards = self._shards(live, total, committed)
         rows = manifest.rows - manifest.rejected if manifest else None
         remaining = None if rows is None else max(rows - done - partial, 0)
-        rate = live["samples_per_s"]
-        state = _state(manifest is not None, total, committed, len(parked), running,
-                       done + partial)
-        gates = self._gates(live)
-        pause = live["pause"] if live["ready"] else pause_from_storage(self.storage, self.run)
+        state = _state(manifest is not None, total, committed, shards["parked"] or 0,
+                       shards["running"] or 0, done + partial)
+        pause = live["pause"] if ready else pause_from_storage(self.storage, self.run)
         if pause and state not in (RunState.DONE, RunState.FAILED):
             state = RunState.PAUSED
+        rate = live["samples_per_s"] if up else None
         return {
             "run": self.run,
             "state": state.value,
             "storage": self.storage.root,
             "model": config.model,
-            "shards": {"total": total, "committed": committed, "running": running,
-                       "parked": len(parked),
-                       "pending": max(total - committed - running - len(parked), 0)},
+            "redis": {"reachable": up, "monitor_ready": ready},
+            "shards": shards,
             "samples": {"total": rows, "done": done, "in_progress": partial,
                         "rejected": (manifest.rejected if manifest else 0) + gates["rejected"],
                         "input_rejected": manifest.rejected if manifest else 0,
@@ -70,83 +86,177 @@ class StatusReader:
             "gates": gates,
             "pause": pause if state is RunState.PAUSED else None,
             "reason": pause["reason"] if pause and state is RunState.PAUSED else None,
-            "tokens": {"generated": tokens, "per_s": round(live["tokens_per_s"], 2)},
-            "samples_per_s": round(rate, 3),
-            "eta_s": round(remaining / rate, 1) if rate > 0 and remaining is not None
-            else (0.0 if remaining == 0 else None),
-            "parked": [{"shard": s, "reason": r} for s, r in sorted(parked.items())],
-            "engines": live["engines"],
+            "tokens": {"generated": tokens,
+                       "per_s": round(live["tokens_per_s"], 2) if up else None},
+            "samples_per_s": round(rate, 3) if rate is not None else None,
+            "eta_s": _eta(state, remaining, rate),
+            "parked": live["parked"] if up else None,
+            "engines": live["engines"] if up else None,
             "downstream": self._downstream(config, live),
         }
 
-    def _read_commits(self) -> None:
+    def _read_commits(self) -> list[str]:
+        """Read new commits; returns the generated part keys (for storage-side progress)."""
+        part_keys = []
         for key in self.storage.list(keys.generated_prefix(self.run)):
             shard = keys.shard_of(key)
             if key.endswith("/_COMMIT.json") and shard is not None and shard not in self.commits:
                 self.commits[shard] = ShardCommit.from_json(json.loads(self.storage.get(key)))
+            elif keys.part_number(key) is not None:
+                part_keys.append(key)
+        return part_keys
 
-    def _downstream(self, config: Any, live: dict[str, Any]) -> dict[str, Any]:
+    def _stored_progress(self, generated_parts: list[str]) -> StoredProgress:
+        """Samples and rejections in the parts of uncommitted shards, read from storage."""
+        keys_ = generated_parts + [k for k in self.storage.list(keys.rejected_prefix(self.run))
+                                   if keys.part_number(k) is not None]
+        ids: set[str] = set()
+        rejected = 0
+        for key in keys_:
+            if keys.shard_of(key) in self.commits:
+                continue
+            if key not in self.parts:
+                samples = decode_jsonl_zst(self.storage.get(key))
+                self.parts[key] = StoredPart(frozenset(s["id"] for s in samples),
+                                             sum(not s.get("quality", {}).get("passed", True)
+                                                 for s in samples))
+            part = self.parts[key]
+            rejected += part.rejected if not part.ids <= ids else 0
+            ids |= part.ids
+        return StoredProgress(len(ids), rejected)
+
+    def _shards(self, live: dict[str, Any] | None, total: int, committed: int) -> dict[str, Any]:
+        """Generate-stage shard counts; the Redis-side ones are None when Redis is down."""
+        counts: dict[str, Any] = {"total": total, "committed": committed,
+                                  "uncommitted": max(total - committed, 0)}
+        if live is None:
+            return {**counts, "running": None, "healing": None, "retrying": None,
+                    "parked": None, "pending": None}
+        stage, done = live["stages"]["generate"], set(self.commits)
+        running, healing = stage["live"] - done, stage["healing"] - done
+        retrying = stage["retrying"] - done - running - healing
+        parked = set(stage["parked"]) - done
+        busy = len(running) + len(healing) + len(retrying) + len(parked)
+        return {**counts, "running": len(running), "healing": len(healing),
+                "retrying": len(retrying), "parked": len(parked),
+                "pending": max(total - committed - busy, 0)}
+
+    def _downstream(self, config: Any, live: dict[str, Any] | None) -> dict[str, Any]:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
+        stage = "train" if config.mode == "online" else "hidden"
+        parked = len(live["stages"][stage]["parked"]) if live is not None else None
         if config.mode != "online":
             done = {keys.shard_of(k) for k in self.storage.list(keys.hidden_prefix(self.run))
                     if k.endswith("/_COMMIT.json")}
-            return {"mode": "offline", "stage": "hidden", "committed": len(done)}
+            return {"mode": "offline", "stage": "hidden", "committed": len(done),
+                    "parked": parked}
         from common.drafter_store import read_ledger
 
-        train = dict(live["train"])
+        train = dict(live["train"]) if live is not None else {}
         if "slot_accuracy" in train:
             train["slot_accuracy"] = json.loads(train["slot_accuracy"])
-        return {"mode": "online", "stage": "train",
+        return {"mode": "online", "stage": "train", "parked": parked,
                 "committed": len(read_ledger(self.storage, self.run).done), "train": train}
 
-    def _gates(self, live: dict[str, Any]) -> dict[str, Any]:
-        """Quality-gate counts: the run monitor's live ones, else the commits' (after a wipe)."""
-        stats = live["gates"]
-        if stats.get("ready"):
+    def _gates(self, stats: dict[str, str] | None, live: dict[str, Any] | None,
+               stored: StoredProgress | None) -> dict[str, Any]:
+        """Quality-gate counts: the run monitor's live ones, else commits' and stored parts'."""
+        window = None
+        if stats is not None:
             checked, rejected = int(stats.get("checked", 0)), int(stats.get("rejected", 0))
             reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items()
                        if k.startswith("reason:")}
+            outcomes = live["window"] if live is not None else []
+            if outcomes:
+                bad = sum(outcomes)
+                window = {"size": len(outcomes), "rejected": bad,
+                          "rate": round(bad / len(outcomes), 4)}
         else:
             checked = sum(c.samples for c in self.commits.values())
             rejected = sum(len(c.rejected_ids) for c in self.commits.values())
+            if stored is not None:
+                checked, rejected = checked + stored.samples, rejected + stored.rejected
             reasons = {}
             for commit in self.commits.values():
                 for reason, count in commit.stats.get("rejections", {}).items():
                     reasons[reason] = reasons.get(reason, 0) + count
         return {"checked": checked, "rejected": rejected,
                 "rate": round(rejected / checked, 4) if checked else 0.0,
+                "window": window,
                 "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}
 
-    def _live(self) -> dict[str, Any]:
-        """Redis-side numbers; empty (not an error) when Redis is unreachable or was wiped."""
-        empty: dict[str, Any] = {"running": set(), "parked": {}, "partial": {},
-                                 "tokens_per_s": 0.0, "samples_per_s": 0.0, "engines": {},
-                                 "gates": {}, "pause": None, "ready": False, "train": {}}
+    def _live(self) -> dict[str, Any] | None:
+        """Redis-side numbers; None when Redis is unreachable."""
         try:
-            leases = self.client.scan_iter(keys.redis_lease_pattern(self.run), count=1000)
-            running = {int(k.rsplit("-", 1)[-1]) for k in leases}
-            parked = self.client.hgetall(keys.redis_parked(self.run))
-            partial = self.client.hgetall(keys.redis_partial(self.run))
-            events = self.client.lrange(keys.redis_rate(self.run), 0, -1)
-            engines = self.client.hgetall(keys.redis_engines())
-            gates = self.client.hgetall(keys.redis_gates(self.run))
-            pause = self.client.get(keys.redis_paused(self.run))
-            train = self.client.hgetall(keys.redis_stage(self.run, "train", "metrics"))
+            stages = {spec.name: self._stage(spec) for spec in STAGES}
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(keys.redis_partial(self.run))
+            pipe.lrange(keys.redis_rate(self.run), 0, -1)
+            pipe.hgetall(keys.redis_engines())
+            pipe.hgetall(keys.redis_gates(self.run))
+            pipe.lrange(keys.redis_gate_window(self.run), 0, -1)
+            pipe.get(keys.redis_paused(self.run))
+            pipe.hgetall(TRAIN.keys(self.run).metrics)
+            partial, events, engines, gates, window, pause, train = pipe.execute()
         except redis.RedisError:
-            return empty
+            return None
         tokens_per_s, samples_per_s = _rates(events)
         return {
-            "running": running,
-            "parked": {int(k.rsplit("-", 1)[-1]): v for k, v in parked.items()},
-            "partial": {int(k.rsplit("-", 1)[-1]): int(v) for k, v in partial.items()},
+            "stages": stages,
+            "parked": [{"stage": stage, "shard": s, "reason": r}
+                       for stage, info in stages.items()
+                       for s, r in sorted(info["parked"].items())
+                       if stage != "generate" or s not in self.commits],
+            "partial": {_shard(k): int(v) for k, v in partial.items()},
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
             "engines": {name: json.loads(v) for name, v in engines.items()},
             "gates": gates,
+            "window": [int(x) for x in window],
             "pause": json.loads(pause) if pause else None,
-            "ready": "ready" in gates,
             "train": train,
         }
+
+    def _stage(self, spec: StageSpec) -> dict[str, Any]:
+        """One stage's shards: live leases, lost ones being healed, retries waiting, parked."""
+        names = spec.keys(self.run)
+        leases = list(self.client.scan_iter(names.lease_pattern, count=1000))
+        pipe = self.client.pipeline(transaction=False)
+        for key in leases:
+            pipe.get(key)
+            pipe.pttl(key)
+        pipe.hgetall(names.running)
+        pipe.hgetall(names.queued)
+        pipe.hgetall(names.parked)
+        *lease_info, running, queued, parked = pipe.execute()
+        alive = {key for key, token, pttl in zip(leases, lease_info[::2], lease_info[1::2],
+                                                 strict=True) if lease_is_live(token, pttl)}
+        live, healing = set(), set()
+        for name, _owner in running.items():
+            shard = _shard(name)
+            (live if spec.lease_key(self.run, shard) in alive else healing).add(shard)
+        return {"live": live, "healing": healing,
+                "retrying": {_shard(k) for k, v in queued.items() if v.startswith("retry")},
+                "parked": {_shard(k): v for k, v in parked.items()}}
+
+
+@dataclass(frozen=True)
+class StoredProgress:
+    samples: int
+    rejected: int
+
+
+def _shard(name: str) -> int:
+    return int(name.rsplit("-", 1)[-1])
+
+
+def _eta(state: RunState, remaining: int | None, rate: float | None) -> float | None:
+    """Seconds left at the recent rate; none while paused or when the rate is unknown."""
+    if remaining == 0:
+        return 0.0
+    if state is RunState.PAUSED or not rate or remaining is None:
+        return None
+    return round(remaining / rate, 1)
 
 
 def _rates(events: list[str]) -> tuple[float, float]:

@@ -102,3 +102,41 @@ def test_new_threshold_lifts_the_pause_and_sticks(env) -> None:
     client.flushall()
     monitor.ensure_ready()
     assert monitor.thresholds().max_reject_rate == 1.0 and monitor.paused() is None
+
+
+def test_rebuild_after_a_wipe_keeps_the_window_in_judgement_order(env) -> None:
+    """Rejections spread through a run (50 of 600, 8%) must not crowd the rebuilt window."""
+    client, storage = env
+    monitor = RunMonitor(client, storage, "w", GateConfig())
+    monitor.ensure_ready()
+    judged_at, i = 1_000.0, 0
+    for part in range(25):
+        for shard in range(3):  # three shards written in turn, as three workers would
+            batch = []
+            for _ in range(8):
+                batch.append(sample(i, i % 12 != 5, 6 if i % 12 == 5 else 120))
+                i += 1
+            judged_at += 1.0
+            for s in batch:
+                s["quality"]["judged_at"] = judged_at
+            accepted = [s for s in batch if s["quality"]["passed"]]
+            rejected = [s for s in batch if not s["quality"]["passed"]]
+            storage.put_once(keys.generated_part("w", shard, part), encode_jsonl_zst(accepted))
+            if rejected:
+                storage.put_once(keys.rejected_part("w", shard, part), encode_jsonl_zst(rejected))
+            assert monitor.record(accepted, rejected) is None
+    storage.put_once(keys.generated_commit("w", 0), b"{}")  # shard 0 committed, 1 and 2 not
+    window = client.lrange(keys.redis_gate_window("w"), 0, -1)
+    before = client.hgetall(keys.redis_gates("w"))
+    assert int(before["rejected"]) == 50 and len(window) == 200
+
+    client.flushall()
+    monitor.ensure_ready()
+    assert client.lrange(keys.redis_gate_window("w"), 0, -1) == window
+    assert monitor.paused() is None
+    after = client.hgetall(keys.redis_gates("w"))
+    assert (after["checked"], after["rejected"]) == (before["checked"], before["rejected"])
+    assert client.hgetall(keys.redis_partial("w")) == {keys.shard_name(1): "200",
+                                                       keys.shard_name(2): "200"}
+    # The window keeps judging: a healthy stream after the wipe does not pause either.
+    assert monitor.record([sample(10_000 + j, True, 120) for j in range(8)], []) is None

@@ -79,4 +79,4 @@ def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tm
 
 def status_running(pipeline: Pipeline) -> bool:
     client = __import__("redis").Redis.from_url(pipeline.env["DFLASH_BROKER_URL"])
-    return bool(list(client.scan_iter(keys.redis_lease_pattern("seed"))))
+    return bool(list(client.scan_iter(keys.StageKeys("seed", "generate").lease_pattern)))

@@ -12,7 +12,7 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from common.celery_app import app
 from common.errors import DflashError
-from workers import generate, metrics  # noqa: F401 - generate registers the tasks
+from workers import generate, healer, metrics  # noqa: F401 - register the task, the healer
 from workers.context import get_context, warm_engine
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import logging
 from celery.signals import worker_shutting_down
 
 from common.celery_app import app
-from workers import hidden, train  # noqa: F401 - registers the hidden and train tasks
+from workers import healer, hidden, train  # noqa: F401 - register the tasks, the healer
 from workers.context import get_context
 
 log = logging.getLogger(__name__)

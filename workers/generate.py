@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from contextlib import closing
 from typing import Any
 
@@ -17,79 +16,31 @@ import redis
 from celery import Task
 
 from common import keys
-from common.celery_app import (
-    QUEUE_HIDDEN,
-    QUEUE_TRAIN,
-    TASK_GENERATE,
-    TASK_HIDDEN,
-    TASK_TRAIN,
-    app,
-)
-from common.errors import (
-    ConfigError,
-    DflashError,
-    LeaseBusy,
-    NotFound,
-    RunPaused,
-    ShuttingDown,
-)
-from common.lease import Lease
+from common.celery_app import TASK_GENERATE, app
+from common.errors import ConfigError, NotFound, RunPaused, ShuttingDown
 from common.models import template_sha
 from common.monitor import RunMonitor
-from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst, dumps
+from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
 from workers import metrics
-from workers.context import WorkerContext, get_context
+from workers.context import WorkerContext
 from workers.generation import Job, ShardCounters, regenerate
 from workers.parts import PartBuffer, ShardParts
-from workers.retrying import attempts_so_far, lease_wait, retry_later
+from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, run_delivery
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = (DflashError, redis.RedisError, OSError)
 _HANDOFF_RETRY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 1, "interval_max": 5}
 
 
 @app.task(name=TASK_GENERATE, bind=True, max_retries=None)
 def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
-    """Celery entry point; retries, lease waits and parking live here, the work in process_shard."""
-    task = ShardTask.from_json(payload)
-    ctx = get_context()
-    worker = self.request.hostname or "worker"
-    try:
-        outcome = process_shard(ctx, task, worker)
-    except ShuttingDown as stop:
-        # A stop is not the shard's fault: give the attempt back and let another worker go on.
-        log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
-        _give_back_attempt(ctx, task)
-        retry_later(self, 1, task)
-    except RunPaused as paused:
-        # Acked, not retried: `resume --accept-gates` queues the shard again.
-        log.warning("run %s shard %d: %s; stopped", task.run, task.shard, paused)
-        _give_back_attempt(ctx, task)
-        outcome = TaskOutcome.PAUSED
-    except LeaseBusy as busy:
-        log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        retry_later(self, lease_wait(ctx.settings.lease_ttl), task)
-    except ConfigError as exc:
-        outcome = park(ctx, task, str(exc))
-    except RETRYABLE as exc:
-        attempts = attempts_so_far(ctx.redis, keys.redis_attempts(task.run),
-                                   keys.shard_name(task.shard))
-        if attempts >= ctx.settings.max_deliveries:
-            outcome = park(ctx, task, f"failed {attempts} times, last: {exc!r}")
-        else:
-            delay = min(ctx.settings.retry_backoff_max, 2.0**attempts)
-            log.warning("run %s shard %d: attempt %d failed (%r); retry in %.0fs",
-                        task.run, task.shard, attempts, exc, delay)
-            retry_later(self, delay, task)
-    except Exception as exc:  # a bug does not fix itself by retrying: park the shard
-        log.exception("run %s shard %d: unexpected error", task.run, task.shard)
-        outcome = park(ctx, task, f"unexpected error: {exc!r}")
-    return {"run": task.run, "shard": task.shard, "outcome": outcome}
+    """Celery entry point: the shard-stage skeleton around :func:`process_shard`."""
+    return run_delivery(self, GENERATE, payload, process_shard)
 
 
-def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutcome:
+def process_shard(delivery: Delivery) -> TaskOutcome:
     """The named steps of one delivery; safe to run again at any point."""
+    ctx, task, worker = delivery.ctx, delivery.task, delivery.worker
     commit_key = keys.generated_commit(task.run, task.shard)
     if ctx.storage.exists(commit_key):
         return TaskOutcome.ALREADY_COMMITTED
@@ -97,18 +48,11 @@ def process_shard(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutco
     monitor = RunMonitor(ctx.redis, ctx.storage, task.run, config.gates)
     monitor.ensure_ready()
     if monitor.paused():
-        ctx.redis.hdel(keys.redis_queued(task.run), keys.shard_name(task.shard))
+        delivery.unqueue()
         log.info("run %s shard %d: run paused by its quality gates; not started", task.run,
                  task.shard)
         return TaskOutcome.PAUSED
-    owner = f"{worker}:{uuid.uuid4().hex[:8]}"
-    with Lease(ctx.redis, keys.redis_lease(task.run, task.shard), owner, ctx.settings.lease_ttl) \
-            as lease:
-        ctx.redis.hdel(keys.redis_queued(task.run), keys.shard_name(task.shard))
-        attempts = ctx.redis.hincrby(keys.redis_attempts(task.run), keys.shard_name(task.shard))
-        if attempts > ctx.settings.max_deliveries:
-            return park(ctx, task, f"started {attempts - 1} times without committing "
-                                   "(worker killed or lost each time)")
+    with delivery.claim() as lease:
         if ctx.storage.exists(commit_key):
             return TaskOutcome.ALREADY_COMMITTED
         check_template(ctx, config)
@@ -149,7 +93,7 @@ def load_run_config(ctx: WorkerContext, run: str) -> RunConfig:
     try:
         return RunConfig.from_json(json.loads(ctx.storage.get(keys.run_config(run))))
     except NotFound as exc:
-        raise DflashError(f"run {run!r} has no run.json in {ctx.storage.root}") from exc
+        raise ConfigError(f"run {run!r} has no run.json in {ctx.storage.root}") from exc
 
 
 def check_template(ctx: WorkerContext, config: RunConfig) -> None:
@@ -166,28 +110,10 @@ def load_input_shard(ctx: WorkerContext, task: ShardTask) -> list[dict[str, Any]
 
 def hand_off(ctx: WorkerContext, config: RunConfig, task: ShardTask) -> None:
     """Queue the committed shard downstream: hidden states (offline) or training (online)."""
-    stage, name, queue = ((QUEUE_TRAIN, TASK_TRAIN, QUEUE_TRAIN) if config.mode == "online"
-                          else (QUEUE_HIDDEN, TASK_HIDDEN, QUEUE_HIDDEN))
-    ctx.redis.hset(keys.redis_stage(task.run, stage, "queued"), keys.shard_name(task.shard), 1)
-    app.send_task(name, args=[task.to_json()], queue=queue, retry=True,
+    stage = TRAIN if config.mode == "online" else HIDDEN
+    ctx.redis.hset(stage.keys(task.run).queued, keys.shard_name(task.shard), 1)
+    app.send_task(stage.task_name, args=[task.to_json()], queue=stage.queue, retry=True,
                   retry_policy=_HANDOFF_RETRY)
-
-
-def park(ctx: WorkerContext, task: ShardTask, reason: str) -> TaskOutcome:
-    """Stop redelivering a shard that keeps failing; status shows it with its reason."""
-    log.error("run %s shard %d: parked: %s", task.run, task.shard, reason)
-    stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
-    record = {"run": task.run, "shard": task.shard, "reason": reason, "at": time.time()}
-    ctx.storage.put_once(keys.failed_shard(task.run, task.shard, stamp), dumps(record))
-    ctx.redis.hset(keys.redis_parked(task.run), keys.shard_name(task.shard), reason)
-    return TaskOutcome.PARKED
-
-
-def _give_back_attempt(ctx: WorkerContext, task: ShardTask) -> None:
-    try:
-        ctx.redis.hincrby(keys.redis_attempts(task.run), keys.shard_name(task.shard), -1)
-    except redis.RedisError as err:
-        log.warning("run %s shard %d: attempt not given back: %s", task.run, task.shard, err)
 
 
 class Progress:
@@ -236,6 +162,5 @@ class Progress:
 def forget_progress(ctx: WorkerContext, task: ShardTask) -> None:
     try:
         ctx.redis.hdel(keys.redis_partial(task.run), keys.shard_name(task.shard))
-        ctx.redis.hdel(keys.redis_attempts(task.run), keys.shard_name(task.shard))
     except redis.RedisError as err:
         log.warning("run %s shard %d: progress not cleared: %s", task.run, task.shard, err)

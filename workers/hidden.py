@@ -13,77 +13,40 @@ import json
 import logging
 import threading
 import time
-import uuid
 from typing import Any
 
-import redis
 from celery import Task
 
 from common import keys
-from common.celery_app import QUEUE_TRAIN, TASK_HIDDEN, TASK_TRAIN, app
-from common.errors import (
-    ConfigError,
-    DflashError,
-    HiddenStateError,
-    LeaseBusy,
-    NotFound,
-    ShuttingDown,
-)
+from common.celery_app import TASK_HIDDEN, app
+from common.errors import ConfigError, NotFound, NotReady, ShuttingDown
+from common.faults import inject
 from common.hidden_store import HiddenShardWriter, write_hidden_commit
-from common.lease import Lease
-from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome, decode_jsonl_zst, dumps
+from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome, decode_jsonl_zst
 from common.trainrows import TrainingRow, training_rows
-from workers.context import WorkerContext, get_context
+from workers.context import WorkerContext
 from workers.hidden_states import ExtractorConfig, HiddenExtractor, length_batches
-from workers.retrying import attempts_so_far, lease_wait, retry_later
+from workers.stage import HIDDEN, TRAIN, Delivery, run_delivery
 
 log = logging.getLogger(__name__)
 
-STAGE = "hidden"
-RETRYABLE = (DflashError, redis.RedisError, OSError)
 _extractors: dict[ExtractorConfig, HiddenExtractor] = {}
 _extractor_lock = threading.Lock()
 
 
 @app.task(name=TASK_HIDDEN, bind=True, max_retries=None)
 def hidden_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
-    """Celery entry point: retries and parking here, the work in :func:`process_hidden`."""
-    task = ShardTask.from_json(payload)
-    ctx = get_context()
-    worker = self.request.hostname or "hidden"
-    try:
-        outcome = process_hidden(ctx, task, worker)
-    except ShuttingDown as stop:
-        log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
-        retry_later(self, 1, task)
-    except LeaseBusy as busy:
-        log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        retry_later(self, lease_wait(ctx.settings.lease_ttl), task)
-    except (ConfigError, HiddenStateError) as exc:
-        outcome = park_stage(ctx, task, STAGE, str(exc))
-    except RETRYABLE as exc:
-        attempts = attempts_so_far(ctx.redis, keys.redis_stage(task.run, STAGE, "attempts"),
-                                   keys.shard_name(task.shard))
-        if attempts >= ctx.settings.max_deliveries:
-            outcome = park_stage(ctx, task, STAGE, f"failed {attempts} times, last: {exc!r}")
-        else:
-            delay = min(ctx.settings.retry_backoff_max, 2.0**attempts)
-            log.warning("run %s shard %d: hidden attempt %d failed (%r); retry in %.0fs",
-                        task.run, task.shard, attempts, exc, delay)
-            retry_later(self, delay, task)
-    return {"run": task.run, "shard": task.shard, "outcome": outcome}
+    """Celery entry point: the shard-stage skeleton around :func:`process_hidden`."""
+    return run_delivery(self, HIDDEN, payload, process_hidden)
 
 
-def process_hidden(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutcome:
+def process_hidden(delivery: Delivery) -> TaskOutcome:
     """The named steps of one delivery; safe to run again at any point."""
-    storage, name = ctx.storage, keys.shard_name(task.shard)
+    ctx, task, worker = delivery.ctx, delivery.task, delivery.worker
+    storage = ctx.storage
     if storage.exists(keys.hidden_commit(task.run, task.shard)):
         return TaskOutcome.ALREADY_COMMITTED
-    owner = f"{worker}:{uuid.uuid4().hex[:8]}"
-    lease_key = keys.redis_stage(task.run, STAGE, f"lease:{name}")
-    with Lease(ctx.redis, lease_key, owner, ctx.settings.lease_ttl) as lease:
-        ctx.redis.hdel(keys.redis_stage(task.run, STAGE, "queued"), name)
-        ctx.redis.hincrby(keys.redis_stage(task.run, STAGE, "attempts"), name)
+    with delivery.claim() as lease:
         if storage.exists(keys.hidden_commit(task.run, task.shard)):
             return TaskOutcome.ALREADY_COMMITTED
         config = load_config(ctx, task.run)
@@ -97,17 +60,18 @@ def process_hidden(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutc
             lease.check()
             if ctx.stopping.is_set():
                 raise ShuttingDown("worker stopping; the shard starts over on redelivery")
+            inject("hidden.forward")
             writer.add(extractor.extract(batch))
         index = write_hidden_commit(storage, task.run, task.shard, writer.finish(), worker)
         elapsed = max(time.monotonic() - started, 1e-9)
         log.info("run %s shard %d: hidden states of %d rows (%d tokens, %.0f tok/s, padding "
                  "%.1f%%) in %d parts", task.run, task.shard, index.records, index.tokens,
                  index.tokens / elapsed, 100 * padding.waste, len(index.parts))
-        ctx.redis.hdel(keys.redis_stage(task.run, STAGE, "attempts"), name)
         if config.layout == "dflash":
             # A drafter trainer, if one runs for this run, learns from the stored features.
-            ctx.redis.hset(keys.redis_stage(task.run, "train", "queued"), name, 1)
-            app.send_task(TASK_TRAIN, args=[task.to_json()], queue=QUEUE_TRAIN)
+            ctx.redis.hset(TRAIN.keys(task.run).queued,
+                           keys.shard_name(task.shard), 1)
+            app.send_task(TRAIN.task_name, args=[task.to_json()], queue=TRAIN.queue)
     return TaskOutcome.COMMITTED
 
 
@@ -124,7 +88,7 @@ def load_rows(ctx: WorkerContext, task: ShardTask) -> list[TrainingRow]:
         commit = ShardCommit.from_json(json.loads(
             ctx.storage.get(keys.generated_commit(task.run, task.shard))))
     except NotFound as exc:
-        raise ConfigError(f"shard {task.shard} of run {task.run} is not committed yet") from exc
+        raise NotReady(f"shard {task.shard} of run {task.run} is not committed yet") from exc
     return read_rows(ctx.storage, commit)
 
 
@@ -152,15 +116,3 @@ def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:
         if wanted not in _extractors:
             _extractors[wanted] = HiddenExtractor(wanted)
         return _extractors[wanted]
-
-
-def park_stage(ctx: WorkerContext, task: ShardTask, stage: str, reason: str) -> TaskOutcome:
-    """Stop redelivering a shard that keeps failing in ``stage``; resume tries it again."""
-    log.error("run %s shard %d: %s stage parked: %s", task.run, task.shard, stage, reason)
-    stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
-    record = {"run": task.run, "shard": task.shard, "stage": stage, "reason": reason,
-              "at": time.time()}
-    ctx.storage.put_once(keys.failed_shard(task.run, task.shard, stamp, stage), dumps(record))
-    ctx.redis.hset(keys.redis_stage(task.run, stage, "parked"), keys.shard_name(task.shard),
-                   reason)
-    return TaskOutcome.PARKED

@@ -79,13 +79,21 @@ class ShardParts:
         number = self.next_part(rejected)
         while True:
             key = _part_key(self.task, rejected, number)
-            if self.storage.put_once(key, data):
+            if self.storage.put_once(key, data) or self._own_write(key, data):
                 self.known[key] = [SampleStat.of(s) for s in samples]
                 return key
             # Another attempt wrote this number meanwhile; the commit dedups, so just move on.
-            log.warning("run %s shard %d: part %d exists, trying next", self.task.run,
-                        self.task.shard, number)
+            log.warning("run %s shard %d: part %d written by another attempt, trying the next",
+                        self.task.run, self.task.shard, number)
             number += 1
+
+    def _own_write(self, key: str, data: bytes) -> bool:
+        """A 412 on bytes equal to ours: our own retried PUT had landed (a lost response)."""
+        if self.storage.get(key) != data:
+            return False
+        log.info("run %s shard %d: %s already holds this write (a retried PUT had landed)",
+                 self.task.run, self.task.shard, key.rsplit("/", 1)[-1])
+        return True
 
     def commit(self, expected: list[str], worker: str) -> ShardCommit:
         """Write ``_COMMIT.json`` over the canonical samples; an existing commit wins."""
@@ -111,12 +119,12 @@ class ShardParts:
             rejected_ids=[i for i in expected if not part_of[i].startswith(generated)],
             part_of=part_of, stats=_stats(list(chosen.values())), worker=worker,
         )
-        key = keys.generated_commit(self.task.run, self.task.shard)
-        if not self.storage.put_once(key, dumps(commit.to_json())):
-            log.info("run %s shard %d: already committed by another worker", self.task.run,
-                     self.task.shard)
-            return ShardCommit.from_json(json.loads(self.storage.get(key)))
-        return commit
+        key, data = keys.generated_commit(self.task.run, self.task.shard), dumps(commit.to_json())
+        if self.storage.put_once(key, data) or self._own_write(key, data):
+            return commit
+        log.info("run %s shard %d: already committed by another worker", self.task.run,
+                 self.task.shard)
+        return ShardCommit.from_json(json.loads(self.storage.get(key)))
 
 
 def _stats(chosen: list[SampleStat]) -> dict[str, Any]:
@@ -157,6 +165,9 @@ class PartBuffer:
     def flush(self) -> None:
         if self.buffer:
             self.before_write(self.buffer)
+            judged_at = round(time.time(), 6)  # lets a Redis wipe rebuild the window in order
+            for sample in self.buffer:
+                sample["quality"]["judged_at"] = judged_at
             accepted = [s for s in self.buffer if s["quality"]["passed"]]
             rejected = [s for s in self.buffer if not s["quality"]["passed"]]
             for samples, is_rejected in ((accepted, False), (rejected, True)):

@@ -12,7 +12,6 @@ import random
 import time
 from typing import NoReturn
 
-import redis
 from celery import Task
 from celery.exceptions import Reject
 
@@ -48,11 +47,3 @@ def retry_later(task: Task, countdown: float, shard: ShardTask) -> NoReturn:
 def lease_wait(lease_ttl: float) -> float:
     """Retry delay for a shard whose lease another worker holds: half a TTL, jittered."""
     return lease_ttl / 2 + random.random()
-
-
-def attempts_so_far(client: redis.Redis, key: str, field: str) -> int:
-    """A shard's delivery count; 0 when Redis is unreachable (the failure being handled)."""
-    try:
-        return int(client.hget(key, field) or 0)
-    except redis.RedisError:
-        return 0

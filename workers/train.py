@@ -18,7 +18,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,19 +28,17 @@ from celery import Task
 from common import keys
 from common.celery_app import TASK_TRAIN, app
 from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
-from common.errors import ConfigError, DflashError, LeaseBusy, NothingToTrain, ShuttingDown
+from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
+from common.faults import inject
 from common.layers import dflash_layer_ids
-from common.lease import Lease
 from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome
 from common.trainrows import TrainingRow
-from workers.context import WorkerContext, get_context
-from workers.hidden import load_config, park_stage, read_rows
-from workers.retrying import lease_wait, retry_later
+from workers.context import WorkerContext
+from workers.hidden import load_config, read_rows
+from workers.stage import TRAIN, Delivery, run_delivery
 
 log = logging.getLogger(__name__)
 
-STAGE = "train"
-RETRYABLE = (DflashError, redis.RedisError, OSError)
 _sessions: dict[str, Session] = {}
 _sessions_lock = threading.Lock()
 
@@ -65,32 +62,15 @@ class Session:
 
 @app.task(name=TASK_TRAIN, bind=True, max_retries=None)
 def train_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
-    """Celery entry point: retries and parking here, the work in :func:`process_train`."""
-    task = ShardTask.from_json(payload)
-    ctx = get_context()
-    try:
-        outcome = process_train(ctx, task, self.request.hostname or "train")
-    except ShuttingDown as stop:
-        log.info("run %s shard %d: %s; requeued", task.run, task.shard, stop)
-        retry_later(self, 1, task)
-    except LeaseBusy as busy:
-        log.info("run %s shard %d: %s; retrying later", task.run, task.shard, busy)
-        retry_later(self, lease_wait(ctx.settings.lease_ttl), task)
-    except ConfigError as exc:
-        outcome = park_stage(ctx, task, STAGE, str(exc))
-    except RETRYABLE as exc:
-        log.warning("run %s shard %d: training failed (%r); retry", task.run, task.shard, exc)
-        retry_later(self, min(ctx.settings.retry_backoff_max, 5.0), task)
-    return {"run": task.run, "shard": task.shard, "outcome": outcome}
+    """Celery entry point: the shard-stage skeleton around :func:`process_train`."""
+    return run_delivery(self, TRAIN, payload, process_train)
 
 
-def process_train(ctx: WorkerContext, task: ShardTask, worker: str) -> TaskOutcome:
+def process_train(delivery: Delivery) -> TaskOutcome:
     """Train on a shard's rows that the ledger has not seen; checkpoint on the way."""
-    owner = f"{worker}:{uuid.uuid4().hex[:8]}"
+    ctx, task = delivery.ctx, delivery.task
     # One trainer per run: the run-wide lease keeps a second worker from forking the drafter.
-    lease_key = keys.redis_stage(task.run, STAGE, "lease:run")
-    with Lease(ctx.redis, lease_key, owner, ctx.settings.lease_ttl) as lease:
-        ctx.redis.hdel(keys.redis_stage(task.run, STAGE, "queued"), keys.shard_name(task.shard))
+    with delivery.claim() as lease:
         config = load_config(ctx, task.run)
         session = get_session(ctx, config)
         if task.shard in session.ledger.done:
@@ -129,7 +109,7 @@ def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[A
 
     index = read_hidden_commit(ctx.storage, task.run, task.shard)
     if index is None:
-        raise DflashError(f"hidden states of shard {task.shard} are not committed yet")
+        raise NotReady(f"hidden states of shard {task.shard} are not committed yet")
     if list(index.layer_ids) != session.layer_ids:
         raise ConfigError(f"stored hidden states hold layers {index.layer_ids} ({index.layout}); "
                           f"the DFlash drafter trains on layers {session.layer_ids}")
@@ -147,6 +127,7 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
     featured = [r for r in rows if isinstance(r, FeaturedRow)]
     if len(featured) != len(rows):
         featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
+    inject("train.forward")
     try:
         metrics = session.trainer.step(featured)
     except NothingToTrain as skip:
@@ -159,13 +140,13 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
               "acceptance_length": round(metrics.acceptance_length, 3),
               "tokens_per_s": round(metrics.tokens_per_s, 1), "at": time.time()}
     try:
-        ctx.redis.hset(keys.redis_stage(task.run, STAGE, "metrics"), mapping=record)
+        ctx.redis.hset(TRAIN.keys(task.run).metrics, mapping=record)
     except redis.RedisError as err:
         log.warning("run %s: training metrics not recorded: %s", task.run, err)
 
 
 def checkpoint(ctx: WorkerContext, session: Session) -> None:
-    metrics = ctx.redis.hgetall(keys.redis_stage(session.run, STAGE, "metrics"))
+    metrics = ctx.redis.hgetall(TRAIN.keys(session.run).metrics)
     save_checkpoint(ctx.storage, session.run, session.steps, session.trainer.state_dict(),
                     session.ledger, metrics)
     session.last_checkpoint = session.steps

@@ -1,0 +1,27 @@
+"""Test-only fault injection: make a named point raise, to prove that the skeleton parks it.
+
+``DFLASH_TEST_FAULT="hidden.forward=CUDA out of memory"`` makes :func:`inject` raise
+``RuntimeError("CUDA out of memory")`` at that point (several ``point=message`` pairs may be
+given, separated by ``;``). Unset in every real deployment: then :func:`inject` costs one dict
+lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+ENV = "DFLASH_TEST_FAULT"
+
+
+@cache
+def _faults() -> dict[str, str]:
+    pairs = (item.partition("=") for item in os.environ.get(ENV, "").split(";") if item.strip())
+    return {point.strip(): message.strip() or "injected fault" for point, _, message in pairs}
+
+
+def inject(point: str) -> None:
+    """Raise the configured error at ``point``, if one is configured for it."""
+    message = _faults().get(point)
+    if message is not None:
+        raise RuntimeError(message)

@@ -1,0 +1,233 @@
+"""The shard-stage skeleton every stage task runs in: lease, attempts, delivery cap, parking,
+capped-backoff retry, give-back on shutdown or pause, and a catch-all that parks.
+
+A stage task's body is one call; the stage supplies only its ``process`` function, which does
+its work inside ``with delivery.claim() as lease:``::
+
+    @app.task(name=TASK_HIDDEN, bind=True, max_retries=None)
+    def hidden_shard(self, payload):
+        return run_delivery(self, HIDDEN, payload, process_hidden)
+
+Every stage keeps the same Redis registries (:class:`common.keys.StageKeys`), so ``status``,
+``resume`` and the healer (:mod:`workers.healer`) treat generate, hidden and train alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from celery import Task
+from kombu.exceptions import OperationalError
+
+from common import keys
+from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
+from common.errors import (
+    LeaseBusy,
+    LeaseLost,
+    PermanentError,
+    RunPaused,
+    ShuttingDown,
+    StorageError,
+    TransientError,
+)
+from common.lease import Lease
+from common.records import ShardTask, TaskOutcome, dumps
+from workers.context import WorkerContext, get_context
+from workers.retrying import lease_wait, retry_later
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GENERATE", "HIDDEN", "STAGES", "TRAIN", "Delivery", "StageSpec", "run_delivery"]
+
+TRANSIENT = (TransientError, redis.RedisError, OSError, OperationalError)
+"""Failures outside the shard: retried with capped backoff, parked after the delivery cap."""
+
+
+class DeliveryCapReached(PermanentError):
+    """The shard was started too many times without finishing (its workers died each time)."""
+
+
+# Clear a shard's ``running`` entry only if this owner still holds it; optionally mark it as
+# waiting for redelivery (the handler then sets the real retry time, or parks it).
+_SETTLE = """
+if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('hdel', KEYS[1], ARGV[1])
+  if ARGV[3] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[3]) end
+  return 1
+end
+return 0
+"""
+
+
+def retry_marker(at: float) -> str:
+    """The ``queued`` value of a shard whose retry is due at ``at`` (epoch seconds)."""
+    return f"retry {at:.0f}"
+
+
+@dataclass
+class Delivery:
+    """One delivery of one shard to one stage: its bookkeeping in the stage's registries."""
+
+    ctx: WorkerContext
+    spec: StageSpec
+    task: ShardTask
+    worker: str
+    owner: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.owner = f"{self.worker}:{uuid.uuid4().hex[:8]}"
+
+    @property
+    def keys(self) -> keys.StageKeys:
+        return self.spec.keys(self.task.run)
+
+    @property
+    def field(self) -> str:
+        return keys.shard_name(self.task.shard)
+
+    @property
+    def what(self) -> str:
+        return f"run {self.task.run} shard {self.task.shard} ({self.spec.name})"
+
+    @contextmanager
+    def claim(self) -> Iterator[Lease]:
+        """Hold the lease and count the delivery; a failure leaves the shard for redelivery."""
+        lease_key = self.spec.lease_key(self.task.run, self.task.shard)
+        with Lease(self.ctx.redis, lease_key, self.owner, self.ctx.settings.lease_ttl) as lease:
+            try:
+                attempts = self._start()
+                if attempts > self.ctx.settings.max_deliveries:
+                    raise DeliveryCapReached(f"started {attempts - 1} times without committing "
+                                             "(worker killed or lost each time)")
+                yield lease
+            except BaseException as exc:
+                # LeaseLost: the shard's bookkeeping now belongs to the new owner.
+                self._settle(retry_marker(time.time()) if not isinstance(exc, LeaseLost)
+                             else "")
+                raise
+            self._settle("")
+            self.forget_attempts()
+
+    def _start(self) -> int:
+        pipe = self.ctx.redis.pipeline(transaction=True)
+        pipe.hdel(self.keys.queued, self.field)
+        pipe.hincrby(self.keys.attempts, self.field)
+        pipe.hset(self.keys.running, self.field, self.owner)
+        pipe.sadd(keys.redis_runs(), self.task.run)
+        return int(pipe.execute()[1])
+
+    def _settle(self, mark: str) -> None:
+        try:
+            self.ctx.redis.eval(_SETTLE, 2, self.keys.running, self.keys.queued, self.field,
+                                self.owner, mark)
+        except redis.RedisError as err:  # the healer requeues it once Redis is back
+            log.warning("%s: bookkeeping not updated: %s", self.what, err)
+
+    def attempts(self) -> int:
+        """Deliveries started so far; 0 when Redis is unreachable (the failure being handled)."""
+        try:
+            return int(self.ctx.redis.hget(self.keys.attempts, self.field) or 0)
+        except redis.RedisError:
+            return 0
+
+    def forget_attempts(self) -> None:
+        try:
+            self.ctx.redis.hdel(self.keys.attempts, self.field)
+        except redis.RedisError as err:
+            log.warning("%s: attempt count not cleared: %s", self.what, err)
+
+    def give_back_attempt(self) -> None:
+        """A stop or pause is not the shard's fault: it does not count toward the cap."""
+        try:
+            self.ctx.redis.hincrby(self.keys.attempts, self.field, -1)
+        except redis.RedisError as err:
+            log.warning("%s: attempt not given back: %s", self.what, err)
+
+    def unqueue(self) -> None:
+        """Forget the queued marker (the shard is done, paused or parked; resume re-queues)."""
+        try:
+            self.ctx.redis.hdel(self.keys.queued, self.field)
+        except redis.RedisError as err:
+            log.warning("%s: queued marker not cleared: %s", self.what, err)
+
+    def retry(self, celery_task: Task, countdown: float) -> None:
+        """Publish the retry (waiting out a broker restart); the healer knows when it is due."""
+        try:
+            self.ctx.redis.hset(self.keys.queued, self.field,
+                                retry_marker(time.time() + countdown))
+        except redis.RedisError as err:
+            log.warning("%s: retry marker not set: %s", self.what, err)
+        retry_later(celery_task, countdown, self.task)
+
+    def park(self, reason: str) -> TaskOutcome:
+        """Stop redelivering the shard; status shows the reason, ``resume`` tries it again."""
+        log.error("%s: parked: %s", self.what, reason)
+        stamp = time.strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
+        record = {"run": self.task.run, "shard": self.task.shard, "stage": self.spec.name,
+                  "reason": reason, "at": time.time()}
+        try:
+            self.ctx.storage.put_once(keys.failed_shard(self.task.run, self.task.shard, stamp,
+                                                        self.spec.name), dumps(record))
+        except StorageError as err:
+            log.warning("%s: parking record not stored: %s", self.what, err)
+        try:
+            pipe = self.ctx.redis.pipeline(transaction=True)
+            pipe.hset(self.keys.parked, self.field, reason)
+            pipe.hdel(self.keys.queued, self.field)
+            pipe.execute()
+        except redis.RedisError as err:
+            log.error("%s: parking not recorded in Redis: %s", self.what, err)
+        return TaskOutcome.PARKED
+
+
+Process = Callable[[Delivery], TaskOutcome]
+
+
+def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
+                 process: Process) -> dict[str, Any]:
+    """Run ``process`` on one delivery and decide what happens to the shard if it fails."""
+    task = ShardTask.from_json(payload)
+    ctx = get_context()
+    delivery = Delivery(ctx, spec, task, celery_task.request.hostname or spec.name)
+    what = delivery.what
+    try:
+        outcome = process(delivery)
+    except ShuttingDown as stop:
+        log.info("%s: %s; requeued", what, stop)
+        delivery.give_back_attempt()
+        delivery.retry(celery_task, 1)
+    except RunPaused as paused:
+        # Acked, not retried: `resume --accept-gates` queues the shard again.
+        log.warning("%s: %s; stopped", what, paused)
+        delivery.give_back_attempt()
+        delivery.unqueue()
+        outcome = TaskOutcome.PAUSED
+    except LeaseBusy as busy:
+        log.info("%s: %s; retrying later", what, busy)
+        delivery.retry(celery_task, lease_wait(ctx.settings.lease_ttl))
+    except LeaseLost as lost:
+        log.warning("%s: %s; left to its new owner", what, lost)
+        outcome = TaskOutcome.LOST
+    except PermanentError as exc:
+        outcome = delivery.park(str(exc))
+    except TRANSIENT as exc:
+        attempts = delivery.attempts()
+        if attempts >= ctx.settings.max_deliveries:
+            outcome = delivery.park(f"failed {attempts} times, last: {exc!r}")
+        else:
+            delay = min(ctx.settings.retry_backoff_max, 2.0**attempts)
+            log.warning("%s: attempt %d failed (%r); retry in %.0fs", what, attempts, exc, delay)
+            delivery.retry(celery_task, delay)
+    except Exception as exc:  # a bug or an OOM does not fix itself by retrying: park the shard
+        log.exception("%s: unexpected error", what)
+        outcome = delivery.park(f"unexpected error: {exc!r}")
+    if outcome is TaskOutcome.ALREADY_COMMITTED:
+        delivery.unqueue()
+    return {"run": task.run, "shard": task.shard, "stage": spec.name, "outcome": outcome}
