@@ -100,4 +100,4 @@ def test_hidden_worker_killed_mid_shard_then_resume(pipeline: Pipeline, tmp_path
     again = json.loads(pipeline.cli("resume", "--run", "hk", "--json", check=True).stdout)
     assert again["downstream"] == 0
     assert pipeline.status("hk")["downstream"] == {"mode": "offline", "stage": "hidden",
-                                                   "committed": 2}
+                                                   "committed": 2, "parked": 0}
