@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/hidden_extraction.py [--model PATH] [--rows 200]``.
 Builds rows of random token ids with lognormal lengths, batches them with
-:func:`workers.hidden_states.length_batches`, then times, on the same batches and interleaved,
+:func:`workers.hidden.extraction.length_batches`, then times, on the same batches and interleaved,
 ``HiddenExtractor.extract`` (forward, layer concat, NaN/shape/id checks, slicing, copy to CPU)
 against a plain loop that pads the batch and calls ``model(input_ids, attention_mask,
 output_hidden_states=True)`` and nothing else (and the same loop over the decoder stack alone,
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
 from common.trainrows import TrainingRow  # noqa: E402
-from workers.hidden_states import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
 
 
 def make_rows(count: int, vocab: int, mu: float, sigma: float, max_len: int,
@@ -93,7 +93,7 @@ def main() -> None:
 
     path = args.model
     if path is None:
-        from common.tinymodel import ensure_tiny_model
+        from embedded.tinymodel import ensure_tiny_model
 
         path = str(ensure_tiny_model(load_settings().cache_dir))
     extractor = HiddenExtractor(ExtractorConfig(path, layout=args.layout, device=args.device))

@@ -172,7 +172,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         port = free_port()
-        sim = subprocess.Popen([sys.executable, "-m", "workers.engines.simulator", "--port",
+        sim = subprocess.Popen([sys.executable, "-m", "embedded.simulator", "--port",
                                 str(port), "--max-running", str(args.cap), "--model-path",
                                 str(model), "--len-mu", "5.0", "--len-sigma", "0.8"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

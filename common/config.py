@@ -1,5 +1,8 @@
 """Settings as frozen dataclasses; the only module that reads ``DFLASH_*`` environment variables.
 
+Each field's variable is derived from its name (field ``lease_ttl``: prefix + ``LEASE_TTL``); CLI
+options for settings take their default and variable from here (:func:`common.cli.setting_option`).
+
 Every process (producer CLI, workers, Flower) calls :func:`load_settings` once and passes the
 result down, so the broker URL, storage root and queue timeouts always agree across services.
 """
@@ -26,7 +29,7 @@ def mask_url(url: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    """Where built artefacts (the tiny CPU model) live unless DFLASH_CACHE_DIR says otherwise."""
+    """Where built artefacts (the tiny CPU model) live unless the cache_dir setting says so."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash-pipeline"
 
 
@@ -95,40 +98,12 @@ class Settings:
         return self.model == TINY_MODEL
 
 
-_ENV = {
-    "broker_url": "DFLASH_BROKER_URL",
-    "storage": "DFLASH_STORAGE",
-    "model": "DFLASH_MODEL",
-    "cache_dir": "DFLASH_CACHE_DIR",
-    "visibility_timeout": "DFLASH_VISIBILITY_TIMEOUT",
-    "result_expires": "DFLASH_RESULT_EXPIRES",
-    "soft_shutdown_timeout": "DFLASH_SOFT_SHUTDOWN_TIMEOUT",
-    "lease_ttl": "DFLASH_LEASE_TTL",
-    "max_deliveries": "DFLASH_MAX_DELIVERIES",
-    "part_samples": "DFLASH_PART_SAMPLES",
-    "part_seconds": "DFLASH_PART_SECONDS",
-    "batch_size": "DFLASH_BATCH_SIZE",
-    "engine": "DFLASH_ENGINE",
-    "engine_url": "DFLASH_ENGINE_URL",
-    "engine_cmd": "DFLASH_ENGINE_CMD",
-    "engine_args": "DFLASH_ENGINE_ARGS",
-    "engine_port": "DFLASH_ENGINE_PORT",
-    "gpu": "DFLASH_GPU",
-    "tp": "DFLASH_TP",
-    "mem_fraction_static": "DFLASH_MEM_FRACTION_STATIC",
-    "max_in_flight": "DFLASH_MAX_IN_FLIGHT",
-    "engine_startup_timeout": "DFLASH_ENGINE_STARTUP_TIMEOUT",
-    "request_timeout": "DFLASH_REQUEST_TIMEOUT",
-    "metrics_port": "DFLASH_METRICS_PORT",
-    "retry_backoff_max": "DFLASH_RETRY_BACKOFF_MAX",
-    "hidden_batch_tokens": "DFLASH_HIDDEN_BATCH_TOKENS",
-    "hidden_device": "DFLASH_HIDDEN_DEVICE",
-    "hidden_part_bytes": "DFLASH_HIDDEN_PART_BYTES",
-    "train_checkpoint_steps": "DFLASH_TRAIN_CHECKPOINT_STEPS",
-    "train_rows_per_step": "DFLASH_TRAIN_ROWS_PER_STEP",
-    "train_total_steps": "DFLASH_TRAIN_TOTAL_STEPS",
-    "drafter_layers": "DFLASH_DRAFTER_LAYERS",
-}
+ENV_PREFIX = "DFLASH_"
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a settings field: ``DFLASH_`` + its name in capitals."""
+    return ENV_PREFIX + name.upper()
 
 
 _ZERO_OK = {"gpu", "metrics_port"}
@@ -139,9 +114,9 @@ def _coerce(name: str, raw: str, like: object) -> object:
     try:
         value = kind(raw) if kind is not Path else Path(raw).expanduser()
     except ValueError as exc:
-        raise ConfigError(f"{_ENV[name]}={raw!r} is not a valid {kind.__name__}") from exc
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind.__name__}") from exc
     if isinstance(value, int | float) and (value < 0 or (value == 0 and name not in _ZERO_OK)):
-        raise ConfigError(f"{_ENV[name]}={raw!r} must be positive")
+        raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
     return value
 
 
@@ -150,8 +125,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
     env = os.environ if env is None else env
     base = Settings()
     values: dict[str, object] = {}
-    for name, var in _ENV.items():
-        raw = env.get(var)
+    for name in (f.name for f in fields(Settings)):
+        raw = env.get(env_name(name))
         if raw not in (None, ""):
             values[name] = _coerce(name, raw, getattr(base, name))
     values.update({k: v for k, v in overrides.items() if v is not None})

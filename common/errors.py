@@ -76,3 +76,7 @@ class NothingToTrain(DflashError):
 
 class NotReady(TransientError):
     """An upstream stage has not committed what this stage reads yet; try again later."""
+
+
+class RunNotFound(ConfigError):
+    """The run has no ``run.json`` in this storage root."""

@@ -297,9 +297,9 @@ def write_hidden_commit(storage: Storage, run: str, shard: int, index: HiddenInd
 
 def committed_hidden_shards(storage: Storage, run: str) -> list[int]:
     """Shard numbers that have a hidden-state ``_COMMIT.json``."""
-    found = {keys.shard_of(k) for k in storage.list(keys.hidden_prefix(run))
-             if k.endswith("/_COMMIT.json")}
-    return sorted(s for s in found if s is not None)
+    from common.runstore import RunStore
+
+    return sorted(RunStore(storage, run).committed("hidden"))
 
 
 def iter_hidden_records(storage: Storage, run: str,

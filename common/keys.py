@@ -161,6 +161,25 @@ def redis_runs() -> str:
     return "dflash:runs"
 
 
+BEATS_PER_TTL = 3
+"""A lease is renewed this many times per TTL."""
+
+
+def lease_token(owner: str, ttl_ms: int) -> str:
+    return f"{owner} {ttl_ms}"
+
+
+def lease_is_live(token: str | None, pttl_ms: int) -> bool:
+    """Whether a lease was renewed lately: a worker that missed two beats is presumed dead."""
+    if not token or pttl_ms <= 0:
+        return False
+    _, _, ttl = token.rpartition(" ")
+    try:
+        return pttl_ms > int(ttl) / BEATS_PER_TTL * 0.9
+    except ValueError:
+        return True
+
+
 @dataclass(frozen=True)
 class StageKeys:
     """One stage's registries for one run, as rq keeps one key per registry.

@@ -13,7 +13,7 @@ from common.errors import ConfigError
 def resolve_model_path(settings: Settings) -> Path:
     """The model directory: the embedded tiny model (built on first use) or a local path."""
     if settings.model_is_tiny:
-        from common.tinymodel import ensure_tiny_model
+        from embedded.tinymodel import ensure_tiny_model
 
         return ensure_tiny_model(settings.cache_dir)
     path = Path(settings.model).expanduser()

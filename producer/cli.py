@@ -7,73 +7,21 @@ with a different configuration.
 
 from __future__ import annotations
 
-import functools
+import importlib
 import json
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from common.config import Settings, load_settings, mask_url
-from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
+from common.cli import common_options, setting_option, setup_logging
+from common.config import Settings, env_name, load_settings
+from common.errors import DflashError
+from common.gates import GateConfig
+from common.records import Sampling
 
-EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
-
-log = logging.getLogger("dflash")
-
-
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # Our own progress lines (long enqueues) show by default; libraries stay quiet.
-    logging.getLogger("producer").setLevel(logging.INFO)
-
-
-def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--storage and --broker-url, shared by every command that touches the run."""
-
-    @click.option("--storage", envvar="DFLASH_STORAGE", default=None,
-                  help="Storage root: s3://bucket/prefix or a local directory "
-                       "[default: .dflash/storage].")
-    @click.option("--broker-url", envvar="DFLASH_BROKER_URL", default=None,
-                  help="Redis URL of the Celery broker [default: redis://127.0.0.1:6379/0].")
-    @click.option("-v", "--verbose", is_flag=True, envvar="DFLASH_VERBOSE",
-                  help="Log progress to stderr.")
-    @functools.wraps(func)
-    def wrapper(storage: str | None, broker_url: str | None, verbose: bool, **kw: Any) -> Any:
-        import redis
-        from kombu.exceptions import OperationalError
-
-        _setup_logging(verbose)
-        settings = load_settings(storage=storage, broker_url=broker_url)
-        try:
-            return func(settings=settings, **kw)
-        except (redis.RedisError, OperationalError) as exc:
-            # Redis went away after start-up (the start-up check names it too).
-            click.echo(f"error: lost Redis at {settings.masked_broker_url}: "
-                       f"{mask_url(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__}"
-                       "; nothing is lost, run the command again once Redis is back", err=True)
-            sys.exit(EXIT_FAILURE)
-        except RunConfigMismatch as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_MISMATCH)
-        except (ConfigError, InputError, NotFound) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_FAILURE)
-        except DflashError as exc:
-            click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-            sys.exit(EXIT_FAILURE)
-        except OSError as exc:
-            click.echo(f"error: {exc} (broker {settings.masked_broker_url}, storage "
-                       f"{settings.storage})", err=True)
-            sys.exit(EXIT_FAILURE)
-
-    return wrapper
-
+EXIT_FAILURE, EXIT_REJECTED = 1, 3
 
 SKIPPABLE_GATES = ("truncated", "thinking", "empty_answer", "leakage", "duplicates")
 
@@ -81,18 +29,22 @@ SKIPPABLE_GATES = ("truncated", "thinking", "empty_answer", "leakage", "duplicat
 def gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Quality-gate thresholds of enqueue, frozen into run.json."""
     options = [
-        click.option("--min-supervised-tokens", type=click.IntRange(min=0), default=32,
-                     show_default=True, envvar="DFLASH_MIN_SUPERVISED_TOKENS",
+        click.option("--min-supervised-tokens", type=click.IntRange(min=0),
+                     default=GateConfig.min_supervised_tokens, show_default=True,
+                     envvar="DFLASH_MIN_SUPERVISED_TOKENS",
                      help="Reject a sample with a turn of fewer generated tokens "
                           "(2 x the DFlash block size)."),
-        click.option("--max-reject-rate", type=click.FloatRange(0, 1), default=0.2,
-                     show_default=True, envvar="DFLASH_MAX_REJECT_RATE",
+        click.option("--max-reject-rate", type=click.FloatRange(0, 1),
+                     default=GateConfig.max_reject_rate, show_default=True,
+                     envvar="DFLASH_MAX_REJECT_RATE",
                      help="Pause the run when the rolling rejection rate exceeds this."),
-        click.option("--pause-after", type=click.IntRange(min=1), default=200,
-                     show_default=True, envvar="DFLASH_PAUSE_AFTER",
+        click.option("--pause-after", type=click.IntRange(min=1),
+                     default=GateConfig.pause_after, show_default=True,
+                     envvar="DFLASH_PAUSE_AFTER",
                      help="Samples the rolling rejection rate is taken over."),
-        click.option("--min-answer-tokens", type=click.IntRange(min=0), default=256,
-                     show_default=True, envvar="DFLASH_MIN_ANSWER_TOKENS",
+        click.option("--min-answer-tokens", type=click.IntRange(min=0),
+                     default=GateConfig.min_answer_tokens, show_default=True,
+                     envvar="DFLASH_MIN_ANSWER_TOKENS",
                      help="Reject at enqueue a prompt that leaves less room than this per "
                           "answer in the model's context."),
         click.option("--skip-gate", "skip", multiple=True, type=click.Choice(SKIPPABLE_GATES),
@@ -121,7 +73,23 @@ def _services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any, An
     return open_storage(settings.storage), make_app(settings), client
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class StageCommands(click.Group):
+    """The CLI group; stage commands are found by name, so the producer imports no stage code."""
+
+    LAZY = {"export-drafter": "workers.train.commands:export_drafter"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY:
+            module, _, attr = self.LAZY[name].partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=StageCommands,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="dflash-pipeline")
 def main() -> None:
     """Regenerate a prompt set with a target LLM into DFlash drafter training data."""
@@ -140,18 +108,21 @@ def main() -> None:
               envvar="DFLASH_SHARD_SIZE", help="Conversations per shard (one task each).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, envvar="DFLASH_LIMIT",
               help="Read at most this many input rows.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=2048, show_default=True,
+@click.option("--max-new-tokens", type=click.IntRange(min=1),
+              default=Sampling.max_new_tokens, show_default=True,
               envvar="DFLASH_MAX_NEW_TOKENS", help="Generation budget per assistant turn.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.6, show_default=True,
+@click.option("--temperature", type=click.FloatRange(min=0),
+              default=Sampling.temperature, show_default=True,
               envvar="DFLASH_TEMPERATURE", help="Sampling temperature (0 = greedy).")
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=0.95,
-              show_default=True, envvar="DFLASH_TOP_P", help="Nucleus sampling mass.")
-@click.option("--top-k", type=click.IntRange(min=-1), default=20, show_default=True,
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True),
+              default=Sampling.top_p, show_default=True,
+              envvar="DFLASH_TOP_P", help="Nucleus sampling mass.")
+@click.option("--top-k", type=click.IntRange(min=-1),
+              default=Sampling.top_k, show_default=True,
               envvar="DFLASH_TOP_K", help="Top-k sampling (-1 = off).")
-@click.option("--thinking/--no-thinking", default=True, show_default=True,
+@click.option("--thinking/--no-thinking", default=Sampling.thinking, show_default=True,
               envvar="DFLASH_THINKING", help="Generate with the thinking block enabled.")
-@click.option("--model", envvar="DFLASH_MODEL", default=None,
-              help="Target model directory [default: the embedded tiny CPU model].")
+@setting_option("model", help="Target model directory (tiny-qwen3: the embedded CPU model).")
 @click.option("--mode", type=click.Choice(["offline", "online"]), default="offline",
               show_default=True, envvar="DFLASH_MODE",
               help="After a shard's commit: offline stores target hidden states (queue "
@@ -243,28 +214,6 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
     show_status(storage, client, run, watch=watch, interval=interval, as_json=as_json)
 
 
-@main.command("export-drafter")
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to export.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Directory to write config.json and model.safetensors to.")
-@click.option("--step", type=click.IntRange(min=1), default=None,
-              help="Checkpoint step to export [default: the newest].")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-@common_options
-def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
-                   as_json: bool) -> None:
-    """Export a run's drafter checkpoint as an HF-style directory SGLang's DFLASH loads."""
-    from producer.commands import export_drafter_checkpoint
-
-    result = export_drafter_checkpoint(settings, run, out_dir, step)
-    if as_json:
-        dump_json(result)
-    else:
-        click.echo(f"run {run}: drafter step {result['step']} exported to {result['out']} "
-                   f"({result['tensors']} tensors; serve with --speculative-algorithm DFLASH "
-                   f"--speculative-draft-model-path {result['out']})")
-
-
 @main.command()
 @click.option("--input", "input_path", default="data/mt_bench_question.jsonl",
               show_default=True, help="Prompt file to regenerate.")
@@ -282,7 +231,7 @@ def demo(**options: Any) -> None:
     """Run the whole generate stage locally: Redis, a CPU worker, Flower, live progress."""
     from producer.demo import run_demo
 
-    _setup_logging(False)
+    setup_logging(False)
     try:
         code = run_demo(**options)
     except DflashError as exc:
@@ -292,7 +241,7 @@ def demo(**options: Any) -> None:
 
 
 @main.command()
-@click.option("--engine-url", required=True, envvar="DFLASH_ENGINE_URL",
+@click.option("--engine-url", required=True, envvar=env_name("engine_url"),
               help="SGLang-protocol server to measure, e.g. http://127.0.0.1:30000.")
 @click.option("--concurrency", default="16,64,256", show_default=True,
               help="Comma-separated numbers of requests kept in flight.")

@@ -15,7 +15,7 @@ import click
 import redis
 
 from common import keys
-from common.config import Settings
+from common.config import Settings, env_name
 from common.errors import ConfigError, InputError
 from common.gates import GateConfig
 from common.models import chat_template_of, resolve_model_path, template_sha
@@ -212,44 +212,17 @@ def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency:
 
 
 def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
-                name: str | None, loglevel: str, engine_env: dict[str, str]) -> None:
-    """Replace this process with the Celery worker, so signals reach it directly."""
-    env = dict(os.environ, DFLASH_STORAGE=settings.storage, DFLASH_BROKER_URL=settings.broker_url,
-               **{k: v for k, v in engine_env.items() if v})
+                name: str | None, loglevel: str, overrides: dict[str, Any]) -> None:
+    """Replace this process with the Celery worker, so signals reach it directly.
+
+    ``overrides`` are settings fields given as options; the worker reads them from the
+    environment like every other setting.
+    """
+    given = {"storage": settings.storage, "broker_url": settings.broker_url, "gpu": gpu,
+             **overrides}
+    env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        env["DFLASH_GPU"] = str(gpu)
     argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
                        loglevel=loglevel)
     os.execve(argv[0], argv, env)
-
-
-def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str,
-                              step: int | None) -> dict[str, Any]:
-    """Load a drafter checkpoint on the run's target and write the HF-style export."""
-    from common.drafter_store import committed_steps, load_checkpoint
-    from common.errors import NotFound
-    from common.storage import open_storage
-    from producer.enqueue import read_run_config
-    from workers.drafter.demo import load_target
-    from workers.drafter.export import export_drafter
-    from workers.drafter.model import add_mask_token
-    from workers.drafter.train import DrafterTrainer
-
-    storage = open_storage(settings.storage)
-    config = read_run_config(storage, run)
-    if config is None:
-        raise NotFound(f"run {run!r} not found in {storage.root}")
-    steps = committed_steps(storage, run)
-    if not steps:
-        raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/)")
-    if step is not None and step not in steps:
-        raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
-    target, tokenizer = load_target(resolve_model_path(replace(settings, model=config.model)))
-    add_mask_token(tokenizer, target)
-    loaded = load_checkpoint(storage, run, step)
-    assert loaded is not None  # the step is committed
-    trainer = DrafterTrainer.from_state_dict(loaded[0], target)
-    out = export_drafter(trainer, out_dir)
-    return {"run": run, "step": trainer.steps, "out": str(out),
-            "tensors": len(trainer.drafter.state_dict())}

@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from common.cli import setting_option
 from common.config import TINY_MODEL, Settings
 from common.preflight import (
     CheckResult,
@@ -47,7 +48,7 @@ _DOWNLOAD_FIX = ("download it first (e.g. `huggingface-cli download Qwen/Qwen3-8
 def check_model(settings: Settings) -> CheckResult:
     """The target model directory has a config, a tokenizer, a chat template and weights."""
     if settings.model_is_tiny:
-        from common.tinymodel import READY_MARKER, TINY_MODEL_VERSION
+        from embedded.tinymodel import READY_MARKER, TINY_MODEL_VERSION
 
         path = Path(settings.cache_dir) / f"tiny-qwen3-{TINY_MODEL_VERSION}"
         if not (path / READY_MARKER).is_file():
@@ -172,8 +173,7 @@ def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
     """The ``doctor`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command()
-    @click.option("--model", envvar="DFLASH_MODEL", default=None,
-                  help="Target model directory [default: the embedded tiny CPU model].")
+    @setting_option("model", help="Target model directory (tiny-qwen3: the embedded CPU model).")
     @click.option("--gpus", callback=_parse_gpus, default=None,
                   help="Comma-separated GPU indices to check [default: all visible].")
     @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")

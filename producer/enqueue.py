@@ -25,8 +25,9 @@ from common.celery_app import (
     TASK_HIDDEN,
     TASK_TRAIN,
 )
-from common.errors import BadRow, NotFound
+from common.errors import BadRow
 from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
+from common.runstore import RunStore
 from common.storage import Storage, s3_client
 from producer.readers import iter_records
 from producer.rows import IdRegistry, normalize
@@ -56,10 +57,7 @@ class EnqueueReport:
 
 
 def read_run_config(storage: Storage, run: str) -> RunConfig | None:
-    try:
-        return RunConfig.from_json(json.loads(storage.get(keys.run_config(run))))
-    except NotFound:
-        return None
+    return RunStore(storage, run).config_or_none()
 
 
 def freeze_run_config(storage: Storage, config: RunConfig) -> RunConfig:
@@ -74,10 +72,7 @@ def freeze_run_config(storage: Storage, config: RunConfig) -> RunConfig:
 
 
 def read_manifest(storage: Storage, run: str) -> InputManifest | None:
-    try:
-        return InputManifest.from_json(json.loads(storage.get(keys.inputs_manifest(run))))
-    except NotFound:
-        return None
+    return RunStore(storage, run).manifest()
 
 
 def send_shard(app: Celery, client: redis.Redis, run: str, queue: str, task_name: str,
@@ -226,10 +221,8 @@ def resume_run(
     check_for: Callable[[RunConfig], RowCheck | None] = lambda config: None,
 ) -> EnqueueReport:
     """Re-queue every shard without a commit, from storage alone."""
-    config = read_run_config(storage, run)
-    if config is None:
-        raise NotFound(f"run {run!r} not found in {storage.root} (no run.json)")
-    manifest = read_manifest(storage, run)
+    store = RunStore(storage, run)
+    config, manifest = store.config(), store.manifest()
     if manifest is None:
         # enqueue died while reading the input: finish that first, exactly as enqueue would.
         return enqueue_run(storage, app, client, config, check_for(config))
@@ -250,13 +243,12 @@ def send_downstream(storage: Storage, app: Celery, client: redis.Redis, config: 
     for shards whose stored hidden states the ledger has not seen.
     """
     from common.drafter_store import trained_shards
-    from common.hidden_store import committed_hidden_shards
 
     generated = {s for s in committed if s is not None}
     trained = trained_shards(storage, config.run)
     if config.mode == "online":
         return _send(app, client, config.run, QUEUE_TRAIN, TASK_TRAIN, generated - trained, force)
-    hidden = set(committed_hidden_shards(storage, config.run))
+    hidden = RunStore(storage, config.run).committed("hidden")
     sent = _send(app, client, config.run, QUEUE_HIDDEN, TASK_HIDDEN, generated - hidden, force)
     if config.layout == "dflash" and trained:  # offline training only once a trainer ran
         sent += _send(app, client, config.run, QUEUE_TRAIN, TASK_TRAIN, hidden - trained, force)

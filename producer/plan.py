@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from common import keys
+from common.cli import setting_option
 from common.config import Settings, load_settings
 from common.errors import ConfigError, DflashError
 from common.storage import Storage, open_storage
@@ -193,8 +194,7 @@ def _pick(option: Any, from_run: Any, name: str, sources: dict[str, str], where:
               show_default=True, help="Stored dtype.")
 @click.option("--shard-size", type=click.IntRange(min=1), default=None,
               help=f"Samples per shard [default: the run's, else {DEFAULT_SHARD_SIZE}].")
-@click.option("--storage", envvar="DFLASH_STORAGE", default=None,
-              help="Storage root for --run [default: .dflash/storage].")
+@setting_option("storage", help="Storage root for --run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None,
                  hidden: int | None, layers: int | None, dtype: str, shard_size: int | None,

@@ -18,9 +18,10 @@ import redis
 from common import keys
 from common.celery_app import STAGES, TRAIN, StageSpec
 from common.errors import NotFound
-from common.lease import lease_is_live
+from common.keys import lease_is_live
 from common.monitor import pause_from_storage
 from common.records import RunState, ShardCommit, decode_jsonl_zst
+from common.runstore import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest, read_run_config
 
@@ -146,8 +147,7 @@ class StatusReader:
         stage = "train" if config.mode == "online" else "hidden"
         parked = len(live["stages"][stage]["parked"]) if live is not None else None
         if config.mode != "online":
-            done = {keys.shard_of(k) for k in self.storage.list(keys.hidden_prefix(self.run))
-                    if k.endswith("/_COMMIT.json")}
+            done = RunStore(self.storage, self.run).committed("hidden")
             return {"mode": "offline", "stage": "hidden", "committed": len(done),
                     "parked": parked}
         from common.drafter_store import read_ledger

@@ -44,11 +44,11 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str,
 @contextmanager
 def running_simulator(*args: str) -> Iterator[str]:
     """The SGLang-protocol simulator as a real subprocess; yields its URL once healthy."""
-    from workers.engines.server import healthy
+    from workers.generate.engines.server import healthy
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.engines.simulator", "--port", str(port), *args],
+        [sys.executable, "-m", "embedded.simulator", "--port", str(port), *args],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -145,7 +145,7 @@ def s3_storage(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
     """Build the tiny CPU model once for the whole session (and across runs, under .dflash/)."""
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
 
     ensure_tiny_model(CACHE_DIR)
     return CACHE_DIR

@@ -40,7 +40,7 @@ def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Pat
 
     from transformers import AutoTokenizer
 
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(model_cache))
     by_id = {q["question_id"]: q for q in questions}

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from common.trainrows import TrainingRow
-from workers.drafter.blocks import (
+from workers.train.drafter.blocks import (
     IGNORE,
     acceptance_length,
     anchor_candidates,
@@ -18,7 +18,7 @@ from workers.drafter.blocks import (
     sample_anchors,
     slot_weights,
 )
-from workers.drafter.masks import dense_block_mask, flex_block_mask
+from workers.train.drafter.masks import dense_block_mask, flex_block_mask
 
 
 def rows_of(*lines: str) -> torch.Tensor:

@@ -14,15 +14,15 @@ import torch
 from safetensors.torch import load_file
 
 from common.errors import NothingToTrain
-from common.tinymodel import ensure_tiny_model
 from common.trainrows import TrainingRow
+from embedded.tinymodel import ensure_tiny_model
 from tests.conftest import MT_BENCH
-from workers.drafter.demo import demo_rows, load_target, mt_bench_prompts
-from workers.drafter.export import export_drafter, load_drafter
-from workers.drafter.features import FeaturedRow, target_features, with_target_features
-from workers.drafter.masks import dense_block_mask
-from workers.drafter.model import DFlashConfig, DFlashDraftModel, add_mask_token
-from workers.drafter.train import DrafterTrainer, TrainConfig, lr_factor
+from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts
+from workers.train.drafter.export import export_drafter, load_drafter
+from workers.train.drafter.features import FeaturedRow, target_features, with_target_features
+from workers.train.drafter.masks import dense_block_mask
+from workers.train.drafter.model import DFlashConfig, DFlashDraftModel, add_mask_token
+from workers.train.drafter.train import DrafterTrainer, TrainConfig, lr_factor
 
 BATCH_ROWS = 4
 

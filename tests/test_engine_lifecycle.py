@@ -20,7 +20,7 @@ from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_j
 
 pytestmark = pytest.mark.e2e
 
-SIM_CMD = (f"{sys.executable} -m workers.engines.simulator --host 127.0.0.1 --port {{port}} "
+SIM_CMD = (f"{sys.executable} -m embedded.simulator --host 127.0.0.1 --port {{port}} "
            "--model-path {model} --time-scale 2")
 
 
@@ -29,7 +29,7 @@ def _engines(port: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "workers.engines.simulator" in cmdline and str(port) in cmdline and _alive(proc):
+        if "embedded.simulator" in cmdline and str(port) in cmdline and _alive(proc):
             found.append(proc)
     return found
 

@@ -13,13 +13,13 @@ from common.gates import GateConfig, TokenInfo
 from common.records import Sampling
 from common.trainrows import training_rows
 from tests.conftest import ROOT, RedisServer, running_simulator
-from workers.engines.base import EngineLoop
-from workers.generation import Job, ShardCounters, regenerate
+from workers.generate.engines.base import EngineLoop
+from workers.generate.regeneration import Job, ShardCounters, regenerate
 
 
 @pytest.fixture(scope="module")
 def tiny(model_cache: Path) -> Path:
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model(model_cache)
 
@@ -56,7 +56,7 @@ def generate(engine: Any, tokenizer: Any, rows: list[dict[str, Any]], *,
 @pytest.fixture
 def simulate(tiny: Path, tokenizer: Any) -> Iterator[Any]:
     """Run rows through a simulator started with the given flags; returns the judged samples."""
-    from workers.engines.sglang import SglangEngine
+    from workers.generate.engines.sglang import SglangEngine
 
     def run(rows: list[dict], *flags: str, **kw: Any) -> list[dict]:
         with running_simulator("--tokenizer", str(tiny), "--time-scale", "0.01", "--len-mu",
@@ -149,7 +149,7 @@ def test_exact_duplicate_answers_across_the_run(simulate: Any, tmp_path: Path) -
 
 
 def test_loss_masks_cover_exactly_the_generated_tokens(tiny: Path, tokenizer: Any) -> None:
-    from workers.engines.cpu import CpuEngine
+    from workers.generate.engines.cpu import CpuEngine
 
     engine = CpuEngine(tiny, batch_size=4, seed=0)
     samples = generate(engine, tokenizer, mt_bench_rows(4), max_new_tokens=160)

@@ -12,9 +12,10 @@ import pytest
 from common import keys
 from common.celery_app import GENERATE, TRAIN, make_app
 from common.config import load_settings
-from common.lease import Lease, lease_is_live
+from common.keys import lease_is_live
 from tests.conftest import RedisServer, wait_until
 from workers.healer import heal_once
+from workers.lease import Lease
 from workers.stage import retry_marker
 
 

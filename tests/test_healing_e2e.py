@@ -184,7 +184,7 @@ def test_redis_wipe_mid_run_does_not_pause_a_healthy_run(pipeline: Pipeline, tmp
                                                          model_cache: Path) -> None:
     """Rejections spread through the run (10%) must not crowd the rebuilt rolling window."""
     from common.monitor import gate_events
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
     from tests.conftest import running_simulator
 
     src = tmp_path / "in.jsonl"

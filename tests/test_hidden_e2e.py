@@ -40,7 +40,7 @@ def test_hidden_states_match_a_direct_forward(pipeline: Pipeline, tmp_path: Path
                                               model_cache: Path, layout: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
 
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(6))
     pipeline.start_worker("gen")

@@ -23,9 +23,9 @@ from common.hidden_store import (
     write_hidden_commit,
 )
 from common.storage import LocalStorage
-from common.tinymodel import ensure_tiny_model
 from common.trainrows import TrainingRow
-from workers.hidden_states import ExtractorConfig, HiddenExtractor, check_finite, length_batches
+from embedded.tinymodel import ensure_tiny_model
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, check_finite, length_batches
 
 LENGTHS = [5, 40, 17, 33, 1, 26]
 

@@ -29,7 +29,7 @@ def _variants(path: Path, n: int) -> str:
 
 def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tmp_path: Path,
                                                           model_cache: Path) -> None:
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
 
     tiny = ensure_tiny_model(model_cache)
     with running_simulator("--tokenizer", str(tiny), "--time-scale", "0.02", "--len-mu", "4.5",

@@ -12,8 +12,8 @@ from common.errors import EngineError
 from common.records import Sampling
 from tests.conftest import free_port, running_simulator
 from tests.test_bench import simulator  # noqa: F401 - fixture
-from workers.engines.base import GenRequest
-from workers.engines.sglang import (
+from workers.generate.engines.base import GenRequest
+from workers.generate.engines.sglang import (
     RetryableEngineError,
     SglangEngine,
     parse_finish_reason,

@@ -26,7 +26,7 @@ PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
 
 @dataclass
 class Sim:
-    """A running ``python -m workers.engines.simulator`` process."""
+    """A running ``python -m embedded.simulator`` process."""
 
     proc: subprocess.Popen[bytes]
     url: str
@@ -76,7 +76,7 @@ def launch(log_dir: Path, *args: str, healthy: bool = True) -> Sim:
     log = log_dir / f"sim-{port}.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.engines.simulator", "--port", str(port), *args],
+            [sys.executable, "-m", "embedded.simulator", "--port", str(port), *args],
             stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     sim = Sim(proc, f"http://127.0.0.1:{port}", log)
     wanted = (200,) if healthy else (200, 503)
@@ -203,7 +203,7 @@ def test_chat_completions_and_model_info(sim: Sim) -> None:
 def test_tokenizer_ids_are_real(start: Any, model_cache: Path) -> None:
     from tokenizers import Tokenizer
 
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
 
     model = ensure_tiny_model(model_cache)
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
@@ -226,7 +226,7 @@ def test_degenerate_mode_gives_six_tokens(start: Any, request: pytest.FixtureReq
     if tokenizer:
         from tokenizers import Tokenizer
 
-        from common.tinymodel import ensure_tiny_model
+        from embedded.tinymodel import ensure_tiny_model
 
         model = ensure_tiny_model(request.getfixturevalue("model_cache"))
         extra = ["--tokenizer", str(model)]

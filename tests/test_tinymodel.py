@@ -1,4 +1,4 @@
-"""Acceptance tests for the embedded CPU model (:mod:`common.tinymodel`).
+"""Acceptance tests for the embedded CPU model (:mod:`embedded.tinymodel`).
 
 Run: ``.venv/bin/python -m pytest tests/test_tinymodel.py -q -s``. The model comes from the
 session ``model_cache`` fixture (built once, about a minute on two cores, then reused across
@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.tinymodel import READY_MARKER, TINY_MODEL_VERSION, ensure_tiny_model
+from embedded.tinymodel import READY_MARKER, TINY_MODEL_VERSION, ensure_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"

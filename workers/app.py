@@ -12,8 +12,10 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from common.celery_app import app
 from common.errors import DflashError
-from workers import generate, healer, metrics  # noqa: F401 - register the task, the healer
+from workers import healer  # noqa: F401 - starts with the worker
 from workers.context import get_context, warm_engine
+from workers.generate import metrics
+from workers.generate import task as generate_task  # noqa: F401 - registers the task
 
 log = logging.getLogger(__name__)
 

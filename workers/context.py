@@ -18,8 +18,8 @@ from common.errors import ConfigError
 from common.gates import TokenInfo
 from common.models import resolve_model_path
 from common.storage import Storage, open_storage
-from workers.engines.base import Engine, EngineLoop
-from workers.engines.cpu import CpuEngine
+from workers.generate.engines.base import Engine, EngineLoop
+from workers.generate.engines.cpu import CpuEngine
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,8 @@ def build_engine(settings: Settings) -> Engine:
         raise ConfigError(f"unknown engine {settings.engine!r}; choose cpu or sglang")
     from transformers import AutoTokenizer
 
-    from workers.engines.server import EngineServer, server_command
-    from workers.engines.sglang import SglangEngine
+    from workers.generate.engines.server import EngineServer, server_command
+    from workers.generate.engines.sglang import SglangEngine
 
     server = None
     url = settings.engine_url

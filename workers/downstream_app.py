@@ -12,8 +12,10 @@ import logging
 from celery.signals import worker_shutting_down
 
 from common.celery_app import app
-from workers import healer, hidden, train  # noqa: F401 - register the tasks, the healer
+from workers import healer  # noqa: F401 - starts with the worker
 from workers.context import get_context
+from workers.hidden import task as hidden_task  # noqa: F401 - registers the task
+from workers.train import task as train_task  # noqa: F401 - registers the task
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from common.errors import (
     StorageError,
     TransientError,
 )
-from common.lease import Lease
 from common.records import ShardTask, TaskOutcome, dumps
 from workers.context import WorkerContext, get_context
+from workers.lease import Lease
 from workers.retrying import lease_wait, retry_later
 
 log = logging.getLogger(__name__)

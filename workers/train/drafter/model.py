@@ -10,7 +10,7 @@ submodules, so they are neither in ``parameters()`` nor in ``state_dict()`` (nor
 Target features ``[S, K*H]`` (K target layers concatenated) become ``hidden_norm(fc(x))`` and are
 prepended to every layer's keys and values; the block's own states are the queries and the rest
 of the keys. ``attn_mask`` is a dense boolean mask or a flex ``BlockMask`` from
-:mod:`workers.drafter.masks`. Parameter names match the DFlash checkpoints SGLang loads
+:mod:`workers.train.drafter.masks`. Parameter names match the DFlash checkpoints SGLang loads
 (``layers.N.self_attn.q_proj.weight``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``).
 """
 

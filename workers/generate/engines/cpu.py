@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import EngineError
-from workers.engines.base import GenRequest, GenResult
+from workers.generate.engines.base import GenRequest, GenResult
 
 log = logging.getLogger(__name__)
 

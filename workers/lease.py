@@ -17,26 +17,9 @@ import redis
 from redis.exceptions import LockError
 
 from common.errors import LeaseBusy, LeaseLost
+from common.keys import BEATS_PER_TTL, lease_token
 
 log = logging.getLogger(__name__)
-
-BEATS_PER_TTL = 3
-
-
-def lease_token(owner: str, ttl_ms: int) -> str:
-    return f"{owner} {ttl_ms}"
-
-
-def lease_is_live(token: str | None, pttl_ms: int) -> bool:
-    """Whether a lease was renewed lately: a worker that missed two beats is presumed dead."""
-    if not token or pttl_ms <= 0:
-        return False
-    _, _, ttl = token.rpartition(" ")
-    try:
-        return pttl_ms > int(ttl) / BEATS_PER_TTL * 0.9
-    except ValueError:
-        return True
-
 
 class Lease:
     """Context manager: acquire on enter (or raise :class:`LeaseBusy`), renew, release on exit."""

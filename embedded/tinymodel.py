@@ -2,9 +2,9 @@
 
 It lets the whole pipeline (producer, workers, storage) run end to end without a GPU or a model
 hub. The first call trains a byte-level BPE tokenizer and a ~2M-parameter ``Qwen3ForCausalLM``
-on a synthetic chat corpus (:mod:`common.tinycorpus`) for about a minute, then caches it::
+on a synthetic chat corpus (:mod:`embedded.tinycorpus`) for about a minute, then caches it::
 
-    from common.tinymodel import ensure_tiny_model
+    from embedded.tinymodel import ensure_tiny_model
     path = ensure_tiny_model(settings.cache_dir)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -113,7 +113,7 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
         logger.info("building tiny model in %s", final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache_dir))
         try:
-            from common.tinybuild import build
+            from embedded.tinybuild import build
 
             build(tmp)
             (tmp / READY_MARKER).write_text(f"{TINY_MODEL_VERSION}\n")

@@ -17,7 +17,7 @@ from typing import Any
 
 from common.gates import END_THINK, THINK, GateConfig, TokenInfo, TurnFacts, inspect_turn, judge
 from common.records import Sampling
-from workers.engines.base import Engine, EngineLoop, GenRequest, GenResult
+from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
 
 @dataclass

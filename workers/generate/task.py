@@ -6,7 +6,6 @@ any number of times: finished parts are never regenerated and the commit is writ
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from contextlib import closing
@@ -17,14 +16,15 @@ from celery import Task
 
 from common import keys
 from common.celery_app import TASK_GENERATE, app
-from common.errors import ConfigError, NotFound, RunPaused, ShuttingDown
+from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.models import template_sha
 from common.monitor import RunMonitor
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
-from workers import metrics
+from common.runstore import RunStore
 from workers.context import WorkerContext
-from workers.generation import Job, ShardCounters, regenerate
-from workers.parts import PartBuffer, ShardParts
+from workers.generate import metrics
+from workers.generate.parts import PartBuffer, ShardParts
+from workers.generate.regeneration import Job, ShardCounters, regenerate
 from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, run_delivery
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
     commit_key = keys.generated_commit(task.run, task.shard)
     if ctx.storage.exists(commit_key):
         return TaskOutcome.ALREADY_COMMITTED
-    config = load_run_config(ctx, task.run)
+    config = RunStore(ctx.storage, task.run).config()
     monitor = RunMonitor(ctx.redis, ctx.storage, task.run, config.gates)
     monitor.ensure_ready()
     if monitor.paused():
@@ -87,13 +87,6 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
         hand_off(ctx, config, task)
         forget_progress(ctx, task)
     return TaskOutcome.COMMITTED
-
-
-def load_run_config(ctx: WorkerContext, run: str) -> RunConfig:
-    try:
-        return RunConfig.from_json(json.loads(ctx.storage.get(keys.run_config(run))))
-    except NotFound as exc:
-        raise ConfigError(f"run {run!r} has no run.json in {ctx.storage.root}") from exc
 
 
 def check_template(ctx: WorkerContext, config: RunConfig) -> None:

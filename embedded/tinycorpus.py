@@ -1,4 +1,4 @@
-"""Synthetic chat corpus for the embedded tiny model (see :mod:`common.tinymodel`).
+"""Synthetic chat corpus for the embedded tiny model (see :mod:`embedded.tinymodel`).
 
 Conversations are random sentences over a few hundred common English words; the user side also
 draws real MT-Bench prompts so that real prompts look familiar to the tokenizer and the model.

@@ -13,7 +13,7 @@ The degenerate answer mode replies with exactly six tokens, ``thinking`` ``\\n\\
 ``\\n`` ``OK.`` end-of-turn; under a tokenizer each piece is its longest single-token prefix.
 Other faulty modes (``empty``, ``unclosed``, ``leak``: see :func:`plan_output`) exercise the
 quality gates; ``--answer-mode-rate`` applies a mode to only a fraction of the prompts.
-Timing: :class:`Scheduler` (formula in the docstring of :mod:`workers.engines.simulator`).
+Timing: :class:`Scheduler` (formula in the docstring of :mod:`embedded.simulator`).
 """
 
 from __future__ import annotations

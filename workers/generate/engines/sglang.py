@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from common.errors import EngineError
-from workers.engines.base import GenRequest, GenResult
+from workers.generate.engines.base import GenRequest, GenResult
 
 log = logging.getLogger(__name__)
 

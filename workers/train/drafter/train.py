@@ -11,7 +11,7 @@
 
 Each step: rows with fewer than ``2 * block_size`` supervised tokens are skipped; up to
 ``max_anchors`` anchors per row are drawn from the trainer's own seeded generator; rows are
-packed (:mod:`workers.drafter.blocks`); the loss is the slot-weighted mean cross-entropy; AdamW
+packed (:mod:`.blocks`); the loss is the slot-weighted mean cross-entropy; AdamW
 with a warmup + cosine schedule and gradient clipping updates the drafter. Metrics are read back
 with one device sync per step. On CUDA the step runs under bf16 autocast with flex attention.
 """
@@ -32,16 +32,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from common.errors import NothingToTrain
-from workers.drafter.blocks import (
+from workers.train.drafter.blocks import (
     PackedBatch,
     acceptance_length,
     pack_rows,
     sample_anchors,
     slot_weights,
 )
-from workers.drafter.features import FeaturedRow
-from workers.drafter.masks import dense_block_mask, flex_available, flex_block_mask
-from workers.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.features import FeaturedRow
+from workers.train.drafter.masks import dense_block_mask, flex_available, flex_block_mask
+from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
 

@@ -25,16 +25,15 @@ import redis
 import torch
 from celery import Task
 
-from common import keys
 from common.celery_app import TASK_TRAIN, app
 from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
 from common.layers import dflash_layer_ids
-from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome
+from common.records import RunConfig, ShardTask, TaskOutcome
+from common.runstore import RunStore
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
-from workers.hidden import load_config, read_rows
 from workers.stage import TRAIN, Delivery, run_delivery
 
 log = logging.getLogger(__name__)
@@ -71,14 +70,14 @@ def process_train(delivery: Delivery) -> TaskOutcome:
     ctx, task = delivery.ctx, delivery.task
     # One trainer per run: the run-wide lease keeps a second worker from forking the drafter.
     with delivery.claim() as lease:
-        config = load_config(ctx, task.run)
+        config = RunStore(ctx.storage, task.run).config()
         session = get_session(ctx, config)
         if task.shard in session.ledger.done:
             log.info("run %s shard %d: already trained this epoch; skipped", task.run,
                      task.shard)
             return TaskOutcome.ALREADY_COMMITTED
-        rows = load_rows(ctx, task) if config.mode == "online" else stored_rows(ctx, session,
-                                                                              task)
+        rows = (RunStore(ctx.storage, task.run).training_rows(task.shard)
+                if config.mode == "online" else stored_rows(ctx, session, task))
         start = session.ledger.rows_done(task.shard)
         size = ctx.settings.train_rows_per_step
         for first in range(start, len(rows), size):
@@ -96,16 +95,10 @@ def process_train(delivery: Delivery) -> TaskOutcome:
     return TaskOutcome.COMMITTED
 
 
-def load_rows(ctx: WorkerContext, task: ShardTask) -> list[TrainingRow]:
-    """The shard's accepted rows, in a fixed order (the ledger counts rows by position)."""
-    raw = ctx.storage.get(keys.generated_commit(task.run, task.shard))
-    return read_rows(ctx.storage, ShardCommit.from_json(json.loads(raw)))
-
-
 def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[Any]:
     """Offline runs: the rows with the features the hidden-state stage stored (same order)."""
     from common.hidden_store import iter_hidden_records, read_hidden_commit
-    from workers.drafter.features import FeaturedRow
+    from workers.train.drafter.features import FeaturedRow
 
     index = read_hidden_commit(ctx.storage, task.run, task.shard)
     if index is None:
@@ -122,7 +115,7 @@ def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[A
 
 def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: ShardTask) -> None:
     """One optimizer step (target features on the fly unless stored); metrics to Redis and log."""
-    from workers.drafter.features import FeaturedRow, with_target_features
+    from workers.train.drafter.features import FeaturedRow, with_target_features
 
     featured = [r for r in rows if isinstance(r, FeaturedRow)]
     if len(featured) != len(rows):
@@ -165,9 +158,9 @@ def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
 
 def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     from common.models import resolve_model_path
-    from workers.drafter.demo import load_target
-    from workers.drafter.model import DFlashDraftModel, add_mask_token
-    from workers.drafter.train import DrafterTrainer, TrainConfig
+    from workers.train.drafter.demo import load_target
+    from workers.train.drafter.model import DFlashDraftModel, add_mask_token
+    from workers.train.drafter.train import DrafterTrainer, TrainConfig
 
     path = resolve_model_path(replace(ctx.settings, model=config.model))
     target, tokenizer = load_target(path)

@@ -4,7 +4,7 @@ Run it where ``python -m sglang.launch_server`` would go (SGLang's ``--model-pat
 ``--mem-fraction-static`` and ``--served-model-name`` are accepted and logged; the model path is
 also the tokenizer when it holds one)::
 
-    python -m workers.engines.simulator --port 30000 [--host 127.0.0.1] [--tokenizer DIR]
+    python -m embedded.simulator --port 30000 [--host 127.0.0.1] [--tokenizer DIR]
         [--max-running 64] [--decode-base-ms 2.0] [--decode-per-req-ms 0.05]
         [--prefill-per-token-us 20] [--len-mu 5.3] [--len-sigma 0.8] [--seed 0]
         [--time-scale 1.0] [--answer-mode normal|degenerate|empty|unclosed|leak]
@@ -26,7 +26,7 @@ admitted at its start (they pay their prefill there). Every running request emit
 step and is answered after its last one, so throughput grows with concurrency up to the cap and
 is flat beyond it. --time-scale multiplies every duration (steps and --startup-delay).
 
-Output (details in :mod:`workers.engines.sim_model`): ``<think>`` reasoning ``</think>\\n\\n``
+Output (details in :mod:`embedded.sim_model`): ``<think>`` reasoning ``</think>\\n\\n``
 answer ``<|im_end|>``, lognormal length (median ``exp(len_mu)``, ~200 tokens), fixed by --seed and
 the input_ids alone (same prompt, same reply, whatever the sampling params); finish ``stop`` at the
 end-of-turn or a ``stop_token_ids`` id, ``length`` at max_new_tokens. Real ids with --tokenizer,
@@ -47,7 +47,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from workers.engines.sim_model import (
+from embedded.sim_model import (
     ANSWER_MODES,
     BadRequest,
     LatencyModel,
@@ -214,7 +214,7 @@ class Simulator:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line; defaults are the latency and output model of the module docstring."""
-    p = argparse.ArgumentParser(prog="python -m workers.engines.simulator",
+    p = argparse.ArgumentParser(prog="python -m embedded.simulator",
                                 description="An SGLang stand-in with a modelled GPU.")
     add = p.add_argument
     add("--host", default="127.0.0.1")
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--time-scale", type=float, default=1.0, help="multiplies every duration")
     add("--answer-mode", choices=ANSWER_MODES, default="normal",
-        help="faulty replies for quality-gate tests (see workers.engines.sim_model)")
+        help="faulty replies for quality-gate tests (see embedded.sim_model)")
     add("--answer-mode-rate", type=float, default=1.0,
         help="fraction of prompts (fixed per prompt) that get the --answer-mode reply")
     add("--fail-rate", type=float, default=0.0, help="fraction of requests answered HTTP 500")

@@ -1,6 +1,6 @@
 """Building the embedded tiny model: tokenizer training, model init, a short training run.
 
-Imported only when :func:`common.tinymodel.ensure_tiny_model` finds no cached build, so that
+Imported only when :func:`embedded.tinymodel.ensure_tiny_model` finds no cached build, so that
 processes that merely locate the model never import torch for it.
 """
 
@@ -16,7 +16,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from common import tinycorpus
-from common.tinymodel import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
+from embedded.tinymodel import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from workers.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ names the canonical ones, so a killed worker's partial parts are never read twic
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,13 +18,13 @@ from celery import Task
 
 from common import keys
 from common.celery_app import TASK_HIDDEN, app
-from common.errors import ConfigError, NotFound, NotReady, ShuttingDown
+from common.errors import ShuttingDown
 from common.faults import inject
 from common.hidden_store import HiddenShardWriter, write_hidden_commit
-from common.records import RunConfig, ShardCommit, ShardTask, TaskOutcome, decode_jsonl_zst
-from common.trainrows import TrainingRow, training_rows
+from common.records import RunConfig, TaskOutcome
+from common.runstore import RunStore
 from workers.context import WorkerContext
-from workers.hidden_states import ExtractorConfig, HiddenExtractor, length_batches
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches
 from workers.stage import HIDDEN, TRAIN, Delivery, run_delivery
 
 log = logging.getLogger(__name__)
@@ -49,8 +48,9 @@ def process_hidden(delivery: Delivery) -> TaskOutcome:
     with delivery.claim() as lease:
         if storage.exists(keys.hidden_commit(task.run, task.shard)):
             return TaskOutcome.ALREADY_COMMITTED
-        config = load_config(ctx, task.run)
-        rows = load_rows(ctx, task)
+        store = RunStore(storage, task.run)
+        config = store.config()
+        rows = store.training_rows(task.shard)
         extractor = get_extractor(ctx, config)
         writer = HiddenShardWriter(storage, task.run, task.shard, extractor.meta,
                                    part_bytes=ctx.settings.hidden_part_bytes)
@@ -73,34 +73,6 @@ def process_hidden(delivery: Delivery) -> TaskOutcome:
                            keys.shard_name(task.shard), 1)
             app.send_task(TRAIN.task_name, args=[task.to_json()], queue=TRAIN.queue)
     return TaskOutcome.COMMITTED
-
-
-def load_config(ctx: WorkerContext, run: str) -> RunConfig:
-    try:
-        return RunConfig.from_json(json.loads(ctx.storage.get(keys.run_config(run))))
-    except NotFound as exc:
-        raise ConfigError(f"run {run!r} has no run.json in {ctx.storage.root}") from exc
-
-
-def load_rows(ctx: WorkerContext, task: ShardTask) -> list[TrainingRow]:
-    """Training rows of the shard's accepted samples, read through its generate commit."""
-    try:
-        commit = ShardCommit.from_json(json.loads(
-            ctx.storage.get(keys.generated_commit(task.run, task.shard))))
-    except NotFound as exc:
-        raise NotReady(f"shard {task.shard} of run {task.run} is not committed yet") from exc
-    return read_rows(ctx.storage, commit)
-
-
-def read_rows(storage: Any, commit: ShardCommit) -> list[TrainingRow]:
-    """Every accepted sample's rows once, from the part the commit names for it."""
-    wanted = set(commit.sample_ids)
-    rows: list[TrainingRow] = []
-    for part in sorted({commit.part_of[i] for i in wanted}):
-        for sample in decode_jsonl_zst(storage.get(part)):
-            if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
-                rows.extend(training_rows(sample))
-    return rows
 
 
 def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:

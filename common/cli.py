@@ -1,0 +1,77 @@
+"""CLI plumbing every command shares, producer's and the stages' alike: the ``--storage``,
+``--broker-url`` and ``-v`` options, logging, and the mapping of errors to one line and an exit
+code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config mismatch).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from common.config import Settings, env_name, load_settings, mask_url
+from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
+
+EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
+
+log = logging.getLogger("dflash")
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # Our own progress lines (long enqueues) show by default; libraries stay quiet.
+    logging.getLogger("producer").setLevel(logging.INFO)
+
+
+def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A click option for the settings field ``name``: its variable and shown default come from
+    :class:`common.config.Settings`; unset (None) means "as the settings say"."""
+    default = getattr(Settings(), name)
+    return click.option(*(decls or (f"--{name.replace('_', '-')}",)), name, default=None,
+                        envvar=env_name(name), show_default=mask_url(str(default)), **kw)
+
+
+def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--storage and --broker-url, shared by every command that touches the run."""
+
+    @setting_option("storage", help="Storage root: s3://bucket/prefix or a local directory.")
+    @setting_option("broker_url", help="Redis URL of the Celery broker.")
+    @click.option("-v", "--verbose", is_flag=True, envvar=env_name("verbose"),
+                  help="Log progress to stderr.")
+    @functools.wraps(func)
+    def wrapper(storage: str | None, broker_url: str | None, verbose: bool, **kw: Any) -> Any:
+        import redis
+        from kombu.exceptions import OperationalError
+
+        setup_logging(verbose)
+        settings = load_settings(storage=storage, broker_url=broker_url)
+        try:
+            return func(settings=settings, **kw)
+        except (redis.RedisError, OperationalError) as exc:
+            # Redis went away after start-up (the start-up check names it too).
+            click.echo(f"error: lost Redis at {settings.masked_broker_url}: "
+                       f"{mask_url(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__}"
+                       "; nothing is lost, run the command again once Redis is back", err=True)
+            sys.exit(EXIT_FAILURE)
+        except RunConfigMismatch as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_MISMATCH)
+        except (ConfigError, InputError, NotFound) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_FAILURE)
+        except DflashError as exc:
+            click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+            sys.exit(EXIT_FAILURE)
+        except OSError as exc:
+            click.echo(f"error: {exc} (broker {settings.masked_broker_url}, storage "
+                       f"{settings.storage})", err=True)
+            sys.exit(EXIT_FAILURE)
+
+    return wrapper

@@ -1,0 +1,65 @@
+"""The train stage's commands, registered by name into the ``dflash-pipeline`` group.
+
+``dflash-pipeline export-drafter --run RUN --out DIR [--step N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from common.cli import common_options
+from common.config import Settings
+from common.errors import NotFound
+
+
+@click.command("export-drafter")
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to export.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory to write config.json and model.safetensors to.")
+@click.option("--step", type=click.IntRange(min=1), default=None,
+              help="Checkpoint step to export [default: the newest].")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@common_options
+def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
+                   as_json: bool) -> None:
+    """Export a run's drafter checkpoint as an HF-style directory SGLang's DFLASH loads."""
+    result = export_drafter_checkpoint(settings, run, out_dir, step)
+    if as_json:
+        click.echo(json.dumps(result, sort_keys=True))
+    else:
+        click.echo(f"run {run}: drafter step {result['step']} exported to {result['out']} "
+                   f"({result['tensors']} tensors; serve with --speculative-algorithm DFLASH "
+                   f"--speculative-draft-model-path {result['out']})")
+
+
+def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str,
+                              step: int | None) -> dict[str, Any]:
+    """Load a drafter checkpoint on the run's target and write the HF-style export."""
+    from common.drafter_store import committed_steps, load_checkpoint
+    from common.models import resolve_model_path
+    from common.runstore import RunStore
+    from common.storage import open_storage
+    from workers.train.drafter.demo import load_target
+    from workers.train.drafter.export import export_drafter
+    from workers.train.drafter.model import add_mask_token
+    from workers.train.drafter.train import DrafterTrainer
+
+    storage = open_storage(settings.storage)
+    config = RunStore(storage, run).config()
+    steps = committed_steps(storage, run)
+    if not steps:
+        raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/)")
+    if step is not None and step not in steps:
+        raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
+    target, tokenizer = load_target(resolve_model_path(replace(settings, model=config.model)))
+    add_mask_token(tokenizer, target)
+    loaded = load_checkpoint(storage, run, step)
+    assert loaded is not None  # the step is committed
+    trainer = DrafterTrainer.from_state_dict(loaded[0], target)
+    out = export_drafter(trainer, out_dir)
+    return {"run": run, "step": trainer.steps, "out": str(out),
+            "tensors": len(trainer.drafter.state_dict())}
