@@ -26,10 +26,6 @@ class StorageError(TransientError):
     """Storage could not be read or written after retries."""
 
 
-class AlreadyExists(StorageError):
-    """A put-once write found the key already written (S3 412 / local EEXIST)."""
-
-
 class NotFound(StorageError):
     """The key does not exist in storage."""
 

@@ -10,7 +10,6 @@ at inference time) rather than one long sequence that the model never sees when 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +48,3 @@ def training_rows(sample: dict[str, Any]) -> list[TrainingRow]:
         rows.append(TrainingRow(sample["id"], index, prompt + output,
                                 [0] * len(prompt) + [1] * len(output)))
     return rows
-
-
-def iter_training_rows(samples: Iterator[dict[str, Any]]) -> Iterator[TrainingRow]:
-    for sample in samples:
-        yield from training_rows(sample)

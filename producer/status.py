@@ -102,7 +102,7 @@ class StatusReader:
         for key in self.storage.list(keys.generated_prefix(self.run)):
             shard = keys.shard_of(key)
             if key.endswith("/_COMMIT.json") and shard is not None and shard not in self.commits:
-                self.commits[shard] = ShardCommit.from_json(json.loads(self.storage.get(key)))
+                self.commits[shard] = RunStore(self.storage, self.run).commit(shard)
             elif keys.part_number(key) is not None:
                 part_keys.append(key)
         return part_keys

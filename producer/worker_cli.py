@@ -72,36 +72,35 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
         exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
                     loglevel=loglevel, overrides=overrides)
 
-    @worker.command("hidden")
-    @gpu_option("hidden")
-    @setting_option("hidden_batch_tokens", "--batch-tokens", type=click.IntRange(min=1),
-                    help="Padded tokens per forward pass (rows are batched by length).")
-    @node_options("hidden")
-    @common_options
-    def worker_hidden(settings: Settings, gpu: int | None, name: str | None, loglevel: str,
-                      **overrides: Any) -> None:
-        """Run a Celery worker on queue `hidden`: target hidden states of committed shards."""
-        from producer.commands import exec_worker
+    def stage_worker(queue: str, doc: str, *options: Callable[[Any], Any]) -> None:
+        """A one-shard-at-a-time worker of a downstream stage, with the stage's settings."""
 
-        exec_worker(settings, queue="hidden", gpu=gpu, concurrency=1, name=name, loglevel=loglevel,
-                    overrides=overrides)
+        def command(settings: Settings, gpu: int | None, name: str | None, loglevel: str,
+                    **overrides: Any) -> None:
+            from producer.commands import exec_worker
 
-    @worker.command("train")
-    @gpu_option("train")
-    @setting_option("train_rows_per_step", "--rows-per-step", type=click.IntRange(min=1),
-                    help="Training rows per optimizer step.")
-    @setting_option("train_checkpoint_steps", "--checkpoint-steps", type=click.IntRange(min=1),
-                    help="Checkpoint to storage every N steps.")
-    @setting_option("train_total_steps", "--total-steps", type=click.IntRange(min=1),
-                    help="Length of the cosine learning-rate schedule.")
-    @node_options("train")
-    @common_options
-    def worker_train(settings: Settings, gpu: int | None, name: str | None, loglevel: str,
-                     **overrides: Any) -> None:
-        """Run a Celery worker on queue `train`: online DFlash drafter training (one per run)."""
-        from producer.commands import exec_worker
+            exec_worker(settings, queue=queue, gpu=gpu, concurrency=1, name=name,
+                        loglevel=loglevel, overrides=overrides)
 
-        exec_worker(settings, queue="train", gpu=gpu, concurrency=1, name=name, loglevel=loglevel,
-                    overrides=overrides)
+        command.__doc__ = doc
+        wrapped = common_options(command)
+        for option in (node_options(queue), *reversed(options), gpu_option(queue)):
+            wrapped = option(wrapped)
+        worker.command(queue)(wrapped)
+
+    stage_worker(
+        "hidden", "Run a Celery worker on queue `hidden`: target hidden states of committed "
+                  "shards.",
+        setting_option("hidden_batch_tokens", "--batch-tokens", type=click.IntRange(min=1),
+                       help="Padded tokens per forward pass (rows are batched by length)."))
+    stage_worker(
+        "train", "Run a Celery worker on queue `train`: online DFlash drafter training (one per "
+                 "run).",
+        setting_option("train_rows_per_step", "--rows-per-step", type=click.IntRange(min=1),
+                       help="Training rows per optimizer step."),
+        setting_option("train_checkpoint_steps", "--checkpoint-steps", type=click.IntRange(min=1),
+                       help="Checkpoint to storage every N steps."),
+        setting_option("train_total_steps", "--total-steps", type=click.IntRange(min=1),
+                       help="Length of the cosine learning-rate schedule."))
 
     return worker

@@ -26,7 +26,7 @@ from tests.test_generate_e2e import (
     _write_jsonl,
     pipeline_requests,
 )
-from tests.test_hidden_e2e import hidden_commits
+from tests.test_hidden_e2e import generated_run, hidden_commits
 from tests.test_train_e2e import TRAIN_ENV
 
 pytestmark = pytest.mark.e2e
@@ -90,12 +90,7 @@ def test_killed_generate_worker_heals_without_resume(pipeline: Pipeline, tmp_pat
 
 
 def test_killed_hidden_worker_heals_without_resume(pipeline: Pipeline, tmp_path: Path) -> None:
-    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
-    pipeline.start_worker("gen")
-    pipeline.cli("enqueue", "--input", src, "--run", "hh", "--shard-size", "4",
-                 "--max-new-tokens", "128", check=True)
-    pipeline.wait_done("hh")
-    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    storage = generated_run(pipeline, tmp_path, "hh")
     client = redis_client(pipeline)
     victim = pipeline.start_worker("victim", kind="hidden", DFLASH_HIDDEN_PART_BYTES="1",
                                    DFLASH_HIDDEN_BATCH_TOKENS="1")
@@ -184,23 +179,20 @@ def test_redis_wipe_mid_run_does_not_pause_a_healthy_run(pipeline: Pipeline, tmp
                                                          model_cache: Path) -> None:
     """Rejections spread through the run (10%) must not crowd the rebuilt rolling window."""
     from common.monitor import gate_events
-    from embedded.tinymodel import ensure_tiny_model
-    from tests.conftest import running_simulator
+    from tests.test_quality_e2e import degenerate_engine
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Tell me fact number {i}."})
                            + "\n" for i in range(1200)))
     client = redis_client(pipeline)
-    tiny = ensure_tiny_model(model_cache)
-    with running_simulator("--tokenizer", str(tiny), "--time-scale", "0.1", "--len-mu", "4.5",
-                           "--len-sigma", "0.3", "--answer-mode", "degenerate",
-                           "--answer-mode-rate", "0.1") as url:
-        pipeline.start_worker("gen", "--engine", "sglang", "--engine-url", url,
-                              "--concurrency", "2")
+    with degenerate_engine(pipeline, model_cache, 0.1, time_scale=0.1):
         pipeline.cli("enqueue", "--input", str(src), "--run", "wipe", "--shard-size", "20",
                      check=True)
-        before = wait_until(lambda: (lambda s: s["gates"]["rejected"] > 45 and s)(
-            read_status(pipeline, "wipe")), 300, "more than 45 rejections stored")
+        def many_rejections() -> dict | None:
+            status = read_status(pipeline, "wipe")
+            return status if status["gates"]["rejected"] > 45 else None
+
+        before = wait_until(many_rejections, 300, "more than 45 rejections stored")
         assert before["state"] == "running" and before["gates"]["rate"] < 0.2
         client.flushall()
         wiped = read_status(pipeline, "wipe")

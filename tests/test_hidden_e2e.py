@@ -72,13 +72,18 @@ def test_hidden_states_match_a_direct_forward(pipeline: Pipeline, tmp_path: Path
             assert "last_hidden_states" not in record
 
 
-def test_hidden_worker_killed_mid_shard_then_resume(pipeline: Pipeline, tmp_path: Path) -> None:
+def generated_run(pipeline: Pipeline, tmp_path: Path, run: str):  # noqa: ANN201
+    """A generate worker runs 8 MT-Bench rows in 2 shards to the end; returns the storage."""
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
     pipeline.start_worker("gen")
-    pipeline.cli("enqueue", "--input", src, "--run", "hk", "--shard-size", "4",
+    pipeline.cli("enqueue", "--input", src, "--run", run, "--shard-size", "4",
                  "--max-new-tokens", "128", check=True)
-    pipeline.wait_done("hk")
-    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    pipeline.wait_done(run)
+    return open_storage(pipeline.env["DFLASH_STORAGE"])
+
+
+def test_hidden_worker_killed_mid_shard_then_resume(pipeline: Pipeline, tmp_path: Path) -> None:
+    storage = generated_run(pipeline, tmp_path, "hk")
     client = __import__("redis").Redis.from_url(pipeline.env["DFLASH_BROKER_URL"])
     # Tiny parts and one row per forward, so the shard is mid-way when the lease shows up.
     victim = start_hidden_worker(pipeline, "victim", DFLASH_HIDDEN_PART_BYTES="1",

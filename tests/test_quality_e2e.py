@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,16 +29,24 @@ def _variants(path: Path, n: int) -> str:
     return str(path)
 
 
-def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tmp_path: Path,
-                                                          model_cache: Path) -> None:
+@contextmanager
+def degenerate_engine(pipeline: Pipeline, model_cache: Path, rate: float,
+                      time_scale: float = 0.02) -> Iterator[str]:
+    """The simulator giving ``rate`` of prompts six-token replies, and a worker on it."""
     from embedded.tinymodel import ensure_tiny_model
 
     tiny = ensure_tiny_model(model_cache)
-    with running_simulator("--tokenizer", str(tiny), "--time-scale", "0.02", "--len-mu", "4.5",
-                           "--len-sigma", "0.3", "--answer-mode", "degenerate",
-                           "--answer-mode-rate", "0.87") as url:
+    with running_simulator("--tokenizer", str(tiny), "--time-scale", str(time_scale),
+                           "--len-mu", "4.5", "--len-sigma", "0.3", "--answer-mode", "degenerate",
+                           "--answer-mode-rate", str(rate)) as url:
         pipeline.start_worker("gen", "--engine", "sglang", "--engine-url", url,
                               "--concurrency", "2")
+        yield url
+
+
+def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tmp_path: Path,
+                                                          model_cache: Path) -> None:
+    with degenerate_engine(pipeline, model_cache, 0.87):
         pipeline.cli("enqueue", "--input", _variants(tmp_path / "in.jsonl", 400), "--run", "seed",
                      "--shard-size", "20", check=True)
         wait_until(lambda: pipeline.state("seed") == "paused", 120, "the run to pause")

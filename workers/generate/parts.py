@@ -9,7 +9,6 @@ holding an id wins.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -20,6 +19,7 @@ from typing import Any
 from common import keys
 from common.errors import StorageError
 from common.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.runstore import RunStore
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class ShardParts:
             return commit
         log.info("run %s shard %d: already committed by another worker", self.task.run,
                  self.task.shard)
-        return ShardCommit.from_json(json.loads(self.storage.get(key)))
+        return RunStore(self.storage, self.task.run).commit(self.task.shard)
 
 
 def _stats(chosen: list[SampleStat]) -> dict[str, Any]:

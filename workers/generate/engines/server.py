@@ -21,12 +21,11 @@ from pathlib import Path
 
 from common.config import Settings
 from common.errors import EngineError
-from workers.preflight import EnginePidFile, kill_tree, remove_owned_shm
+from workers.preflight import EnginePidFile, kill_tree, worker_preflight
 
 log = logging.getLogger(__name__)
 
 _RESTART_BACKOFF_MAX_S = 60.0
-_SHM_PREFIXES = ("psm_", "sem.mp-", "torch_")
 
 
 def server_command(settings: Settings, model_path: Path) -> list[str]:
@@ -67,15 +66,18 @@ class EngineServer:
 
     def start(self) -> None:
         """Clean up after an earlier crash, launch, wait for health, then watch the process."""
-        stale = self.pid_file.kill_stale()
-        if stale is not None:
-            log.warning("killed stale engine pid %d left by an earlier worker", stale)
-        removed = remove_owned_shm(_SHM_PREFIXES)
-        if removed:
-            log.info("removed %d stale shared-memory segments", len(removed))
+        self.preflight()
         self._launch()
         self._watcher = threading.Thread(target=self._watch, name="engine-watch", daemon=True)
         self._watcher.start()
+
+    def preflight(self) -> None:
+        """Stop a stale engine and drop leftover shared memory (``doctor`` checks the GPU)."""
+        for result in worker_preflight(None, self.pid_file):
+            if not result.ok:
+                raise EngineError(f"{result.name}: {result.detail} (fix: {result.fix})")
+            if result.warn:
+                log.warning("preflight %s: %s", result.name, result.detail)
 
     def _launch(self) -> None:
         log.info("starting engine: %s (log %s)", " ".join(self.argv), self.log_path)
