@@ -15,7 +15,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from common import tinycorpus
+from embedded import tinycorpus
 from embedded.tinymodel import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
 
 logger = logging.getLogger(__name__)
