@@ -1,8 +1,9 @@
 """Enqueue streams its input: wall time and peak RSS of ``enqueue`` over 1,000,000 rows.
 
-Run: ``.venv/bin/python benchmarks/enqueue_memory.py [--rows 1000000] [--shard-size 1000]``.
-Starts a throwaway redis-server, writes a synthetic JSONL (a mix of prompt, messages and
-ShareGPT rows), runs the real CLI in a child process and reads its peak RSS from the kernel.
+Run: ``.venv/bin/python benchmarks/enqueue_memory.py [--rows 1000000] [--files 20]
+[--shard-size 1000]``. Starts a throwaway redis-server, writes synthetic JSONL (a mix of prompt,
+messages, ShareGPT, Alpaca and Dolly rows) split over ``--files`` files in one directory, runs
+the real CLI on the directory in a child process and reads its peak RSS from the kernel.
 Prints one line per figure; the target is peak RSS < 1 GiB.
 """
 
@@ -23,36 +24,47 @@ sys.path.insert(0, str(ROOT))
 from producer.demo import free_port, start_redis  # noqa: E402
 
 
-def write_rows(path: Path, rows: int) -> None:
-    with open(path, "w") as fh:
-        for i in range(rows):
-            kind = i % 3
-            if kind == 0:
-                row = {"id": f"p{i}", "prompt": f"Question {i}: explain topic {i % 977} briefly."}
-            elif kind == 1:
-                row = {"id": f"m{i}", "messages": [
-                    {"role": "system", "content": "You are helpful."},
-                    {"role": "user", "content": f"Tell me about item {i}."},
-                    {"role": "assistant", "content": "An old answer that will be dropped."},
-                    {"role": "user", "content": "And why?"}]}
-            else:
-                row = {"id": f"s{i}", "conversations": [
-                    {"from": "human", "value": f"Summarise case {i}."},
-                    {"from": "gpt", "value": "old"}]}
-            fh.write(json.dumps(row) + "\n")
+def write_rows(directory: Path, rows: int, files: int) -> None:
+    directory.mkdir()
+    per_file = -(-rows // files)
+    handles = [open(directory / f"part-{k:05d}.jsonl", "w") for k in range(files)]
+    for i in range(rows):
+        kind = i % 5
+        if kind == 0:
+            row = {"id": f"p{i}", "prompt": f"Question {i}: explain topic {i % 977} briefly."}
+        elif kind == 1:
+            row = {"id": f"m{i}", "messages": [
+                {"role": "system", "content": "You are helpful."},
+                {"role": "user", "content": f"Tell me about item {i}."},
+                {"role": "assistant", "content": "An old answer that will be dropped."},
+                {"role": "user", "content": "And why?"}]}
+        elif kind == 2:
+            row = {"id": f"s{i}", "conversations": [
+                {"from": "human", "value": f"Summarise case {i}."},
+                {"from": "gpt", "value": "old"}]}
+        elif kind == 3:
+            row = {"id": f"a{i}", "instruction": "Translate to French.", "input": f"item {i}",
+                   "output": "old"}
+        else:
+            row = {"id": f"d{i}", "instruction": "Summarize.", "context": f"Paragraph {i}.",
+                   "response": "old", "category": "summarization"}
+        handles[i // per_file].write(json.dumps(row) + "\n")
+    for handle in handles:
+        handle.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--shard-size", type=int, default=1000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         started = time.perf_counter()
-        write_rows(work / "in.jsonl", args.rows)
-        size_mb = (work / "in.jsonl").stat().st_size / 2**20
-        print(f"input: {args.rows} rows, {size_mb:.0f} MiB, written in "
+        write_rows(work / "in", args.rows, args.files)
+        size_mb = sum(p.stat().st_size for p in (work / "in").iterdir()) / 2**20
+        print(f"input: {args.rows} rows in {args.files} files, {size_mb:.0f} MiB, written in "
               f"{time.perf_counter() - started:.1f}s")
         port = free_port()
         redis_proc = start_redis(work / "redis", port)
@@ -68,7 +80,7 @@ def main() -> None:
             with open(out, "w") as stdout, open(err, "w") as stderr:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "producer.cli", "enqueue", "--input",
-                     str(work / "in.jsonl"), "--run", "bench", "--shard-size",
+                     str(work / "in"), "--run", "bench", "--shard-size",
                      str(args.shard_size), "--json"],
                     env=env, cwd=ROOT, stdout=stdout, stderr=stderr,
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from common.config import Settings
 from common.errors import ConfigError
@@ -41,3 +42,9 @@ def chat_template_of(model_dir: Path) -> str | None:
 def template_sha(template: str | None) -> str | None:
     """A short fingerprint frozen in run.json so every worker renders prompts the same way."""
     return hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool) -> str:
+    """The prompt text the target sees: its chat template, generation prompt, thinking on/off."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=thinking)

@@ -53,7 +53,7 @@ class RunConfig:
 
     run: str
     model: str
-    input: str
+    input: str | list[str]  # one input, or several (each a file, directory, glob or s3:// URL)
     format: str
     prompt_field: str | None
     shard_size: int
@@ -64,6 +64,8 @@ class RunConfig:
     layout: str = "dflash"  # target layers kept for the drafter: dflash (K layers) or eagle3
     target_layers: int = 5
     chat_template_sha: str | None = None
+    prompt_template: str | None = None  # a format string over the row's fields, or detection
+    strict_fields: bool = False  # reject rows with text no prompt uses, instead of reporting it
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)
 
@@ -72,6 +74,10 @@ class RunConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunConfig:
@@ -137,6 +143,8 @@ class InputManifest:
     rejected: int
     shard_rows: list[int]
     examples: list[dict[str, Any]] = field(default_factory=list)
+    layouts: dict[str, dict[str, int]] = field(default_factory=dict)  # file -> layout -> rows
+    unused: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> rows, example
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

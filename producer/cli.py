@@ -20,6 +20,7 @@ from common.config import Settings, env_name, load_settings
 from common.errors import DflashError
 from common.gates import GateConfig
 from common.records import Sampling
+from producer.layouts import FORMATS
 
 EXIT_FAILURE, EXIT_REJECTED = 1, 3
 
@@ -96,14 +97,25 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--input", "input_path", required=True, envvar="DFLASH_INPUT",
-              help="JSONL, JSON or Parquet file, local or s3://bucket/key.")
+@click.option("--input", "input_path", required=True, multiple=True, envvar="DFLASH_INPUT",
+              help="A JSONL/JSON/Parquet/Arrow file, a directory of them (a Hugging Face "
+                   "dataset too), a quoted glob, or s3://bucket/key, prefix/ or glob; "
+                   "repeatable.")
 @click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id (letters, digits, ._-).")
 @click.option("--format", "fmt", default="auto", envvar="DFLASH_FORMAT", show_default=True,
-              type=click.Choice(["auto", "messages", "sharegpt", "mt_bench", "prompt"]),
-              help="Row format; auto detects it per row.")
+              type=click.Choice(FORMATS), help="Row layout; auto detects it per row.")
 @click.option("--prompt-field", envvar="DFLASH_PROMPT_FIELD", default=None,
               help="Field holding the prompt for --format prompt.")
+@click.option("--prompt-template", envvar="DFLASH_PROMPT_TEMPLATE", default=None,
+              help="Build the prompt from the row's fields instead, e.g. "
+                   "'{instruction}\\n\\n{context}' (\\n is a newline).")
+@click.option("--strict-fields", is_flag=True, envvar="DFLASH_STRICT_FIELDS",
+              help="Reject a row with a text field no prompt uses, instead of reporting it.")
+@click.option("--dry-run", is_flag=True,
+              help="Read and validate everything, write nothing, show rows as the model sees "
+                   "them.")
+@click.option("--show", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Rows to print with --dry-run.")
 @click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True,
               envvar="DFLASH_SHARD_SIZE", help="Conversations per shard (one task each).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, envvar="DFLASH_LIMIT",
@@ -135,10 +147,11 @@ def main() -> None:
 @gate_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
-def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_field: str | None,
-            shard_size: int, limit: int | None, max_new_tokens: int, temperature: float,
-            top_p: float, top_k: int, thinking: bool, model: str | None, mode: str, layout: str,
-            target_layers: int, as_json: bool, **gates: Any) -> None:
+def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
+            prompt_field: str | None, prompt_template: str | None, strict_fields: bool,
+            dry_run: bool, show: int, shard_size: int, limit: int | None, max_new_tokens: int,
+            temperature: float, top_p: float, top_k: int, thinking: bool, model: str | None,
+            mode: str, layout: str, target_layers: int, as_json: bool, **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
     from producer.commands import (
         build_gates,
@@ -155,7 +168,15 @@ def enqueue(settings: Settings, input_path: str, run: str, fmt: str, prompt_fiel
                               max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, thinking=thinking,
                               gates=build_gates(**gates), mode=mode, layout=layout,
-                              target_layers=target_layers)
+                              target_layers=target_layers,
+                              prompt_template=_unescape(prompt_template),
+                              strict_fields=strict_fields)
+    if dry_run:  # no storage, no Redis: nothing is written anywhere
+        from producer.dryrun import dry_run as run_dry
+
+        report = run_dry(settings, config, context_check(settings, config), show)
+        click.echo(json.dumps(report.to_json(), sort_keys=True) if as_json else report.render())
+        sys.exit(EXIT_REJECTED if report.rejected else 0)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
     print_enqueue_report(report, storage, as_json)
@@ -275,6 +296,11 @@ def bench(engine_url: str, concurrency: str, num: int, prompt_len: int, max_new_
         dump_json({"rows": [r.to_json() for r in rows], "best_concurrency": best.concurrency})
     else:
         click.echo(render_table(rows))
+
+
+def _unescape(template: str | None) -> str | None:
+    """Let a shell user write a newline in --prompt-template as \\n (and a tab as \\t)."""
+    return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")
 
 
 def dump_json(obj: Any) -> None:

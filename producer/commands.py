@@ -23,38 +23,56 @@ from common.records import RunConfig, RunState, Sampling
 from common.storage import Storage
 from producer.enqueue import EnqueueReport
 from producer.fit import ContextCheck
-from producer.rows import FORMATS
+from producer.layouts import FORMATS, template_fields
+from producer.sources import is_glob
 from producer.status import StatusReader
 
 log = logging.getLogger(__name__)
 
 
-def build_run_config(settings: Settings, *, run: str, input_path: str, fmt: str,
-                     prompt_field: str | None, shard_size: int, limit: int | None,
+def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[str, ...],
+                     fmt: str, prompt_field: str | None, shard_size: int, limit: int | None,
                      max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                      thinking: bool, gates: GateConfig | None = None, mode: str = "offline",
-                     layout: str = "dflash", target_layers: int = 5) -> RunConfig:
+                     layout: str = "dflash", target_layers: int = 5,
+                     prompt_template: str | None = None,
+                     strict_fields: bool = False) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint."""
     if not keys.valid_run_id(run):
         raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if not input_path.startswith("s3://") and not os.path.isfile(input_path):
-        raise InputError(f"input not found: {input_path}")
+    if prompt_template is not None:
+        if not template_fields(prompt_template):
+            raise ConfigError(f"--prompt-template {prompt_template!r} names no field; use "
+                              "{field} placeholders, e.g. '{instruction}\\n\\n{context}'")
+    specs = [input_path] if isinstance(input_path, str) else list(input_path)
+    sources = [input_source(spec) for spec in specs]
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
     template = chat_template_of(resolve_model_path(settings))
     if template is None:
         raise ConfigError(f"model {settings.model!r} has no chat template")
-    source = input_path if input_path.startswith("s3://") else os.path.abspath(input_path)
     return RunConfig(
-        run=run, model=settings.model, input=source, format=fmt, prompt_field=prompt_field,
-        shard_size=shard_size, limit=limit,
+        run=run, model=settings.model, input=sources[0] if len(sources) == 1 else sources,
+        format=fmt, prompt_field=prompt_field, shard_size=shard_size, limit=limit,
         sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, thinking=thinking),
         gates=gates or GateConfig(), mode=mode, layout=layout, target_layers=target_layers,
-        chat_template_sha=template_sha(template),
+        chat_template_sha=template_sha(template), prompt_template=prompt_template,
+        strict_fields=strict_fields,
     )
+
+
+def input_source(spec: str) -> str:
+    """An ``--input`` as run.json keeps it: absolute for local paths; must exist unless a glob."""
+    if not spec:
+        raise InputError("empty --input")
+    if spec.startswith("s3://"):
+        return spec
+    if not is_glob(spec) and not os.path.exists(spec):
+        raise InputError(f"input not found: {spec}")
+    return os.path.abspath(spec)
 
 
 def build_gates(*, min_supervised_tokens: int, max_reject_rate: float, pause_after: int,
@@ -77,6 +95,8 @@ def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:
 
 
 def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:
+    from producer.dryrun import unused_lines, where
+
     if as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))
         return
@@ -86,11 +106,16 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
                f"({report.committed} committed), {report.enqueued} queued now"
                + (f", {report.downstream} committed shards queued downstream"
                   if report.downstream else ""))
+    if len(report.layouts) > 1 or any(len(c) > 1 for c in report.layouts.values()):
+        for name, counts in report.layouts.items():
+            click.echo(f"  {name}: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
+    for line in unused_lines(report.unused):
+        click.echo(line)
     if report.rejected:
         click.echo(f"rejected rows (full list under {storage.root.rstrip('/')}/"
                    f"runs/{report.run}/rejected/input/):")
         for example in report.examples:
-            click.echo(f"  line {example['line']}: {example['reason']}")
+            click.echo(f"  {where(example)}: {example['reason']}")
         if report.rejected > len(report.examples):
             click.echo(f"  ... and {report.rejected - len(report.examples)} more")
 

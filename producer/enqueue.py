@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +28,9 @@ from common.celery_app import (
 from common.errors import BadRow
 from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
 from common.runstore import RunStore
-from common.storage import Storage, s3_client
-from producer.readers import iter_records
-from producer.rows import IdRegistry, normalize
+from common.storage import Storage
+from producer.intake import Intake, Item, RowCheck
+from producer.rows import IdRegistry
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class EnqueueReport:
     committed: int = 0
     downstream: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
+    layouts: dict[str, dict[str, int]] = field(default_factory=dict)
+    unused: dict[str, dict[str, Any]] = field(default_factory=dict)
     wrote_inputs: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -111,25 +113,31 @@ class TaskSender:
         return sent
 
 
-RowCheck = Callable[[dict[str, Any]], "str | None"]
+@dataclass
+class Tally:
+    """Counts rows and rejections and checks ids, the same for enqueue and ``--dry-run``."""
 
+    rows: int = 0
+    rejected: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    ids: IdRegistry = field(default_factory=IdRegistry)
 
-def _records(config: RunConfig, check: RowCheck | None = None
-             ) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
-    factory = s3_client if config.input.startswith("s3://") else None
-    for count, record in enumerate(iter_records(config.input, s3_client_factory=factory)):
-        if config.limit is not None and count >= config.limit:
-            return
-        if record.error is not None:
-            yield record.line, None, record.error
-            continue
-        try:
-            row = normalize(record.data, config.format, config.prompt_field).to_json()
-        except BadRow as bad:
-            yield record.line, None, str(bad)
-            continue
-        reason = check(row) if check is not None else None
-        yield (record.line, None, reason) if reason else (record.line, row, None)
+    def judge(self, item: Item) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """``(row, None)`` for a good row, ``(None, rejection record)`` for a bad one."""
+        self.rows += 1
+        row, error = item.row, item.error
+        if row is not None:
+            try:
+                self.ids.check_and_add(row["id"])
+            except BadRow as bad:
+                row, error = None, str(bad)
+        if row is not None:
+            return row, None
+        self.rejected += 1
+        bad_row = {**item.where, "reason": error}
+        if len(self.examples) < 20:
+            self.examples.append(bad_row)
+        return None, bad_row
 
 
 def write_inputs(
@@ -140,12 +148,10 @@ def write_inputs(
 
     ``check`` may reject a well-formed row too (e.g. a prompt that cannot fit the context).
     """
-    ids = IdRegistry()
+    tally = Tally()
     shard_rows: list[int] = []
     buffer: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
-    examples: list[dict[str, Any]] = []
-    rows = rejected_total = 0
 
     def flush_shard() -> None:
         shard = len(shard_rows)
@@ -154,28 +160,20 @@ def write_inputs(
         buffer.clear()
         on_shard(shard)
         if shard % PROGRESS_EVERY_SHARDS == PROGRESS_EVERY_SHARDS - 1:
-            log.info("run %s: %d rows read, %d shards written so far", config.run, rows,
-                        shard + 1)
+            log.info("run %s: %d rows read, %d shards written so far", config.run, tally.rows,
+                     shard + 1)
 
     def flush_rejected() -> None:
-        chunk = (rejected_total - 1) // REJECTED_CHUNK
+        chunk = (tally.rejected - 1) // REJECTED_CHUNK
         body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected)
         storage.put_once(keys.rejected_input_rows(config.run, chunk), body.encode())
         rejected.clear()
 
-    for line, row, error in _records(config, check):
-        rows += 1
-        if row is not None:
-            try:
-                ids.check_and_add(row["id"])
-            except BadRow as bad:
-                row, error = None, str(bad)
-        if row is None:
-            rejected_total += 1
-            bad_row = {"line": line, "reason": error}
+    intake = Intake(config, check)
+    for item in intake.rows():
+        row, bad_row = tally.judge(item)
+        if bad_row is not None:
             rejected.append(bad_row)
-            if len(examples) < 20:
-                examples.append(bad_row)
             if len(rejected) == REJECTED_CHUNK:
                 flush_rejected()
             continue
@@ -187,11 +185,8 @@ def write_inputs(
     if rejected:
         flush_rejected()
     manifest = InputManifest(
-        shards=len(shard_rows),
-        rows=rows,
-        rejected=rejected_total,
-        shard_rows=shard_rows,
-        examples=examples,
+        shards=len(shard_rows), rows=tally.rows, rejected=tally.rejected, shard_rows=shard_rows,
+        examples=tally.examples, layouts=intake.layout_summary(), unused=intake.unused,
     )
     storage.put_once(keys.inputs_manifest(config.run), dumps(manifest.to_json()))
     return manifest
@@ -207,7 +202,7 @@ def enqueue_run(
     report = EnqueueReport(run=config.run)
     manifest = read_manifest(storage, config.run)
     if manifest is None:
-        log.info("run %s: reading %s", config.run, config.input)
+        log.info("run %s: reading %s", config.run, ", ".join(config.inputs))
         manifest = write_inputs(storage, config, on_shard=sender.send, check=check)
         report.wrote_inputs = True
     else:
@@ -265,4 +260,5 @@ def _fill(report: EnqueueReport, manifest: InputManifest, sender: TaskSender) ->
     report.shards, report.rows, report.rejected = manifest.shards, manifest.rows, manifest.rejected
     report.enqueued, report.committed = sender.enqueued, len(sender.committed)
     report.examples = report.examples or manifest.examples
+    report.layouts, report.unused = manifest.layouts, manifest.unused
     return report

@@ -17,6 +17,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from common.models import render_chat
+
 log = logging.getLogger(__name__)
 
 TEMPLATE_OVERHEAD = 16  # tokens of role markup per message, more than any common template adds
@@ -66,9 +68,7 @@ class ContextCheck:
         upper = sum(len(str(m.get("content", "")).encode()) + TEMPLATE_OVERHEAD for m in messages)
         if upper + answers <= self.context:
             return None
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True,
-                                                  enable_thinking=self.thinking)
+        text = render_chat(self.tokenizer, messages, self.thinking)
         prompt = len(self.tokenizer.encode(text, add_special_tokens=False))
         if prompt + answers <= self.context:
             return None

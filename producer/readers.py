@@ -1,7 +1,8 @@
 """Streaming readers that turn an input file (local or ``s3://``) into numbered raw records.
 
-``enqueue`` calls :func:`iter_records` once per input and feeds each :class:`RawRecord` to
-``producer.rows.normalize``. JSONL (plain, ``.gz``, ``.zst``) and Parquet are streamed, so memory
+``enqueue`` calls :func:`iter_records` once per input file (``producer.sources`` expands what
+``--input`` names into files) and feeds each :class:`RawRecord` to ``producer.layouts``.
+JSONL (plain, ``.gz``, ``.zst``), Parquet and Arrow are streamed, so memory
 stays flat however many rows there are; a ``.json`` array is loaded whole with ``json.load``.
 Problems with one JSONL line come back as a record with ``error`` set; problems with the whole
 file raise :class:`common.errors.InputError` -- at call time for a missing file or an unknown
@@ -36,6 +37,7 @@ _SUFFIXES: tuple[tuple[str, str, str | None], ...] = (
     (".ndjson", "jsonl", None),
     (".json", "json", None),
     (".parquet", "parquet", None),
+    (".arrow", "arrow", None),
 )
 SUPPORTED_EXTENSIONS = tuple(suffix for suffix, _, _ in _SUFFIXES)
 
@@ -196,6 +198,30 @@ def _iter_parquet(source: str, where: str) -> Iterator[RawRecord]:
         parquet.close()
 
 
+def _iter_arrow(source: str, where: str) -> Iterator[RawRecord]:
+    """Yield one record per row of an Arrow file (``datasets.save_to_disk`` writes streams)."""
+    import pyarrow as pa
+
+    number = 0
+    try:
+        with pa.memory_map(source) as mapped:
+            try:
+                reader = pa.ipc.open_stream(mapped)
+            except pa.ArrowInvalid:
+                mapped.seek(0)
+                file_reader = pa.ipc.open_file(mapped)
+                reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+            for batch in reader:
+                for row in batch.to_pylist():
+                    number += 1
+                    yield RawRecord(number, row, None)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{where}: cannot read Arrow after row {number}: {exc}") from None
+
+
+_TABLE_READERS = {"parquet": _iter_parquet, "arrow": _iter_arrow}
+
+
 def _iter_json_file(path: str, where: str) -> Iterator[RawRecord]:
     """Yield one record per element of a ``.json`` array, numbered from 1."""
     with open(path, "rb") as handle:
@@ -215,7 +241,7 @@ def _iter_local(path: str, kind: str, compression: str | None) -> Iterator[RawRe
         elif kind == "json":
             yield from _iter_json_file(path, path)
         else:
-            yield from _iter_parquet(path, path)
+            yield from _TABLE_READERS[kind](path, path)
     except PermissionError as exc:
         raise InputError(f"cannot open input {path}: {exc.strerror}") from None
 
@@ -261,9 +287,8 @@ def _iter_s3(body: Any, url: str, kind: str, compression: str | None) -> Iterato
         if kind == "jsonl":
             yield from _jsonl_from_stream(body, compression, url)
             return
-        suffix = ".parquet" if kind == "parquet" else ".json"
         with tempfile.TemporaryDirectory(prefix="dflash-input-") as tmp:
-            local = os.path.join(tmp, "input" + suffix)
+            local = os.path.join(tmp, "input." + kind)
             with open(local, "wb") as handle:
                 for chunk in body.iter_chunks(CHUNK_SIZE):
                     handle.write(chunk)
@@ -271,7 +296,7 @@ def _iter_s3(body: Any, url: str, kind: str, compression: str | None) -> Iterato
             if kind == "json":
                 yield from _iter_json_file(local, url)
             else:
-                yield from _iter_parquet(local, url)
+                yield from _TABLE_READERS[kind](local, url)
     except BotoCoreError as exc:
         # A connection dropped mid-download; the input as a whole could not be read.
         raise InputError(f"cannot read input {url}: {exc}") from None

@@ -1,10 +1,8 @@
-"""Row normalization: turn one raw input row into a validated :class:`Conversation`.
+"""Row validation primitives: the :class:`Conversation` a row becomes, ids, text checks,
+message parsing and grouping; ``producer.layouts`` uses them for every row layout.
 
-``enqueue`` passes every ``RawRecord.data`` from ``producer.readers`` to :func:`normalize`,
-reports each :class:`common.errors.BadRow` with its line number and reason, and checks ids
-with one :class:`IdRegistry` per run. Assistant messages are dropped (the target model
-regenerates them); system and user messages are kept and grouped into ``turns``, one group
-per assistant reply to generate.
+Assistant messages are dropped (the target model regenerates them); system and user messages
+are kept and grouped into ``turns``, one group per assistant reply to generate.
 """
 
 from __future__ import annotations
@@ -16,15 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import BadRow, ConfigError
+from common.errors import BadRow
 
-FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "prompt")
-PROMPT_FIELDS = ("prompt", "instruction", "question", "input", "text")
 ID_FIELDS = ("id", "question_id", "conversation_id", "uid")
-# The field that holds the conversation for each structured format.
-CONVERSATION_FIELDS = {"messages": "messages", "sharegpt": "conversations", "mt_bench": "turns"}
 # Reference answers of instruction datasets: large, and regenerated anyway, so kept out of source.
-ANSWER_FIELDS = frozenset({"output", "response", "completion", "chosen", "rejected"})
+ANSWER_FIELDS = frozenset({"output", "response", "answer", "completion", "chosen", "rejected"})
 
 OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {
@@ -91,22 +85,6 @@ def check_text(value: object, where: str) -> str:
     return value
 
 
-def detect_format(data: dict, prompt_field: str | None) -> str:
-    """Pick the format of one object row from its keys, or raise BadRow listing them."""
-    for fmt, field in CONVERSATION_FIELDS.items():
-        if field in data:
-            return fmt
-    if (prompt_field is not None and prompt_field in data) or any(
-        name in data for name in PROMPT_FIELDS
-    ):
-        return "prompt"
-    keys = ", ".join(sorted(map(str, data))) or "none"
-    raise BadRow(
-        "cannot detect the row format: no messages, conversations, turns or prompt field "
-        f"(found keys: {keys})"
-    )
-
-
 def parse_messages(
     data: dict, field: str, role_keys: tuple[str, ...], content_keys: tuple[str, ...], roles: dict
 ) -> list[tuple[str, str]]:
@@ -163,51 +141,6 @@ def group_turns(messages: list[tuple[str, str]]) -> list[list[dict]]:
     return turns
 
 
-def mt_bench_turns(data: dict) -> list[list[dict]]:
-    """Return one single-message user group per MT-Bench question turn."""
-    questions = data["turns"]
-    if not isinstance(questions, list):
-        raise BadRow(f"turns must be a list, got {type_name(questions)}")
-    turns = []
-    for index, question in enumerate(questions):
-        text = check_text(question, f"turns[{index}]")
-        if not text.strip():
-            raise BadRow(f"empty user message at turns[{index}]")
-        turns.append([{"role": "user", "content": text}])
-    if not turns:
-        raise BadRow("no user message")
-    return turns
-
-
-def prompt_turns(data: dict, prompt_field: str | None) -> tuple[list[list[dict]], set[str]]:
-    """Return the single turn of a prompt row and the fields it consumed."""
-    if prompt_field is not None:
-        field = prompt_field
-        if data.get(field) is None:
-            raise BadRow(f"no prompt field {field!r} (found keys: {', '.join(map(str, data))})")
-    else:
-        field = next((name for name in PROMPT_FIELDS if data.get(name) is not None), None)
-        if field is None:
-            raise BadRow(f"no prompt field: expected one of {', '.join(PROMPT_FIELDS)}")
-    text = check_text(data[field], field)
-    if not text.strip():
-        raise BadRow(f"empty user message in field {field!r}")
-    used = {field, "system"}
-    extra = data.get("input")
-    if prompt_field is None and field == "instruction" and isinstance(extra, str) and extra.strip():
-        # Alpaca rows: "input" is context for the instruction, not a separate prompt.
-        text = f"{text}\n\n{check_text(extra, 'input')}"
-        used.add("input")
-    group = []
-    system = data.get("system")
-    if system is not None:
-        system = check_text(system, "system")
-        if system.strip():
-            group.append({"role": "system", "content": system})
-    group.append({"role": "user", "content": text})
-    return [group], used
-
-
 def sample_id(data: dict) -> tuple[str | None, str | None, object]:
     """Return ``(id string, field it came from, original value)``; ``None`` when there is none."""
     for field in ID_FIELDS:
@@ -248,36 +181,3 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     return str(value)
-
-
-def normalize(data: object, fmt: str = "auto", prompt_field: str | None = None) -> Conversation:
-    """Validate one raw row and return its Conversation, or raise BadRow with the reason."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown input format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    if not isinstance(data, dict):
-        kind = type_name(data)
-        raise BadRow(f"row is {'null' if data is None else 'a ' + kind}, expected an object")
-    if fmt == "auto":
-        fmt = detect_format(data, prompt_field)
-    used: set[str] = set()
-    if fmt in CONVERSATION_FIELDS:
-        field = CONVERSATION_FIELDS[fmt]
-        if field not in data:
-            raise BadRow(f"missing field {field!r} for format {fmt}")
-        used.add(field)
-    if fmt == "messages":
-        turns = group_turns(parse_messages(data, "messages", ("role",), ("content",), OPENAI_ROLES))
-    elif fmt == "sharegpt":
-        # Some ShareGPT exports use OpenAI's role/content keys inside "conversations".
-        pairs = parse_messages(
-            data, "conversations", ("from", "role"), ("value", "content"), SHAREGPT_ROLES
-        )
-        turns = group_turns(pairs)
-    elif fmt == "mt_bench":
-        turns = mt_bench_turns(data)
-    else:
-        turns, used = prompt_turns(data, prompt_field)
-    found_id, id_field, original = sample_id(data)
-    skip = used | ANSWER_FIELDS | {"id", id_field}
-    source = {"id": original, **{k: v for k, v in data.items() if k not in skip}}
-    return Conversation(id=found_id or content_id(turns), turns=turns, source=jsonable(source))

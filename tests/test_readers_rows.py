@@ -12,8 +12,9 @@ import pytest
 import zstandard
 
 from common.errors import BadRow, ConfigError, InputError
+from producer.layouts import normalize
 from producer.readers import RawRecord, iter_records, split_lines
-from producer.rows import Conversation, IdRegistry, normalize
+from producer.rows import Conversation, IdRegistry
 
 U = {"role": "user", "content": "hi"}
 A = {"role": "assistant", "content": "a"}

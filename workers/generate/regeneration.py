@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.gates import END_THINK, THINK, GateConfig, TokenInfo, TurnFacts, inspect_turn, judge
+from common.models import render_chat
 from common.records import Sampling
 from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
@@ -38,9 +39,7 @@ def split_reasoning(text: str, thinking: bool) -> tuple[str, str]:
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Sampling) -> list[int]:
     """The chat template applied once, thinking on or off, tokenized without extra specials."""
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=sampling.thinking
-    )
+    text = render_chat(tokenizer, messages, sampling.thinking)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         # The Rust tokenizer directly: same ids, without the Python wrapper's per-call overhead.

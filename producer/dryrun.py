@@ -1,0 +1,103 @@
+"""``enqueue ... --dry-run [--show N]``: what a run would be, before a week of GPUs is spent on it.
+
+Reads and validates every input row exactly as ``enqueue`` does (same files, layouts, ids,
+context check), writes nothing to storage and sends nothing to Redis, and prints the files with
+the layout detected in each, the counts, the rejected rows, the text fields no prompt uses, and
+the first N rows rendered as the model will see them (chat template, thinking flag, tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from common.config import Settings
+from common.models import render_chat, resolve_model_path
+from common.records import RunConfig
+from producer.enqueue import Tally
+from producer.intake import Intake, RowCheck
+
+
+@dataclass
+class DryRunReport:
+    """Everything ``--dry-run`` found; ``to_json`` for ``--json``, ``render`` for people."""
+
+    run: str
+    rows: int = 0
+    rejected: int = 0
+    shards: int = 0
+    layouts: dict[str, dict[str, int]] = field(default_factory=dict)
+    unused: dict[str, dict[str, Any]] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    shown: list[dict[str, Any]] = field(default_factory=list)
+    dry_run: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def render(self) -> str:
+        lines = [f"run {self.run} (dry run, nothing written): {self.rows} rows read, "
+                 f"{self.rows - self.rejected} good, {self.rejected} rejected; would make "
+                 f"{self.shards} shards"]
+        lines += [f"  {name}: " + ", ".join(f"{layout} {n}" for layout, n in counts.items())
+                  for name, counts in self.layouts.items()]
+        lines += unused_lines(self.unused)
+        if self.examples:
+            lines.append("rejected rows:")
+            lines += [f"  {where(e)}: {e['reason']}" for e in self.examples]
+        for row in self.shown:
+            later = "; later turns follow the model's own answers" if row["turns"] > 1 else ""
+            lines.append(f"--- {row['id']}: {row['prompt_tokens']} prompt tokens, "
+                         f"{row['turns']} turn(s){later}")
+            lines.append(row["prompt"].rstrip("\n"))
+        return "\n".join(lines)
+
+
+def where(example: dict[str, Any]) -> str:
+    """``line N`` or ``FILE line N`` for a rejected row."""
+    return (f"{example['file']} line {example['line']}" if "file" in example
+            else f"line {example['line']}")
+
+
+def unused_lines(unused: dict[str, dict[str, Any]]) -> list[str]:
+    """The summary lines that say which text fields no prompt uses."""
+    lines = []
+    for name, entry in sorted(unused.items(), key=lambda kv: -kv[1]["rows"]):
+        example = entry["example"]
+        lines.append(f"  unused text field {name!r} in {entry['rows']} rows, e.g. "
+                     f"{where(example)}: {example['value']!r} (not in any prompt; see "
+                     "--prompt-template, --strict-fields)")
+    return lines
+
+
+def dry_run(settings: Settings, config: RunConfig, check: RowCheck | None,
+            show: int) -> DryRunReport:
+    """Read and judge every row as enqueue would; keep the first ``show`` good ones rendered."""
+    report = DryRunReport(run=config.run)
+    intake, tally = Intake(config, check), Tally()
+    tokenizer = None
+    good = 0
+    for item in intake.rows():
+        row, _ = tally.judge(item)
+        if row is None:
+            continue
+        good += 1
+        if len(report.shown) < show:
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                path = resolve_model_path(replace(settings, model=config.model))
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            report.shown.append(rendered(tokenizer, row, config.sampling.thinking))
+    report.rows, report.rejected, report.examples = tally.rows, tally.rejected, tally.examples
+    report.shards = math.ceil(good / config.shard_size)
+    report.layouts, report.unused = intake.layout_summary(), intake.unused
+    return report
+
+
+def rendered(tokenizer: Any, row: dict[str, Any], thinking: bool) -> dict[str, Any]:
+    """The first turn of a row as the target model receives it."""
+    prompt = render_chat(tokenizer, row["turns"][0], thinking)
+    return {"id": row["id"], "turns": len(row["turns"]), "prompt": prompt,
+            "prompt_tokens": len(tokenizer.encode(prompt, add_special_tokens=False))}

@@ -1,0 +1,271 @@
+"""Row layouts: turn one raw input row into the conversations the target model will answer.
+
+``--format auto`` (the default) detects the layout of each row from its keys, in this order:
+
+==============  ==========================================================  ===================
+layout          row                                                         prompt
+==============  ==========================================================  ===================
+``messages``    ``{"messages": [{"role", "content"}, ...]}`` (OpenAI)        the user turns
+``sharegpt``    ``{"conversations": [{"from", "value"}, ...]}``, also with   the user turns
+                ``role``/``content`` keys as SpecForge writes it
+``mt_bench``    ``{"turns": ["q1", "q2"]}``                                  one turn each
+``ultrachat``   ``{"data": ["q1", "a1", "q2", ...]}`` (alternating)          the even entries
+``instances``   ``{"instruction", "instances": [{"input", "output"}]}``      one conversation
+                (self-instruct seed tasks)                                   per instance
+``dolly``       ``{"instruction", "context"}``                               instruction +
+                                                                            blank line + context
+``alpaca``      ``{"instruction", "input"}``                                 instruction +
+                                                                            blank line + input
+``prompt``      one of ``prompt``, ``instruction``, ``question``, ``input``,  that field
+                ``text`` (or ``--prompt-field``)
+==============  ==========================================================  ===================
+
+A ``system`` field beside the turns becomes the system message. ``--prompt-template`` (a
+format string over the row's fields, e.g. ``"{instruction}\\n\\n{context}"``) replaces the
+detection. A non-empty text field that the layout does not use (other than reference answers
+such as ``output``/``response``/``answer`` and plain metadata such as ``category``) is
+reported; with ``strict`` the row is rejected instead, so no prompt text is ever dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+
+from common.errors import BadRow, ConfigError
+from producer.rows import (
+    ANSWER_FIELDS,
+    ID_FIELDS,
+    OPENAI_ROLES,
+    SHAREGPT_ROLES,
+    Conversation,
+    check_text,
+    content_id,
+    group_turns,
+    jsonable,
+    parse_messages,
+    sample_id,
+    type_name,
+)
+
+FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "ultrachat", "instances", "dolly",
+           "alpaca", "prompt")
+PROMPT_FIELDS = ("prompt", "instruction", "question", "input", "text")
+# Short labels that describe a row rather than ask anything; never reported as unused text.
+METADATA_FIELDS = frozenset({"category", "source", "dataset", "subset", "split", "name", "task",
+                             "task_type", "type", "lang", "language", "license", "url", "model",
+                             "domain", "difficulty", "tags"})
+_CONVERSATION_KEYS = {"messages": "messages", "sharegpt": "conversations", "mt_bench": "turns",
+                      "ultrachat": "data", "instances": "instances"}
+
+Turns = list[list[dict]]
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """What one input row became: its conversations (several for ``instances``), its layout,
+    and the text fields it had that no prompt uses."""
+
+    conversations: list[Conversation]
+    layout: str
+    unused: tuple[str, ...] = field(default=())
+
+
+def detect_layout(data: dict, prompt_field: str | None) -> str:
+    """Pick the layout of one object row from its keys, or raise BadRow listing them."""
+    # Parquet and Arrow rows carry every column of the file: a None value is an absent field.
+    for layout, key in _CONVERSATION_KEYS.items():
+        value = data.get(key)
+        if value is None or (layout in ("ultrachat", "instances") and not isinstance(value, list)):
+            continue
+        if layout != "instances" or data.get("instruction") is not None:
+            return layout
+    if data.get("instruction") is not None and prompt_field is None:
+        return "dolly" if data.get("context") not in (None, "") else "alpaca"
+    if (prompt_field is not None and data.get(prompt_field) is not None) or any(
+            data.get(name) is not None for name in PROMPT_FIELDS):
+        return "prompt"
+    keys = ", ".join(sorted(str(k) for k, v in data.items() if v is not None)) or "none"
+    raise BadRow("cannot detect the row format: no messages, conversations, turns, data, "
+                 f"instruction or prompt field (found keys: {keys})")
+
+
+def _with_system(turns: Turns, data: dict) -> Turns:
+    """Put the row's ``system`` field first, unless the conversation already has one."""
+    system = data.get("system")
+    if system is None or any(m["role"] == "system" for group in turns for m in group):
+        return turns
+    system = check_text(system, "system")
+    if system.strip():
+        turns[0].insert(0, {"role": "system", "content": system})
+    return turns
+
+
+def _nonempty(value: object, where: str) -> str:
+    text = check_text(value, where)
+    if not text.strip():
+        raise BadRow(f"empty user message in field {where!r}")
+    return text
+
+
+def _user(text: str) -> Turns:
+    return [[{"role": "user", "content": text}]]
+
+
+def _joined(data: dict, first: str, second: str) -> str:
+    """``first``, a blank line, then ``second`` when the row has a non-empty one."""
+    text = _nonempty(data.get(first), first)
+    extra = data.get(second)
+    if extra is not None and check_text(extra, second).strip():
+        text = f"{text}\n\n{extra}"
+    return text
+
+
+def mt_bench_turns(data: dict) -> Turns:
+    questions = data["turns"]
+    if not isinstance(questions, list):
+        raise BadRow(f"turns must be a list, got {type_name(questions)}")
+    turns = []
+    for index, question in enumerate(questions):
+        text = check_text(question, f"turns[{index}]")
+        if not text.strip():
+            raise BadRow(f"empty user message at turns[{index}]")
+        turns.append([{"role": "user", "content": text}])
+    if not turns:
+        raise BadRow("no user message")
+    return turns
+
+
+def ultrachat_turns(data: dict) -> Turns:
+    """Alternating user/assistant strings; the assistant ones are regenerated."""
+    items = data["data"]
+    roles = [("user" if i % 2 == 0 else "assistant", check_text(v, f"data[{i}]"))
+             for i, v in enumerate(items)]
+    for index, (role, text) in enumerate(roles):
+        if role == "user" and not text.strip():
+            raise BadRow(f"empty user message at data[{index}]")
+    return group_turns(roles)
+
+
+def prompt_field_of(data: dict, prompt_field: str | None) -> str:
+    if prompt_field is not None:
+        if data.get(prompt_field) is None:
+            raise BadRow(f"no prompt field {prompt_field!r} "
+                         f"(found keys: {', '.join(map(str, data))})")
+        return prompt_field
+    found = next((name for name in PROMPT_FIELDS if data.get(name) is not None), None)
+    if found is None:
+        raise BadRow(f"no prompt field: expected one of {', '.join(PROMPT_FIELDS)}")
+    return found
+
+
+def template_fields(template: str) -> set[str]:
+    """The row fields a ``--prompt-template`` reads."""
+    try:
+        return {name.split(".")[0].split("[")[0]
+                for _, name, _, _ in string.Formatter().parse(template) if name}
+    except ValueError as exc:
+        raise ConfigError(f"bad --prompt-template {template!r}: {exc}") from None
+
+
+def _from_template(data: dict, template: str) -> str:
+    missing = [name for name in sorted(template_fields(template)) if data.get(name) is None]
+    if missing:
+        raise BadRow(f"--prompt-template needs field(s) {', '.join(missing)} "
+                     f"(found keys: {', '.join(map(str, data))})")
+    try:
+        text = template.format_map({k: v for k, v in data.items() if isinstance(k, str)})
+    except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        raise BadRow(f"--prompt-template does not fit this row: {exc!r}") from None
+    return _nonempty(text, "--prompt-template")
+
+
+def _turns(data: dict, layout: str, prompt_field: str | None) -> tuple[list[Turns], set[str]]:
+    """The conversations of a row in ``layout`` and the fields they used."""
+    if layout == "messages":
+        pairs = parse_messages(data, "messages", ("role",), ("content",), OPENAI_ROLES)
+        return [group_turns(pairs)], {"messages"}
+    if layout == "sharegpt":
+        pairs = parse_messages(data, "conversations", ("from", "role"), ("value", "content"),
+                               SHAREGPT_ROLES)
+        return [group_turns(pairs)], {"conversations"}
+    if layout == "mt_bench":
+        return [mt_bench_turns(data)], {"turns"}
+    if layout == "ultrachat":
+        return [ultrachat_turns(data)], {"data"}
+    if layout == "instances":
+        return _instances(data), {"instruction", "instances"}
+    if layout == "dolly":
+        return [_user(_joined(data, "instruction", "context"))], {"instruction", "context"}
+    if layout == "alpaca" or (layout == "prompt" and prompt_field is None
+                              and prompt_field_of(data, None) == "instruction"):
+        return [_user(_joined(data, "instruction", "input"))], {"instruction", "input"}
+    name = prompt_field_of(data, prompt_field)
+    return [_user(_nonempty(data[name], name))], {name}
+
+
+def _instances(data: dict) -> list[Turns]:
+    instruction = _nonempty(data.get("instruction"), "instruction")
+    items = data["instances"]
+    if not isinstance(items, list) or not items:
+        raise BadRow("instances must be a non-empty list")
+    conversations = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRow(f"instances[{index}] must be an object, got {type_name(item)}")
+        extra = item.get("input")
+        text = instruction
+        if extra is not None and check_text(extra, f"instances[{index}].input").strip():
+            text = f"{instruction}\n\n{extra}"
+        conversations.append(_user(text))
+    return conversations
+
+
+def unused_fields(data: dict, used: set[str]) -> tuple[str, ...]:
+    """Non-empty text fields that no prompt of this row reads."""
+    ignored = used | ANSWER_FIELDS | METADATA_FIELDS | set(ID_FIELDS) | {"system"}
+    return tuple(sorted(k for k, v in data.items() if isinstance(k, str) and k not in ignored
+                        and isinstance(v, str) and v.strip()))
+
+
+def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = None,
+                  template: str | None = None, strict: bool = False) -> Normalized:
+    """Validate one raw row and return its conversations, or raise BadRow with the reason."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown input format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if not isinstance(data, dict):
+        raise BadRow(f"row is {'null' if data is None else 'a ' + type_name(data)}, expected "
+                     "an object")
+    if template is not None:
+        layout, used = "template", template_fields(template)
+        many = [_user(_from_template(data, template))]
+    else:
+        layout = detect_layout(data, prompt_field) if fmt == "auto" else fmt
+        key = _CONVERSATION_KEYS.get(layout)
+        if key is not None and data.get(key) is None:
+            raise BadRow(f"missing field {key!r} for format {layout}")
+        many, used = _turns(data, layout, prompt_field)
+    unused = unused_fields(data, used)
+    if unused and strict:
+        raise BadRow(f"text field(s) {', '.join(unused)} would be dropped: the {layout} layout "
+                     "does not put them in the prompt (use --prompt-template, or leave out "
+                     "--strict-fields)")
+    found_id, id_field, original = sample_id(data)
+    skip = used | ANSWER_FIELDS | {"id", id_field, "system"}
+    source = jsonable({"id": original, **{k: v for k, v in data.items()
+                                          if k not in skip and v is not None}})
+    conversations = []
+    for index, turns in enumerate(many):
+        turns = _with_system(turns, data)
+        if len(many) == 1:
+            conversations.append(Conversation(found_id or content_id(turns), turns, source))
+        else:
+            own = f"{found_id}#{index}" if found_id else content_id(turns)
+            conversations.append(Conversation(own, turns, {**source, "instance": index}))
+    return Normalized(conversations, layout, unused)
+
+
+def normalize(data: object, fmt: str = "auto", prompt_field: str | None = None) -> Conversation:
+    """The one conversation of a row (the first, for a row of several instances)."""
+    return normalize_row(data, fmt, prompt_field).conversations[0]

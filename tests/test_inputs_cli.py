@@ -1,0 +1,108 @@
+"""``enqueue`` on real inputs: many files, globs, S3 prefixes, unused fields, ``--dry-run``.
+
+Real ``redis-server``, moto's S3 server, the CLI as a subprocess and the tiny model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import keys
+from common.records import decode_jsonl_zst
+from common.storage import open_storage
+from tests.conftest import AWS_ENV, ROOT, RedisServer
+from tests.test_inputs import shards, write
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def env(redis_server: RedisServer, model_cache: Path, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "DFLASH_BROKER_URL": redis_server.url,
+            "DFLASH_STORAGE": str(tmp_path / "storage"), "DFLASH_CACHE_DIR": str(model_cache)}
+
+
+def enqueue(env: dict[str, str], run: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "producer.cli", "enqueue", "--run", run, *args],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def queued_ids(env: dict[str, str], run: str) -> list[str]:
+    storage = open_storage(env["DFLASH_STORAGE"])
+    return [row["id"] for key in sorted(storage.list(keys.inputs_prefix(run)))
+            if key.endswith(".jsonl.zst") for row in decode_jsonl_zst(storage.get(key))]
+
+
+def test_many_files_each_way_enqueue_their_union_once(env, tmp_path: Path, s3_endpoint: str,
+                                                      redis_server: RedisServer) -> None:
+    import boto3
+
+    rows = shards(tmp_path)
+    data = tmp_path / "ds" / "data"
+    files = sorted(data.iterdir())
+    aws = {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint}
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, **{
+        "aws_access_key_id": "test", "aws_secret_access_key": "test", "region_name": "us-east-1"})
+    s3.create_bucket(Bucket="inputs")
+    for path in files:
+        s3.upload_file(str(path), "inputs", f"prompts/{path.name}")
+    ways = {
+        "dir": ["--input", str(tmp_path / "ds")],
+        "glob": ["--input", str(data / "train-*.parquet")],
+        "two": ["--input", str(files[0]), "--input", str(data / "train-0000[12]-*.parquet")],
+        "s3": ["--input", "s3://inputs/prompts/"],
+        "s3glob": ["--input", "s3://inputs/prompts/train-*-of-00003.parquet"],
+    }
+    for run, args in ways.items():
+        first = enqueue({**env, **aws}, run, *args, "--shard-size", "5", "--json")
+        assert first.returncode == 0, first.stderr
+        ids = queued_ids(env, run)
+        assert len(ids) == len(set(ids)) == len(rows), (run, ids)
+        assert sorted(i.rsplit("/", 1)[1] for i in ids) == sorted(str(r["id"]) for r in rows)
+        assert json.loads(first.stdout)["enqueued"] == 3
+        before = sorted(open_storage(env["DFLASH_STORAGE"]).list(f"runs/{run}/"))
+        again = enqueue({**env, **aws}, run, *args, "--shard-size", "5", "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["enqueued"] == 0, run
+        assert sorted(open_storage(env["DFLASH_STORAGE"]).list(f"runs/{run}/")) == before
+    # Every way names the same rows by the same file-qualified ids.
+    assert queued_ids(env, "dir") != queued_ids(env, "glob")  # relative to what was named
+    assert queued_ids(env, "glob") == queued_ids(env, "two") == queued_ids(env, "s3") == \
+        queued_ids(env, "s3glob")
+
+
+def test_unused_field_is_reported_and_strict_fields_rejects(env, tmp_path: Path) -> None:
+    src = write(tmp_path / "in.jsonl", [{"id": "a", "question": "Why is the sky blue?"},
+                                        {"id": "b", "question": "Who wrote it?",
+                                         "passage": "Hamlet is a tragedy."}])
+    loose = enqueue(env, "loose", "--input", src)
+    assert loose.returncode == 0, loose.stderr
+    assert "unused text field 'passage' in 1 rows" in loose.stdout
+    strict = enqueue(env, "strict", "--input", src, "--strict-fields")
+    assert strict.returncode == 3, strict.stderr
+    assert "line 2: text field(s) passage would be dropped" in strict.stdout
+    assert queued_ids(env, "strict") == ["a"]
+
+
+def test_dry_run_renders_rows_and_writes_nothing(env, tmp_path: Path,
+                                                 redis_server: RedisServer) -> None:
+    from tests.test_inputs import DOLLY, INSTANCES
+
+    src = write(tmp_path / "in.parquet", [DOLLY, INSTANCES, {"id": "x", "prompt": "Hello"}])
+    result = enqueue(env, "dry", "--input", src, "--dry-run", "--show", "3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count("--- ") == 3 and "prompt tokens" in out
+    assert "<|im_start|>user\nSummarize.\n\nThe Nile is 6,650 km long.<|im_end|>" in out
+    assert "Night : Day :: Right : Left" in out and "dolly 1" in out and "instances 1" in out
+    assert "4 rows read, 4 good, 0 rejected" in out
+    assert not (tmp_path / "storage").exists(), "a dry run wrote to storage"
+    assert redis_server.client().dbsize() == 0, "a dry run touched Redis"
+    report = json.loads(enqueue(env, "dry", "--input", src, "--dry-run", "--json").stdout)
+    assert report["rows"] == 4 and len(report["shown"]) == 3
