@@ -67,3 +67,8 @@ class EngineLoop:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the loop and wait for its result from a foreign thread."""
         return self.submit(coro).result()
+
+    def stop(self) -> None:
+        """Stop the loop thread (a worker's lives as long as its process; tests stop theirs)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
