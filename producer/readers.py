@@ -219,7 +219,6 @@ def _iter_arrow(source: str, where: str) -> Iterator[RawRecord]:
         raise InputError(f"{where}: cannot read Arrow after row {number}: {exc}") from None
 
 
-_TABLE_READERS = {"parquet": _iter_parquet, "arrow": _iter_arrow}
 
 
 def _iter_json_file(path: str, where: str) -> Iterator[RawRecord]:
@@ -232,16 +231,18 @@ def _iter_json_file(path: str, where: str) -> Iterator[RawRecord]:
         yield RawRecord(index, row, None)
 
 
+_WHOLE_FILE_READERS = {"json": _iter_json_file, "parquet": _iter_parquet, "arrow": _iter_arrow}
+"""Kinds read from a local file (an S3 object is downloaded to a temporary one first)."""
+
+
 def _iter_local(path: str, kind: str, compression: str | None) -> Iterator[RawRecord]:
     """Yield records from a local file that is known to exist."""
     try:
         if kind == "jsonl":
             with open(path, "rb") as handle:
                 yield from _jsonl_from_stream(handle, compression, path)
-        elif kind == "json":
-            yield from _iter_json_file(path, path)
         else:
-            yield from _TABLE_READERS[kind](path, path)
+            yield from _WHOLE_FILE_READERS[kind](path, path)
     except PermissionError as exc:
         raise InputError(f"cannot open input {path}: {exc.strerror}") from None
 
@@ -293,10 +294,7 @@ def _iter_s3(body: Any, url: str, kind: str, compression: str | None) -> Iterato
                 for chunk in body.iter_chunks(CHUNK_SIZE):
                     handle.write(chunk)
             body.close()
-            if kind == "json":
-                yield from _iter_json_file(local, url)
-            else:
-                yield from _TABLE_READERS[kind](local, url)
+            yield from _WHOLE_FILE_READERS[kind](local, url)
     except BotoCoreError as exc:
         # A connection dropped mid-download; the input as a whole could not be read.
         raise InputError(f"cannot read input {url}: {exc}") from None
