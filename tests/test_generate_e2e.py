@@ -119,8 +119,10 @@ def test_kill9_mid_shard_then_resume_regenerates_only_missing(
 
     pipeline.start_worker("rescuer")
     report = json.loads(pipeline.cli("resume", "--run", "k9", "--json", check=True).stdout)
-    assert report["enqueued"] == 2
     pipeline.wait_done("k9")
+    # The rescuer's healer may have queued a shard the killed worker held before resume did.
+    healed = (pipeline.log_dir / "rescuer.log").read_text().count("queued again")
+    assert report["enqueued"] + healed == 2
 
     samples = _committed_samples(storage_url, "k9")
     ids = [s["id"] for s in samples]

@@ -46,6 +46,13 @@ def test_a_shard_running_without_a_lease_is_queued_again_once(env) -> None:
     assert client.hget(names.queued, keys.shard_name(3)) == "1"
     assert not client.hexists(names.running, keys.shard_name(3))
     assert client.hexists(names.running, keys.shard_name(4)), "a live shard was touched"
+    # A shard that `resume` queued again meanwhile: its stale entry goes, nothing is re-sent.
+    client.hdel(names.running, keys.shard_name(4))
+    client.hset(names.running, keys.shard_name(5), "dead-worker:2")
+    client.hset(names.queued, keys.shard_name(5), "1")
+    assert heal_once(client, app, lease_ttl=1) == []
+    assert not client.hexists(names.running, keys.shard_name(5))
+    assert queued_tasks(client, GENERATE.queue) == 1
 
 
 def test_an_overdue_retry_is_healed_but_a_due_one_is_not(env) -> None:

@@ -31,14 +31,17 @@ from workers.stage import retry_marker
 log = logging.getLogger(__name__)
 
 # KEYS: running, queued, lease. ARGV: field, owner seen. The owner must still be the one seen
-# and hold no lease; then the shard moves to queued (one healer wins when several look).
+# and hold no lease; then the shard moves to queued (one healer wins when several look), unless
+# a task for it is queued already (``resume`` sent one): then only the stale entry goes.
 _HEAL_RUNNING = """
 if redis.call('exists', KEYS[3]) == 1 then return 0 end
 if redis.call('hget', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('hdel', KEYS[1], ARGV[1])
+if redis.call('hget', KEYS[2], ARGV[1]) == '1' then return 2 end
 redis.call('hset', KEYS[2], ARGV[1], '1')
 return 1
 """
+_SENT, _ALREADY_QUEUED = 1, 2
 # KEYS: queued, lease. ARGV: field, marker seen.
 _HEAL_RETRY = """
 if redis.call('exists', KEYS[2]) == 1 then return 0 end
@@ -68,8 +71,12 @@ def heal_once(client: redis.Redis, app: Celery, lease_ttl: float,
             for field, owner in client.hgetall(names.running).items():
                 shard = _shard(field)
                 lease = spec.lease_key(run, shard)
-                if client.eval(_HEAL_RUNNING, 3, names.running, names.queued, lease, field,
-                               owner):
+                outcome = client.eval(_HEAL_RUNNING, 3, names.running, names.queued, lease,
+                                      field, owner)
+                if outcome == _ALREADY_QUEUED:
+                    log.info("run %s shard %d (%s): worker %s lost; a task is queued already",
+                             run, shard, spec.name, owner)
+                elif outcome == _SENT:
                     log.warning("run %s shard %d (%s): worker %s lost (lease expired without "
                                 "a commit); queued again", run, shard, spec.name, owner)
                     healed.append(_send(client, app, spec, run, shard))
