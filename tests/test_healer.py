@@ -84,3 +84,34 @@ def test_lease_is_retaken_after_a_wipe_and_lost_to_a_new_owner(env) -> None:
         wait_until(lambda: lease.lost, 5, "the heartbeat to notice the new owner")
     assert client.get(key) == "b:2 600", "releasing must not delete another owner's lease"
     assert not lease_is_live("x 60000", 10_000), "a lease two beats late is not live"
+
+
+def test_a_task_taken_by_a_worker_that_died_before_starting_it_is_queued_again(env) -> None:
+    import subprocess
+    import sys
+
+    from common.records import ShardTask
+    from workers.healer import heal_unstarted
+
+    client, app = env
+    url = app.conf.broker_url
+    client.hset(GENERATE.keys("r").queued, keys.shard_name(2), "1")  # as enqueue leaves it
+    app.send_task(GENERATE.task_name, args=[ShardTask("r", 2).to_json()], queue=GENERATE.queue)
+    taker = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom kombu import Connection\n"
+         f"with Connection({url!r}) as c:\n q = c.SimpleQueue('generate')\n"
+         " q.get(timeout=20)\n print('taken', flush=True)\n time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    assert taker.stdout.readline().strip() == "taken"
+    taker.kill()  # kill -9: the message stays unacked until the visibility timeout
+    taker.wait()
+    assert queued_tasks(client, GENERATE.queue) == 0 and client.zcard("unacked_index") == 1
+    assert heal_unstarted(client, app, grace=60, now=time.time()) == [], "healed too early"
+    later = time.time() + 120
+    assert heal_unstarted(client, app, grace=60, now=later) == [("r", "generate", 2)]
+    assert heal_unstarted(client, app, grace=60, now=later) == [], "healed twice"
+    assert queued_tasks(client, GENERATE.queue) == 1
+    # A message whose shard a live worker holds, or whose retry waits, is left alone.
+    client.hset(GENERATE.keys("r").queued, keys.shard_name(2), retry_marker(later))
+    client.delete("dflash:healed:" + client.zrange("unacked_index", 0, 0)[0])
+    assert heal_unstarted(client, app, grace=60, now=later) == []

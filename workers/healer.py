@@ -2,8 +2,10 @@
 
 Each worker process runs one healer thread. Every half lease TTL it looks, for each run in
 ``dflash:runs`` and each stage, for shards that are ``running`` without a lease (their worker
-was killed: the lease expired one TTL after its last heartbeat) and for retries long overdue
-(the worker that held the retry died), and queues them again. A shard is so back in the queue
+was killed: the lease expired one TTL after its last heartbeat), for retries long overdue
+(the worker that held the retry died), and for task messages a worker took from the queue
+but died before starting (they sit in the broker's unacked set until the visibility timeout),
+and queues them again. A shard is so back in the queue
 within about two lease TTLs of a ``kill -9``, whatever Celery's visibility timeout. Duplicate
 deliveries are harmless: the lease keeps them apart and commits are put-once. ``resume`` stays
 for a wiped Redis and for parked or paused shards.
@@ -11,6 +13,8 @@ for a wiped Redis and for parked or paused shards.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 import time
@@ -89,7 +93,53 @@ def heal_once(client: redis.Redis, app: Celery, lease_ttl: float,
                     log.warning("run %s shard %d (%s): retry overdue (its worker died); queued "
                                 "again", run, shard, spec.name)
                     healed.append(_send(client, app, spec, run, shard))
+    return healed + heal_unstarted(client, app, grace, now)
+
+
+# Kombu's Redis transport keeps messages delivered but not acked here, with delivery times.
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
+_BY_TASK = {spec.task_name: spec for spec in STAGES}
+HEALED_TTL_S = 24 * 3600
+
+
+def heal_unstarted(client: redis.Redis, app: Celery, grace: float,
+                   now: float) -> list[tuple[str, str, int]]:
+    """Messages delivered over ``grace`` ago whose shard no worker started: queue them again.
+
+    A live worker starts a message it took at once (prefetch 1), and a retry waiting for its
+    countdown carries a ``retry`` marker instead of ``1``; what is left lost its worker.
+    """
+    healed = []
+    for tag in client.zrangebyscore(UNACKED_INDEX, "-inf", now - grace):
+        found = _task_of(client.hget(UNACKED, tag))
+        if found is None:
+            continue
+        spec, task = found
+        names, field = spec.keys(task.run), keys.shard_name(task.shard)
+        if (client.hget(names.queued, field) != "1" or client.hexists(names.running, field)
+                or client.exists(spec.lease_key(task.run, task.shard))):
+            continue
+        # One healer per message: the marker lives as long as the message could stay unacked.
+        if not client.set(f"dflash:healed:{tag}", "1", nx=True, ex=HEALED_TTL_S):
+            continue
+        log.warning("run %s shard %d (%s): its worker took the task and died before starting "
+                    "it; queued again", task.run, task.shard, spec.name)
+        healed.append(_send(client, app, spec, task.run, task.shard))
     return healed
+
+
+def _task_of(raw: str | None) -> tuple[StageSpec, ShardTask] | None:
+    """The stage and shard of an unacked Celery message (protocol 2, JSON), if it is ours."""
+    try:
+        message = json.loads(raw)[0]
+        spec = _BY_TASK.get(message["headers"]["task"])
+        body = message["body"]
+        if message["properties"].get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return (spec, ShardTask.from_json(args[0])) if spec is not None else None
+    except (TypeError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _shard(field: str) -> int:
