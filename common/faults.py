@@ -1,14 +1,16 @@
 """Test-only fault injection: make a named point raise, to prove that the skeleton parks it.
 
 ``DFLASH_TEST_FAULT="hidden.forward=CUDA out of memory"`` makes :func:`inject` raise
-``RuntimeError("CUDA out of memory")`` at that point (several ``point=message`` pairs may be
-given, separated by ``;``). Unset in every real deployment: then :func:`inject` costs one dict
-lookup.
+``RuntimeError("CUDA out of memory")`` at that point; ``export.file=sleep:0.5`` makes it wait
+half a second instead, so that a test can kill a process mid-way (several ``point=message``
+pairs may be given, separated by ``;``). Unset in every real deployment: then :func:`inject`
+costs one dict lookup.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from functools import cache
 
 ENV = "DFLASH_TEST_FAULT"
@@ -23,5 +25,9 @@ def _faults() -> dict[str, str]:
 def inject(point: str) -> None:
     """Raise the configured error at ``point``, if one is configured for it."""
     message = _faults().get(point)
-    if message is not None:
-        raise RuntimeError(message)
+    if message is None:
+        return
+    if message.startswith("sleep:"):
+        time.sleep(float(message.removeprefix("sleep:")))
+        return
+    raise RuntimeError(message)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from common.errors import ConfigError, NotFound, StorageError
 
@@ -35,6 +37,10 @@ class Storage(ABC):
         """Write ``key`` unless it exists; True if this call wrote it, False if it was there."""
 
     @abstractmethod
+    def put_file_once(self, key: str, path: str | os.PathLike[str]) -> bool:
+        """:meth:`put_once` of a file's contents, streamed (large exports stay out of memory)."""
+
+    @abstractmethod
     def replace(self, key: str, data: bytes) -> None:
         """Overwrite ``key``: only for pointers (``latest.json``) that readers can rebuild."""
 
@@ -45,6 +51,10 @@ class Storage(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool:
         """True when the key has been written."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """The object's size in bytes; :class:`NotFound` if it does not exist."""
 
     @abstractmethod
     def list(self, prefix: str) -> Iterator[str]:
@@ -84,6 +94,21 @@ class LocalStorage(Storage):
             tmp.unlink(missing_ok=True)
         return True
 
+    def put_file_once(self, key: str, path: str | os.PathLike[str]) -> bool:
+        final = self._file(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
+        try:
+            shutil.copyfile(path, tmp)
+            os.link(tmp, final)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"cannot write {final}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
     def replace(self, key: str, data: bytes) -> None:
         final = self._file(key)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +130,12 @@ class LocalStorage(Storage):
 
     def exists(self, key: str) -> bool:
         return self._file(key).is_file()
+
+    def size(self, key: str) -> int:
+        try:
+            return self._file(key).stat().st_size
+        except FileNotFoundError as exc:
+            raise NotFound(key) from exc
 
     def list(self, prefix: str) -> Iterator[str]:
         base = self.path / prefix.rsplit("/", 1)[0] if "/" in prefix else self.path
@@ -134,12 +165,17 @@ class S3Storage(Storage):
         return s3_client()
 
     def put_once(self, key: str, data: bytes) -> bool:
+        return self._put_once(key, data)
+
+    def _put_once(self, key: str, body: Any) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
 
         full = self.prefix + key
         for attempt in range(_CONFLICT_RETRIES):
+            if hasattr(body, "seek"):
+                body.seek(0)
             try:
-                self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
                 return True
             except ClientError as exc:
                 code = _status(exc)
@@ -151,6 +187,10 @@ class S3Storage(Storage):
             except BotoCoreError as exc:
                 raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
         raise StorageError(f"cannot write {self.root}{key}: conditional write kept conflicting")
+
+    def put_file_once(self, key: str, path: str | os.PathLike[str]) -> bool:
+        with open(path, "rb") as body:  # streamed from the file, never held in memory
+            return self._put_once(key, body)
 
     def replace(self, key: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -181,6 +221,19 @@ class S3Storage(Storage):
         except ClientError as exc:
             if _status(exc) == 404:
                 return False
+            raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
+
+    def size(self, key: str) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)[
+                "ContentLength"]
+        except ClientError as exc:
+            if _status(exc) == 404:
+                raise NotFound(key) from exc
             raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
         except BotoCoreError as exc:
             raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc

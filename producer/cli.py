@@ -313,9 +313,11 @@ from producer.plan import plan_storage  # noqa: E402
 
 main.add_command(doctor_command(common_options))
 main.add_command(plan_storage)
+from producer.dataset_export import export_dataset_command  # noqa: E402
 from producer.report import report_command  # noqa: E402
 
 main.add_command(report_command(common_options))
+main.add_command(export_dataset_command)
 from producer.worker_cli import worker_group  # noqa: E402
 
 main.add_command(worker_group(common_options))

@@ -1,0 +1,273 @@
+"""``dflash-pipeline export-dataset``: a run's regenerated samples, out of the pipeline.
+
+    dflash-pipeline export-dataset --run RUN --out DIR|s3://bucket/prefix \\
+        --format parquet|specforge|messages|speculators [--include-rejected] \\
+        [--shard-rows 100000] [--split-heldout] [--json]
+
+Reads only committed shards and only the canonical copy of each sample (the commit's
+``sample_ids``; ``--include-rejected`` adds ``rejected_ids`` with their reasons). Files are the
+Hugging Face layout, ``data/<split>-00000-of-000NN.<ext>``, each a put-once object written from
+a local temporary file (memory stays bounded); ``_EXPORT.json`` is written last and lists them,
+so an interrupted export is simply run again (files already there are skipped, the same bytes
+are produced for the rest) and a finished one writes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from common.cli import common_options
+from common.config import Settings
+from common.errors import ConfigError
+from common.faults import inject
+from common.records import ShardCommit, decode_jsonl_zst, dumps
+from common.runstore import RunStore
+from common.splits import is_heldout
+from common.storage import Storage, open_storage
+from producer.export_formats import EXTENSIONS, FORMATS, FileWriter, rows_of
+
+MANIFEST = "_EXPORT.json"
+CARD = "README.md"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What decides an export's files; a second export to the same place must match them."""
+
+    run: str
+    format: str
+    include_rejected: bool = False
+    shard_rows: int = 100_000
+    split_heldout: bool = False
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(f"unknown format {self.format!r}; choose one of "
+                              f"{', '.join(FORMATS)}")
+        if self.shard_rows < 1:
+            raise ConfigError(f"--shard-rows must be positive, not {self.shard_rows}")
+
+
+@dataclass
+class ExportReport:
+    """What an export did: samples and files per split, bytes, files written now."""
+
+    out: str
+    options: ExportOptions
+    samples: dict[str, int] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    written: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": self.out, **asdict(self.options), "samples": self.samples,
+                "files": self.files, "written": self.written, "bytes": self.bytes,
+                "seconds": round(self.seconds, 2)}
+
+
+def split_of(sample_id: str, options: ExportOptions) -> str:
+    return "heldout" if options.split_heldout and is_heldout(sample_id) else "train"
+
+
+def planned(commits: list[ShardCommit], options: ExportOptions
+            ) -> list[tuple[ShardCommit, list[str]]]:
+    """Every exported sample id, shard by shard, in a fixed order."""
+    return [(c, c.sample_ids + (c.rejected_ids if options.include_rejected else []))
+            for c in commits]
+
+
+def file_key(split: str, index: int, count: int, fmt: str) -> str:
+    return f"data/{split}-{index:05d}-of-{count:05d}.{EXTENSIONS[fmt]}"
+
+
+def export_dataset(source: Storage, out: Storage, options: ExportOptions,
+                   progress: Any = None) -> ExportReport:
+    """Write the export (or nothing, when it is already complete); see the module docstring."""
+    started = time.monotonic()
+    store = RunStore(source, options.run)
+    config = store.config()
+    report = ExportReport(out=out.root, options=options)
+    done = _finished(out, options)
+    if done is not None:
+        report.samples, report.files, report.bytes = done["samples"], done["files"], done["bytes"]
+        return report
+    commits = [store.commit(shard) for shard in sorted(store.committed())]
+    order = planned(commits, options)
+    counts = Counter(split_of(i, options) for _, ids in order for i in ids)
+    files = {split: max(1, math.ceil(n / options.shard_rows)) for split, n in counts.items()}
+    seen: Counter[str] = Counter()
+    writers: dict[str, _Split] = {}
+    with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
+        for sample in _samples(source, order, progress):
+            split = split_of(sample["id"], options)
+            index = seen[split] // options.shard_rows
+            seen[split] += 1
+            target = writers.setdefault(split, _Split(out, split, files[split], options,
+                                                      Path(tmp)))
+            target.add(index, sample)
+        for target in writers.values():
+            target.close()
+            report.written += target.written
+    report.files = [file_key(s, k, n, options.format) for s, n in sorted(files.items())
+                    for k in range(n)]
+    report.samples = dict(sorted(counts.items()))
+    report.bytes = sum(out.size(k) for k in report.files)
+    out.put_once(CARD, dataset_card(config, options, report, commits).encode())
+    manifest = {**report.to_json(), "written": None, "seconds": None}
+    out.put_once(MANIFEST, dumps(manifest))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _finished(out: Storage, options: ExportOptions) -> dict[str, Any] | None:
+    """The manifest of a finished export with these options; refuses one with others."""
+    if not out.exists(MANIFEST):
+        return None
+    manifest = json.loads(out.get(MANIFEST))
+    theirs = {k: manifest.get(k) for k in asdict(options)}
+    if theirs != asdict(options):
+        raise ConfigError(f"{out.root} already holds an export with other options ({theirs}); "
+                          "export to a new place")
+    return manifest
+
+
+def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
+             progress: Any) -> Iterator[dict[str, Any]]:
+    """The canonical samples in the planned order, reading each shard's parts once."""
+    for commit, ids in order:
+        wanted = set(ids)
+        found: dict[str, dict[str, Any]] = {}
+        for part in sorted({commit.part_of[i] for i in ids}):
+            for sample in decode_jsonl_zst(storage.get(part)):
+                if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
+                    found[sample["id"]] = sample
+        for sample_id in ids:
+            yield found[sample_id]
+        if progress is not None:
+            progress(len(ids))
+
+
+class _Split:
+    """The files of one split, written in order; a file already in ``out`` is not rebuilt."""
+
+    def __init__(self, out: Storage, split: str, count: int, options: ExportOptions,
+                 tmp: Path) -> None:
+        self.out, self.split, self.count, self.options, self.tmp = out, split, count, options, tmp
+        self.index, self.writer, self.written = -1, None, 0
+        self.skip = False
+
+    def add(self, index: int, sample: dict[str, Any]) -> None:
+        if index != self.index:
+            self.close()
+            self.index = index
+            self.skip = self.out.exists(self.key)
+            if not self.skip:
+                inject("export.file")
+                self.writer = FileWriter(self.tmp / f"{self.split}-{index}", self.options.format,
+                                         self.options.include_rejected)
+        if self.writer is not None:
+            for row in rows_of(sample, self.options.format, self.options.include_rejected):
+                self.writer.add(row)
+
+    @property
+    def key(self) -> str:
+        return file_key(self.split, self.index, self.count, self.options.format)
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        self.written += self.out.put_file_once(self.key, self.writer.path)
+        self.writer.path.unlink()
+        self.writer = None
+
+
+def dataset_card(config: Any, options: ExportOptions, report: ExportReport,
+                 commits: list[ShardCommit]) -> str:
+    """A Hugging Face dataset card: what made the data, how much of it, and what it holds."""
+    stats = Counter()
+    for commit in commits:
+        for key in ("samples", "prompt_tokens", "completion_tokens", "rejected"):
+            stats[key] += commit.stats.get(key, 0)
+    splits = "\n".join(f"  - split: {s}\n    path: data/{s}-*" for s in report.samples)
+    rows = "\n".join(f"| {s} | {n} |" for s, n in report.samples.items())
+    sampling = ", ".join(f"{k}={v}" for k, v in asdict(config.sampling).items())
+    gates = ", ".join(f"{k}={v}" for k, v in config.gates.to_json().items())
+    which = ("rejected samples included, with their reasons" if options.include_rejected
+             else "only samples that passed the quality gates")
+    per_sample = stats["completion_tokens"] / max(stats["samples"], 1)
+    return f"""---
+license: other  # set the license of your prompts and of the model's outputs
+configs:
+- config_name: default
+  data_files:
+{splits}
+---
+
+# {config.run}
+
+Regenerated by dflash-pipeline: every assistant turn answered again by the target model,
+with its full thinking trace, exported as `{options.format}`.
+
+- model: `{config.model}`
+- sampling: {sampling}
+- quality gates: {gates}
+- samples exported: {sum(report.samples.values())} ({which})
+- run totals over {stats['samples']} judged samples: {stats['rejected']} rejected by the
+  gates, {stats['prompt_tokens']} prompt tokens, {stats['completion_tokens']} generated tokens
+  ({per_sample:.1f} per sample)
+
+| split | samples |
+|---|---|
+{rows}
+"""
+
+
+@click.command("export-dataset")
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id to export.")
+@click.option("--out", required=True,
+              help="Where to write: a local directory or s3://bucket/prefix.")
+@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
+              help="parquet (Hugging Face datasets), specforge, messages (OpenAI style) or "
+                   "speculators (input_ids + loss_mask per assistant turn).")
+@click.option("--include-rejected", is_flag=True,
+              help="Also export samples the quality gates rejected, with their reasons.")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=ExportOptions.shard_rows,
+              show_default=True, help="Samples per output file.")
+@click.option("--split-heldout", is_flag=True,
+              help="Put the held-out split (1% of ids by hash) in files of its own.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@common_options
+def export_dataset_command(settings: Settings, run: str, out: str, fmt: str,
+                           include_rejected: bool, shard_rows: int, split_heldout: bool,
+                           as_json: bool) -> None:
+    """Export a run's regenerated samples for other tools, each accepted sample exactly once."""
+    from rich.progress import Progress
+
+    options = ExportOptions(run=run, format=fmt, include_rejected=include_rejected,
+                            shard_rows=shard_rows, split_heldout=split_heldout)
+    source, target = open_storage(settings.storage), open_storage(out)
+    with Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task(f"exporting {run}", total=None)
+        report = export_dataset(source, target, options,
+                                progress=lambda n: bar.advance(task, n))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), sort_keys=True))
+        return
+    total = sum(report.samples.values())
+    state = (f"{report.written} files written now" if report.written or total == 0
+             else "already complete, nothing written")
+    splits = ", ".join(f"{s} {n}" for s, n in report.samples.items()) or "none"
+    click.echo(f"run {run}: {total} samples ({splits}) as {fmt} in {len(report.files)} files, "
+               f"{report.bytes:,} bytes, to {target.root} ({state})")

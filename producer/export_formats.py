@@ -1,0 +1,131 @@
+"""The row of each ``export-dataset`` format, and the file writer for it.
+
+==============  ================================================  =========================
+format          one row                                           read by
+==============  ================================================  =========================
+``parquet``     a sample: ``id``, ``messages`` (with               Hugging Face ``datasets``,
+                ``reasoning_content``), per-turn ``prompt_ids``,   pandas, anything Arrow
+                ``output_ids``, ``finish_reason``, ``source``
+``specforge``   ``{"id", "conversations": [{"role", "content",     SpecForge's training
+                "reasoning_content"?}]}`` (JSONL)                  scripts
+``messages``    ``{"id", "messages": [...]}``, OpenAI style,        OpenAI-style trainers,
+                ``reasoning_content`` on assistant turns (JSONL)   vLLM speculators
+``speculators`` an assistant turn: ``input_ids``, ``loss_mask``     vLLM speculators
+                (prompt 0, generated tokens 1), ``metadata``
+                (JSONL)
+==============  ================================================  =========================
+
+With ``--include-rejected`` rows also carry ``rejected`` and the gates' ``quality_reasons``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from common.trainrows import training_rows, turns_of
+
+FORMATS = ("parquet", "specforge", "messages", "speculators")
+EXTENSIONS = {"parquet": "parquet", "specforge": "jsonl", "messages": "jsonl",
+              "speculators": "jsonl"}
+PARQUET_ROW_GROUP = 1000
+
+
+def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation with the regenerated assistant turns, reasoning kept where there is one."""
+    out = []
+    for message in sample["messages"]:
+        item = {"role": message["role"], "content": message.get("content") or ""}
+        if message["role"] == "assistant" and message.get("reasoning_content"):
+            item["reasoning_content"] = message["reasoning_content"]
+        out.append(item)
+    return out
+
+
+def _quality(sample: dict[str, Any], include_rejected: bool) -> dict[str, Any]:
+    if not include_rejected:
+        return {}
+    quality = sample.get("quality", {})
+    return {"rejected": not quality.get("passed", True),
+            "quality_reasons": list(quality.get("reasons", []))}
+
+
+def rows_of(sample: dict[str, Any], fmt: str, include_rejected: bool) -> Iterator[dict]:
+    """The export rows of one sample (one per assistant turn for ``speculators``)."""
+    extra = _quality(sample, include_rejected)
+    if fmt == "parquet":
+        turns = turns_of(sample)
+        yield {"id": sample["id"],
+               "messages": [{"reasoning_content": None, **m} for m in messages_of(sample)],
+               "prompt_ids": [list(t["prompt_ids"]) for t in turns],
+               "output_ids": [list(t["output_ids"]) for t in turns],
+               "finish_reason": [t.get("finish_reason", "stop") for t in turns],
+               "source": json.dumps(sample.get("source", {}), ensure_ascii=False,
+                                    sort_keys=True), **extra}
+    elif fmt == "specforge":
+        yield {"id": sample["id"], "conversations": messages_of(sample), **extra}
+    elif fmt == "messages":
+        yield {"id": sample["id"], "messages": messages_of(sample), **extra}
+    else:
+        turns = turns_of(sample)
+        for row, turn in zip(training_rows(sample), turns, strict=True):
+            yield {"id": f"{sample['id']}#{row.turn}", "sample_id": sample["id"],
+                   "turn": row.turn, "input_ids": row.input_ids, "loss_mask": row.loss_mask,
+                   "metadata": {"finish_reason": turn.get("finish_reason", "stop"),
+                                "usage": {"prompt_tokens": len(turn["prompt_ids"]),
+                                          "completion_tokens": len(turn["output_ids"])}},
+                   **extra}
+
+
+def parquet_schema(include_rejected: bool) -> Any:
+    import pyarrow as pa
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string()),
+                         ("reasoning_content", pa.string())])
+    fields = [("id", pa.string()), ("messages", pa.list_(message)),
+              ("prompt_ids", pa.list_(pa.list_(pa.int32()))),
+              ("output_ids", pa.list_(pa.list_(pa.int32()))),
+              ("finish_reason", pa.list_(pa.string())), ("source", pa.string())]
+    if include_rejected:
+        fields += [("rejected", pa.bool_()), ("quality_reasons", pa.list_(pa.string()))]
+    return pa.schema(fields)
+
+
+class FileWriter:
+    """Writes one export file to a local temporary path, streaming (row groups or lines)."""
+
+    def __init__(self, path: Path, fmt: str, include_rejected: bool) -> None:
+        self.path, self.fmt, self.rows = path, fmt, 0
+        self._pending: list[dict[str, Any]] = []
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self._schema = parquet_schema(include_rejected)
+            self._parquet = pq.ParquetWriter(path, self._schema, compression="zstd")
+        else:
+            self._lines = open(path, "wb")
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows += 1
+        if self.fmt != "parquet":
+            self._lines.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+            return
+        self._pending.append(row)
+        if len(self._pending) >= PARQUET_ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._pending:
+            self._parquet.write_table(pa.Table.from_pylist(self._pending, schema=self._schema))
+            self._pending = []
+
+    def close(self) -> None:
+        if self.fmt == "parquet":
+            self._flush()
+            self._parquet.close()
+        else:
+            self._lines.close()
