@@ -15,6 +15,7 @@ are produced for the rest) and a finished one writes nothing the second time.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tempfile
 import time
@@ -35,6 +36,8 @@ from common.runstore import RunStore
 from common.splits import is_heldout
 from common.storage import Storage, open_storage
 from producer.export_formats import EXTENSIONS, FORMATS, FileWriter, rows_of
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "_EXPORT.json"
 CARD = "README.md"
@@ -66,13 +69,15 @@ class ExportReport:
     options: ExportOptions
     samples: dict[str, int] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    shards: list[int] = field(default_factory=list)
     written: int = 0
     bytes: int = 0
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"out": self.out, **asdict(self.options), "samples": self.samples,
-                "files": self.files, "written": self.written, "bytes": self.bytes,
+                "files": self.files, "shards": self.shards, "written": self.written,
+                "bytes": self.bytes,
                 "seconds": round(self.seconds, 2)}
 
 
@@ -98,11 +103,18 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
     store = RunStore(source, options.run)
     config = store.config()
     report = ExportReport(out=out.root, options=options)
-    done = _finished(out, options)
+    committed = sorted(store.committed())
+    done = _finished(out, options, committed)
     if done is not None:
         report.samples, report.files, report.bytes = done["samples"], done["files"], done["bytes"]
+        report.shards = done["shards"]
         return report
-    commits = [store.commit(shard) for shard in sorted(store.committed())]
+    manifest = store.manifest()
+    if manifest is None or len(committed) < manifest.shards:
+        log.warning("run %s: %d of %s shards committed; the export holds those only",
+                    options.run, len(committed), manifest.shards if manifest else "?")
+    report.shards = committed
+    commits = [store.commit(shard) for shard in committed]
     order = planned(commits, options)
     counts = Counter(split_of(i, options) for _, ids in order for i in ids)
     files = {split: max(1, math.ceil(n / options.shard_rows)) for split, n in counts.items()}
@@ -130,8 +142,10 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
     return report
 
 
-def _finished(out: Storage, options: ExportOptions) -> dict[str, Any] | None:
-    """The manifest of a finished export with these options; refuses one with others."""
+def _finished(out: Storage, options: ExportOptions, committed: list[int]
+              ) -> dict[str, Any] | None:
+    """The manifest of a finished export of the same shards with these options, if any;
+    refuses one with other options or of an earlier state of the run (exports are put-once)."""
     if not out.exists(MANIFEST):
         return None
     manifest = json.loads(out.get(MANIFEST))
@@ -139,6 +153,10 @@ def _finished(out: Storage, options: ExportOptions) -> dict[str, Any] | None:
     if theirs != asdict(options):
         raise ConfigError(f"{out.root} already holds an export with other options ({theirs}); "
                           "export to a new place")
+    if manifest.get("shards") != committed:
+        raise ConfigError(f"{out.root} holds an export of {len(manifest.get('shards') or [])} "
+                          f"committed shards; the run has {len(committed)} now: export to a "
+                          "new place")
     return manifest
 
 
@@ -253,12 +271,13 @@ def export_dataset_command(settings: Settings, run: str, out: str, fmt: str,
                            include_rejected: bool, shard_rows: int, split_heldout: bool,
                            as_json: bool) -> None:
     """Export a run's regenerated samples for other tools, each accepted sample exactly once."""
+    from rich.console import Console
     from rich.progress import Progress
 
     options = ExportOptions(run=run, format=fmt, include_rejected=include_rejected,
                             shard_rows=shard_rows, split_heldout=split_heldout)
     source, target = open_storage(settings.storage), open_storage(out)
-    with Progress(transient=True, disable=as_json) as bar:
+    with Progress(transient=True, disable=as_json, console=Console(stderr=True)) as bar:
         task = bar.add_task(f"exporting {run}", total=None)
         report = export_dataset(source, target, options,
                                 progress=lambda n: bar.advance(task, n))
