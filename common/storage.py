@@ -15,7 +15,7 @@ import shutil
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -77,29 +77,24 @@ class LocalStorage(Storage):
         return self.path / key
 
     def put_once(self, key: str, data: bytes) -> bool:
-        final = self._file(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
-        try:
+        def write(tmp: Path) -> None:
             with open(tmp, "xb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.link(tmp, final)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            raise StorageError(f"cannot write {final}: {exc}") from exc
-        finally:
-            tmp.unlink(missing_ok=True)
-        return True
+
+        return self._link_once(key, write)
 
     def put_file_once(self, key: str, path: str | os.PathLike[str]) -> bool:
+        return self._link_once(key, lambda tmp: shutil.copyfile(path, tmp))
+
+    def _link_once(self, key: str, write: Callable[[Path], object]) -> bool:
+        """Write a temporary file, then hard-link it into place: atomic and create-exclusive."""
         final = self._file(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
         try:
-            shutil.copyfile(path, tmp)
+            write(tmp)
             os.link(tmp, final)
         except FileExistsError:
             return False

@@ -64,13 +64,12 @@ def _services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any, An
     from common.storage import open_storage
 
     client = redis.Redis.from_url(settings.broker_url, decode_responses=True, socket_timeout=30)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        message = f"cannot reach Redis at {settings.masked_broker_url}: {exc}"
-        if need_redis:
-            raise DflashError(message) from exc
-        click.echo(f"warning: {message}; showing storage-side progress only", err=True)
+    if need_redis:
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise DflashError(f"cannot reach Redis at {settings.masked_broker_url}: {exc}") \
+                from exc
     return open_storage(settings.storage), make_app(settings), client
 
 
@@ -228,11 +227,15 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (per refresh).")
 @common_options
 def status(settings: Settings, run: str, watch: bool, interval: float, as_json: bool) -> None:
-    """Shards, samples, tokens/s and ETA of a run."""
+    """Shards, samples, tokens/s and ETA of a run (from storage alone, exit 1, if Redis is down)."""
     from producer.commands import show_status
 
     storage, _, client = _services(settings, need_redis=False)
-    show_status(storage, client, run, watch=watch, interval=interval, as_json=as_json)
+    last = show_status(storage, client, run, watch=watch, interval=interval, as_json=as_json)
+    if not last["redis"]["reachable"]:
+        click.echo(f"error: cannot reach Redis at {settings.masked_broker_url}: the figures "
+                   "above come from storage alone (live ones unknown)", err=True)
+        sys.exit(EXIT_FAILURE)
 
 
 @main.command()

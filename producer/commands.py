@@ -178,20 +178,17 @@ def _duration(seconds: float) -> str:
 
 
 def show_status(storage: Storage, client: redis.Redis, run: str, *, watch: bool,
-                interval: float, as_json: bool) -> None:
+                interval: float, as_json: bool) -> dict[str, Any]:
+    """Print the run's status (once, or until it ends with ``watch``); returns the last one."""
     reader = StatusReader(storage, client, run)
-    if not watch:
+    if watch and not as_json:
+        return watch_progress(reader, interval)
+    while True:
         status = reader.read()
         click.echo(json.dumps(status, sort_keys=True) if as_json else render_status(status))
-        return
-    if as_json:
-        while True:
-            status = reader.read()
-            click.echo(json.dumps(status, sort_keys=True))
-            if status["state"] in (RunState.DONE, RunState.FAILED, RunState.PAUSED):
-                return
-            time.sleep(interval)
-    watch_progress(reader, interval)
+        if not watch or status["state"] in (RunState.DONE, RunState.FAILED, RunState.PAUSED):
+            return status
+        time.sleep(interval)
 
 
 def watch_progress(reader: StatusReader, interval: float,

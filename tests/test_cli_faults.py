@@ -67,12 +67,15 @@ def test_redis_killed_during_resume_then_status(env, redis_server: RedisServer,
     redis_server.kill()
     assert_one_line_failure(proc)
 
-    # With Redis down, status still answers from storage and says what it cannot know.
+    # With Redis down, status still prints what storage says, names what it cannot know, and
+    # exits 1 with one line saying why.
     status = subprocess.run([sys.executable, "-m", "producer.cli", "status", "--run", "r",
                              "--json"], env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
-    assert status.returncode == 0, status.stderr
-    assert "Traceback" not in status.stderr and "cannot reach Redis" in status.stderr
+    assert status.returncode == 1, status.stderr
+    assert "Traceback" not in status.stderr
+    errors = [line for line in status.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot reach Redis" in errors[0], status.stderr
     report = json.loads(status.stdout)
     assert report["redis"] == {"reachable": False, "monitor_ready": False}
     assert report["shards"]["total"] == 5_000 and report["shards"]["running"] is None
@@ -80,4 +83,4 @@ def test_redis_killed_during_resume_then_status(env, redis_server: RedisServer,
     assert report["samples"]["done"] == 0 and report["parked"] is None
     text = subprocess.run([sys.executable, "-m", "producer.cli", "status", "--run", "r"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert text.returncode == 0 and "REDIS UNREACHABLE" in text.stdout, text.stderr
+    assert text.returncode == 1 and "REDIS UNREACHABLE" in text.stdout, text.stderr
