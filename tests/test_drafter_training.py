@@ -208,3 +208,25 @@ def test_flex_attention_matches_dense_in_the_model(tiny: Tiny) -> None:
     flex = DrafterTrainer(drafter, TrainConfig(total_steps=1, max_anchors=8, attention="flex"))
     a, b = dense.evaluate(tiny.held_out[:4]), flex.evaluate(tiny.held_out[:4])
     assert a.blocks == b.blocks and a.loss == pytest.approx(b.loss, rel=1e-4)
+
+
+def test_export_follows_a_bf16_target(tiny: Tiny, tmp_path: Path) -> None:
+    from workers.train.drafter.export import target_dtype
+
+    model_dir = tmp_path / "bf16-target"
+    model_dir.mkdir()
+    config = json.loads((Path(tiny.target.name_or_path) / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    assert target_dtype(model_dir) == torch.bfloat16
+    assert target_dtype(tiny.target.name_or_path) == torch.float32
+    assert target_dtype(tmp_path) is None  # no config.json: the checkpoint's own dtype
+    trainer = DrafterTrainer(tiny.drafter(5), TrainConfig(total_steps=2, max_anchors=8))
+    out = export_drafter(trainer, tmp_path / "drafter", dtype=target_dtype(model_dir))
+    exported = json.loads((out / "config.json").read_text())
+    assert exported["dtype"] == exported["torch_dtype"] == "bfloat16"
+    weights = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    reloaded = load_drafter(out, tiny.target)
+    assert all(torch.equal(p.to(torch.bfloat16), q.to(torch.bfloat16)) for p, q in
+               zip(trainer.drafter.state_dict().values(), reloaded.state_dict().values(),
+                   strict=True))

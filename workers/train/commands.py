@@ -22,29 +22,33 @@ from common.errors import NotFound
               help="Directory to write config.json and model.safetensors to.")
 @click.option("--step", type=click.IntRange(min=1), default=None,
               help="Checkpoint step to export [default: the newest].")
+@click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+              default="auto", show_default=True,
+              help="Weights' dtype; auto: the target's (config.json), else the checkpoint's.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 @common_options
-def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
+def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None, dtype: str,
                    as_json: bool) -> None:
     """Export a run's drafter checkpoint as an HF-style directory SGLang's DFLASH loads."""
-    result = export_drafter_checkpoint(settings, run, out_dir, step)
+    result = export_drafter_checkpoint(settings, run, out_dir, step, dtype)
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
     else:
         click.echo(f"run {run}: drafter step {result['step']} exported to {result['out']} "
-                   f"({result['tensors']} tensors; serve with --speculative-algorithm DFLASH "
+                   f"({result['tensors']} tensors, {result['dtype']}; serve with "
+                   "--speculative-algorithm DFLASH "
                    f"--speculative-draft-model-path {result['out']})")
 
 
-def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str,
-                              step: int | None) -> dict[str, Any]:
+def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
+                              dtype: str = "auto") -> dict[str, Any]:
     """Load a drafter checkpoint on the run's target and write the HF-style export."""
     from common.drafter_store import committed_steps, load_checkpoint
     from common.models import resolve_model_path
     from common.runstore import RunStore
     from common.storage import open_storage
     from workers.train.drafter.demo import load_target
-    from workers.train.drafter.export import export_drafter
+    from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.train import DrafterTrainer
 
@@ -55,11 +59,14 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str,
         raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/)")
     if step is not None and step not in steps:
         raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
-    target, tokenizer = load_target(resolve_model_path(replace(settings, model=config.model)))
+    model_dir = resolve_model_path(replace(settings, model=config.model))
+    target, tokenizer = load_target(model_dir)
     add_mask_token(tokenizer, target)
     loaded = load_checkpoint(storage, run, step)
     assert loaded is not None  # the step is committed
     trainer = DrafterTrainer.from_state_dict(loaded[0], target)
-    out = export_drafter(trainer, out_dir)
-    return {"run": run, "step": trainer.steps, "out": str(out),
+    chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(model_dir)
+    out = export_drafter(trainer, out_dir, dtype=chosen)
+    stored = json.loads((out / "config.json").read_text())["dtype"]
+    return {"run": run, "step": trainer.steps, "out": str(out), "dtype": stored,
             "tensors": len(trainer.drafter.state_dict())}

@@ -32,6 +32,21 @@ ARCHITECTURE = "DFlashDraftModel"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+
+def target_dtype(model_dir: str | Path) -> torch.dtype | None:
+    """The dtype a target model directory stores (``config.json``), or None if it does not say.
+
+    SGLang serves a drafter with ``--dtype auto`` in the dtype its config states, so an export
+    in float32 for a bfloat16 target would run as float16; exports follow the target instead.
+    """
+    config = Path(model_dir) / CONFIG_FILE
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    name = data.get("dtype") or data.get("torch_dtype")
+    return DTYPES.get(str(name).removeprefix("torch.")) if name else None
 
 
 def hf_config(config: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
