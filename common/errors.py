@@ -76,3 +76,11 @@ class NotReady(TransientError):
 
 class RunNotFound(ConfigError):
     """The run has no ``run.json`` in this storage root."""
+
+
+class DrafterMismatch(ConfigError):
+    """A drafter does not fit the target: hidden size, target layers, vocabulary or mask token."""
+
+
+class NotLossless(DflashError):
+    """Speculative decoding produced other tokens than the target's greedy decoding (a bug)."""

@@ -15,6 +15,7 @@ import zstandard
 
 from common.errors import RunConfigMismatch
 from common.gates import GateConfig
+from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 
 CODE_VERSION = "0.1.0"
 
@@ -66,6 +67,8 @@ class RunConfig:
     chat_template_sha: str | None = None
     prompt_template: str | None = None  # a format string over the row's fields, or detection
     strict_fields: bool = False  # reject rows with text no prompt uses, instead of reporting it
+    heldout_fraction: float = HELDOUT_FRACTION  # never trained on: what eval-drafter decodes
+    heldout_min: int = HELDOUT_MIN
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)
 
@@ -145,6 +148,11 @@ class InputManifest:
     examples: list[dict[str, Any]] = field(default_factory=list)
     layouts: dict[str, dict[str, int]] = field(default_factory=dict)  # file -> layout -> rows
     unused: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> rows, example
+    heldout: list[list[Any]] = field(default_factory=list)  # [[sample id, input shard], ...]
+
+    @property
+    def heldout_ids(self) -> frozenset[str]:
+        return frozenset(str(pair[0]) for pair in self.heldout)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,6 +20,7 @@ from common.config import Settings, env_name, load_settings
 from common.errors import DflashError
 from common.gates import GateConfig
 from common.records import Sampling
+from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from producer.layouts import FORMATS
 
 EXIT_FAILURE, EXIT_REJECTED = 1, 3
@@ -76,7 +77,8 @@ def _services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any, An
 class StageCommands(click.Group):
     """The CLI group; stage commands are found by name, so the producer imports no stage code."""
 
-    LAZY = {"export-drafter": "workers.train.commands:export_drafter"}
+    LAZY = {"export-drafter": "workers.train.commands:export_drafter",
+            "eval-drafter": "workers.train.eval_command:eval_drafter"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])
@@ -143,6 +145,12 @@ def main() -> None:
               help="Target layers kept for the drafter.")
 @click.option("--target-layers", type=click.IntRange(min=1), default=5, show_default=True,
               envvar="DFLASH_TARGET_LAYERS", help="K target layers of the dflash layout.")
+@click.option("--heldout-fraction", type=click.FloatRange(0, 1, max_open=True),
+              default=HELDOUT_FRACTION, show_default=True, envvar="DFLASH_HELDOUT_FRACTION",
+              help="Samples (by id hash) never trained on, decoded by eval-drafter.")
+@click.option("--heldout-min", type=click.IntRange(min=0), default=HELDOUT_MIN,
+              show_default=True, envvar="DFLASH_HELDOUT_MIN",
+              help="Hold out at least this many samples (at most half a small input).")
 @gate_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
@@ -150,7 +158,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             prompt_field: str | None, prompt_template: str | None, strict_fields: bool,
             dry_run: bool, show: int, shard_size: int, limit: int | None, max_new_tokens: int,
             temperature: float, top_p: float, top_k: int, thinking: bool, model: str | None,
-            mode: str, layout: str, target_layers: int, as_json: bool, **gates: Any) -> None:
+            mode: str, layout: str, target_layers: int, heldout_fraction: float,
+            heldout_min: int, as_json: bool, **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
     from producer.commands import (
         build_gates,
@@ -169,7 +178,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
                               gates=build_gates(**gates), mode=mode, layout=layout,
                               target_layers=target_layers,
                               prompt_template=_unescape(prompt_template),
-                              strict_fields=strict_fields)
+                              strict_fields=strict_fields,
+                              heldout_fraction=heldout_fraction, heldout_min=heldout_min)
     if dry_run:  # no storage, no Redis: nothing is written anywhere
         from producer.dryrun import dry_run as run_dry
 

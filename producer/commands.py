@@ -20,6 +20,7 @@ from common.errors import ConfigError, InputError
 from common.gates import GateConfig
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
+from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from common.storage import Storage
 from producer.enqueue import EnqueueReport
 from producer.fit import ContextCheck
@@ -35,8 +36,9 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
                      max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                      thinking: bool, gates: GateConfig | None = None, mode: str = "offline",
                      layout: str = "dflash", target_layers: int = 5,
-                     prompt_template: str | None = None,
-                     strict_fields: bool = False) -> RunConfig:
+                     prompt_template: str | None = None, strict_fields: bool = False,
+                     heldout_fraction: float = HELDOUT_FRACTION,
+                     heldout_min: int = HELDOUT_MIN) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint."""
     if not keys.valid_run_id(run):
         raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
@@ -60,7 +62,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
                           top_k=top_k, thinking=thinking),
         gates=gates or GateConfig(), mode=mode, layout=layout, target_layers=target_layers,
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
-        strict_fields=strict_fields,
+        strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
     )
 
 

@@ -81,8 +81,12 @@ class ExportReport:
                 "seconds": round(self.seconds, 2)}
 
 
-def split_of(sample_id: str, options: ExportOptions) -> str:
-    return "heldout" if options.split_heldout and is_heldout(sample_id) else "train"
+def split_of(sample_id: str, options: ExportOptions, held: frozenset[str] | None) -> str:
+    """``held``: the run's frozen held-out ids (None for runs enqueued before the split)."""
+    if not options.split_heldout:
+        return "train"
+    return "heldout" if (sample_id in held if held is not None else is_heldout(sample_id)) \
+        else "train"
 
 
 def planned(commits: list[ShardCommit], options: ExportOptions
@@ -114,15 +118,16 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
         log.warning("run %s: %d of %s shards committed; the export holds those only",
                     options.run, len(committed), manifest.shards if manifest else "?")
     report.shards = committed
+    held = manifest.heldout_ids if manifest is not None and manifest.heldout else None
     commits = [store.commit(shard) for shard in committed]
     order = planned(commits, options)
-    counts = Counter(split_of(i, options) for _, ids in order for i in ids)
+    counts = Counter(split_of(i, options, held) for _, ids in order for i in ids)
     files = {split: max(1, math.ceil(n / options.shard_rows)) for split, n in counts.items()}
     seen: Counter[str] = Counter()
     writers: dict[str, _Split] = {}
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
         for sample in _samples(source, order, progress):
-            split = split_of(sample["id"], options)
+            split = split_of(sample["id"], options, held)
             index = seen[split] // options.shard_rows
             seen[split] += 1
             target = writers.setdefault(split, _Split(out, split, files[split], options,
@@ -264,7 +269,7 @@ with its full thinking trace, exported as `{options.format}`.
 @click.option("--shard-rows", type=click.IntRange(min=1), default=ExportOptions.shard_rows,
               show_default=True, help="Samples per output file.")
 @click.option("--split-heldout", is_flag=True,
-              help="Put the held-out split (1% of ids by hash) in files of its own.")
+              help="Put the run's held-out samples (never trained on) in files of their own.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @common_options
 def export_dataset_command(settings: Settings, run: str, out: str, fmt: str,

@@ -28,6 +28,7 @@ from common.celery_app import (
 from common.errors import BadRow
 from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
 from common.runstore import RunStore
+from common.splits import HeldoutPicker
 from common.storage import Storage
 from producer.intake import Intake, Item, RowCheck
 from producer.rows import IdRegistry
@@ -152,6 +153,7 @@ def write_inputs(
     shard_rows: list[int] = []
     buffer: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
+    heldout = HeldoutPicker(config.heldout_fraction, config.heldout_min)
 
     def flush_shard() -> None:
         shard = len(shard_rows)
@@ -178,6 +180,7 @@ def write_inputs(
                 flush_rejected()
             continue
         buffer.append(row)
+        heldout.add(row["id"], len(shard_rows))
         if len(buffer) == config.shard_size:
             flush_shard()
     if buffer:
@@ -187,6 +190,7 @@ def write_inputs(
     manifest = InputManifest(
         shards=len(shard_rows), rows=tally.rows, rejected=tally.rejected, shard_rows=shard_rows,
         examples=tally.examples, layouts=intake.layout_summary(), unused=intake.unused,
+        heldout=heldout.picked(),
     )
     storage.put_once(keys.inputs_manifest(config.run), dumps(manifest.to_json()))
     return manifest

@@ -1,12 +1,14 @@
 """The train stage's commands, registered by name into the ``dflash-pipeline`` group.
 
-``dflash-pipeline export-drafter --run RUN --out DIR [--step N] [--json]``.
+``dflash-pipeline export-drafter --run RUN --out DIR [--step N] [--dtype D] [--json]``;
+``dflash-pipeline eval-drafter --run RUN [--step N | --drafter DIR] [--prompts PATH] [--num 64]
+[--max-new-tokens 512] [--block-size B] [--json]`` (:mod:`workers.train.eval_command`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -40,33 +42,63 @@ def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
                    f"--speculative-draft-model-path {result['out']})")
 
 
-def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
-                              dtype: str = "auto") -> dict[str, Any]:
-    """Load a drafter checkpoint on the run's target and write the HF-style export."""
+def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDrafter:
+    """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
     from common.drafter_store import committed_steps, load_checkpoint
-    from common.models import resolve_model_path
     from common.runstore import RunStore
     from common.storage import open_storage
-    from workers.train.drafter.demo import load_target
-    from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
-    from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.train import DrafterTrainer
 
     storage = open_storage(settings.storage)
     config = RunStore(storage, run).config()
     steps = committed_steps(storage, run)
     if not steps:
-        raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/)")
+        raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/); "
+                       "train with `dflash-pipeline worker train` on an online run")
     if step is not None and step not in steps:
         raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
-    model_dir = resolve_model_path(replace(settings, model=config.model))
-    target, tokenizer = load_target(model_dir)
-    add_mask_token(tokenizer, target)
+    target = load_run_target(settings, config)
     loaded = load_checkpoint(storage, run, step)
     assert loaded is not None  # the step is committed
-    trainer = DrafterTrainer.from_state_dict(loaded[0], target)
-    chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(model_dir)
-    out = export_drafter(trainer, out_dir, dtype=chosen)
+    trainer = DrafterTrainer.from_state_dict(loaded[0], target.model)
+    return RunDrafter(target, trainer, trainer.steps)
+
+
+@dataclass
+class RunTarget:
+    """A run's target model with the DFlash mask token, its tokenizer and where it lives."""
+
+    model: Any
+    tokenizer: Any
+    path: str
+
+
+@dataclass
+class RunDrafter:
+    target: RunTarget
+    trainer: Any
+    step: int
+
+
+def load_run_target(settings: Settings, config: Any) -> RunTarget:
+    from common.models import resolve_model_path
+    from workers.train.drafter.demo import load_target
+    from workers.train.drafter.model import add_mask_token
+
+    path = resolve_model_path(replace(settings, model=config.model))
+    model, tokenizer = load_target(path)
+    add_mask_token(tokenizer, model)
+    return RunTarget(model, tokenizer, str(path))
+
+
+def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
+                              dtype: str = "auto") -> dict[str, Any]:
+    """Load a drafter checkpoint on the run's target and write the HF-style export."""
+    from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
+
+    loaded = load_run_drafter(settings, run, step)
+    chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(loaded.target.path)
+    out = export_drafter(loaded.trainer, out_dir, dtype=chosen)
     stored = json.loads((out / "config.json").read_text())["dtype"]
-    return {"run": run, "step": trainer.steps, "out": str(out), "dtype": stored,
-            "tensors": len(trainer.drafter.state_dict())}
+    return {"run": run, "step": loaded.step, "out": str(out), "dtype": stored,
+            "tensors": len(loaded.trainer.drafter.state_dict())}

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from common.errors import DrafterMismatch
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
@@ -131,11 +132,39 @@ def export_drafter(trainer_or_model: Any, out_dir: str | Path,
     return out
 
 
+def fit_problems(config: DFlashConfig, target: nn.Module) -> list[str]:
+    """Why a drafter cannot run on ``target`` (empty when it fits), one reason per line."""
+    text = getattr(target.config, "get_text_config", lambda: target.config)()
+    rows = target.get_input_embeddings().num_embeddings
+    problems = []
+    if config.hidden_size != text.hidden_size:
+        problems.append(f"hidden size {config.hidden_size} != the target's {text.hidden_size}")
+    if config.num_target_layers != text.num_hidden_layers:
+        problems.append(f"trained on a {config.num_target_layers}-layer target; this one has "
+                        f"{text.num_hidden_layers} layers")
+    if any(not 0 <= i < text.num_hidden_layers for i in config.target_layer_ids):
+        problems.append(f"target layer ids {list(config.target_layer_ids)} outside the "
+                        f"target's 0..{text.num_hidden_layers - 1}")
+    if not 0 <= config.mask_token_id < rows:
+        problems.append(f"mask token id {config.mask_token_id} outside the target's "
+                        f"{rows}-row embedding")
+    return problems
+
+
 def load_drafter(path: str | Path, target: nn.Module,
                  dtype: torch.dtype | None = None) -> DFlashDraftModel:
     """Rebuild an exported drafter on ``target``'s device, sharing its embedding and LM head."""
     path = Path(path)
-    config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()))
+    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise DrafterMismatch(f"{path} is not a drafter export (needs {CONFIG_FILE} and "
+                              f"{WEIGHTS_FILE}; make one with export-drafter)")
+    try:
+        config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DrafterMismatch(f"{path / CONFIG_FILE}: not a DFlash drafter config ({exc})") from exc
+    problems = fit_problems(config, target)
+    if problems:
+        raise DrafterMismatch(f"drafter {path} does not fit the target: " + "; ".join(problems))
     embed = target.get_input_embeddings()
     drafter = DFlashDraftModel(config, embed, target.get_output_embeddings())
     drafter.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)

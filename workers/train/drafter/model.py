@@ -10,8 +10,10 @@ submodules, so they are neither in ``parameters()`` nor in ``state_dict()`` (nor
 Target features ``[S, K*H]`` (K target layers concatenated) become ``hidden_norm(fc(x))`` and are
 prepended to every layer's keys and values; the block's own states are the queries and the rest
 of the keys. ``attn_mask`` is a dense boolean mask or a flex ``BlockMask`` from
-:mod:`workers.train.drafter.masks`. Parameter names match the DFlash checkpoints SGLang loads
-(``layers.N.self_attn.q_proj.weight``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``).
+:mod:`workers.train.drafter.masks`, or None for one block that sees all of its context (decoding,
+where a :class:`ContextCache` keeps the context's keys and values: pass only new features).
+Parameter names match the DFlash checkpoints SGLang loads (``layers.N.self_attn.q_proj.weight``,
+``fc.weight``, ``hidden_norm.weight``, ``norm.weight``).
 """
 
 from __future__ import annotations
@@ -150,6 +152,25 @@ def _flex_attention(device: torch.device) -> Any:
     return _COMPILED_FLEX
 
 
+class ContextCache:
+    """Per-layer context keys/values seen so far, for decoding: they never change once computed.
+
+    Context states are projected target features, the same input at every layer and never
+    updated through the layers, so each step only projects the newly accepted tokens' features.
+    """
+
+    def __init__(self) -> None:
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append ``[b, h, n, d]`` keys/values to ``layer``'s and return all of them."""
+        if layer in self.kv:
+            old_k, old_v = self.kv[layer]
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+
 class DFlashAttention(nn.Module):
     """Qwen3 attention (q/k norms, GQA, RoPE) whose keys/values are context then block."""
 
@@ -168,7 +189,8 @@ class DFlashAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor,
                 q_rope: tuple[torch.Tensor, torch.Tensor],
-                k_rope: tuple[torch.Tensor, torch.Tensor], attn_mask: Any) -> torch.Tensor:
+                k_rope: tuple[torch.Tensor, torch.Tensor], attn_mask: Any,
+                cache: tuple[ContextCache, int] | None = None) -> torch.Tensor:
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, -1, self.head_dim)).transpose(1, 2)
         kv_in = torch.cat([context, x], dim=1)
@@ -176,7 +198,13 @@ class DFlashAttention(nn.Module):
         k = self.k_norm(self.k_proj(kv_in).view(b, kv_len, -1, self.head_dim)).transpose(1, 2)
         v = self.v_proj(kv_in).view(b, kv_len, -1, self.head_dim).transpose(1, 2)
         q, k = _rope(q, *q_rope), _rope(k, *k_rope)
-        if isinstance(attn_mask, torch.Tensor):
+        if cache is not None:
+            n = context.shape[1]
+            k_ctx, v_ctx = cache[0].extend(cache[1], k[:, :, :n], v[:, :, :n])
+            k, v = torch.cat([k_ctx, k[:, :, n:]], dim=2), torch.cat([v_ctx, v[:, :, n:]], dim=2)
+        if attn_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        elif isinstance(attn_mask, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)
         else:
             out = _flex_attention(q.device)(q, k, v, block_mask=attn_mask, enable_gqa=True)
@@ -194,8 +222,8 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(qwen3)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, q_rope: Any, k_rope: Any,
-                attn_mask: Any) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, attn_mask)
+                attn_mask: Any, cache: tuple[ContextCache, int] | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, attn_mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -266,12 +294,16 @@ class DFlashDraftModel(nn.Module):
 
     def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
                 features: torch.Tensor, context_positions: torch.Tensor,
-                attn_mask: Any) -> torch.Tensor:
-        """Final hidden states ``[b, Q, H]`` of the block positions (``[b, ...]`` inputs)."""
+                attn_mask: Any, cache: ContextCache | None = None) -> torch.Tensor:
+        """Final hidden states ``[b, Q, H]`` of the block positions (``[b, ...]`` inputs).
+
+        With ``cache``, ``features``/``context_positions`` are only the context not seen yet.
+        """
         x = self.embed(block_ids).to(self.fc.weight.dtype)
         context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         q_rope = self.rotary_emb(x, block_positions)
         k_rope = self.rotary_emb(x, torch.cat([context_positions, block_positions], dim=1))
-        for layer in self.layers:
-            x = layer(x, context, q_rope, k_rope, attn_mask)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, context, q_rope, k_rope, attn_mask,
+                      None if cache is None else (cache, index))
         return self.norm(x)

@@ -1,0 +1,162 @@
+"""``dflash-pipeline eval-drafter``: a drafter's real acceptance length, by speculative decoding.
+
+    dflash-pipeline eval-drafter --run RUN                     # newest checkpoint, held-out split
+    dflash-pipeline eval-drafter --run RUN --step 400 --num 32 --max-new-tokens 256 --json
+    dflash-pipeline eval-drafter --run RUN --drafter out/drafter --prompts more.jsonl
+
+Exit 0 when every prompt decodes to exactly the target's greedy output; 1 when the run has no
+checkpoint, the drafter does not fit the target, there are no prompts, or a prompt decodes
+differently (a bug: the prompt is named).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from common.cli import EXIT_FAILURE, common_options
+from common.config import Settings
+from common.errors import ConfigError, InputError
+
+
+@click.command("eval-drafter")
+@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to judge.")
+@click.option("--step", type=click.IntRange(min=1), default=None,
+              help="Checkpoint step [default: the newest].")
+@click.option("--drafter", "drafter_dir", type=click.Path(file_okay=False), default=None,
+              help="An exported drafter directory instead of a checkpoint.")
+@click.option("--prompts", "prompts_path", default=None,
+              help="Prompts from any input enqueue reads [default: the run's held-out split].")
+@click.option("--num", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Prompts to decode.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Token budget per prompt.")
+@click.option("--block-size", type=click.IntRange(min=2), default=None,
+              help="Tokens per verify step [default: the drafter's block size].")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@common_options
+def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
+                 prompts_path: str | None, num: int, max_new_tokens: int,
+                 block_size: int | None, as_json: bool) -> None:
+    """Decode prompts with the drafter and the run's target: acceptance length, losslessness."""
+    if step is not None and drafter_dir is not None:
+        raise click.UsageError("--step and --drafter are exclusive")
+    result = run_eval(settings, run, step, drafter_dir, prompts_path, num, max_new_tokens,
+                      block_size)
+    click.echo(json.dumps(result, sort_keys=True) if as_json else render(result))
+    mismatches = result["lossless"]["mismatches"]
+    if mismatches:
+        first = mismatches[0]
+        click.echo(f"error: speculative decoding differs from greedy decoding on "
+                   f"{len(mismatches)} prompt(s); first: prompt {first['prompt']!r} at token "
+                   f"{first['position']} (greedy {first['greedy']}, speculative "
+                   f"{first['speculative']}); this is a bug, please report it", err=True)
+        sys.exit(EXIT_FAILURE)
+
+
+def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
+             prompts_path: str | None, num: int, max_new_tokens: int,
+             block_size: int | None) -> dict[str, Any]:
+    """Load, pick prompts, decode; the ``--json`` object."""
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from common.runstore import RunStore
+    from common.storage import open_storage
+    from workers.train.commands import load_run_drafter, load_run_target
+    from workers.train.drafter.export import fit_problems, load_drafter
+    from workers.train.drafter.specdec import DFlashProposer
+    from workers.train.evaluation import evaluate, stop_ids
+
+    store = RunStore(open_storage(settings.storage), run)
+    config = store.config()
+    if drafter_dir is not None:
+        target = load_run_target(settings, config)
+        drafter, source_step = load_drafter(drafter_dir, target.model), None
+    else:
+        loaded = load_run_drafter(settings, run, step)
+        target, drafter, source_step = loaded.target, loaded.trainer.drafter, loaded.step
+        problems = fit_problems(drafter.config, target.model)
+        if problems:
+            raise ConfigError(f"the checkpoint does not fit the target: {'; '.join(problems)}")
+    device = _device(settings.hidden_device)
+    target.model.to(device)
+    drafter.to(device)
+    prompts, source = _prompts(store, config, target.tokenizer, prompts_path, num)
+    with torch.inference_mode(), Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task(f"decoding {len(prompts)} prompts", total=len(prompts))
+        report = evaluate(target.model, DFlashProposer(drafter, block_size), prompts,
+                          drafter.config.target_layer_ids, max_new_tokens,
+                          stop_ids(target.model, target.tokenizer), check=True,
+                          progress=lambda done, _: bar.update(task, completed=done))
+    return {"run": run, "step": source_step, "drafter": drafter_dir, "source": source,
+            "max_new_tokens": max_new_tokens, "device": str(device), **report.to_json()}
+
+
+def _device(setting: str) -> Any:
+    import torch
+
+    if setting != "auto":
+        return torch.device(setting)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
+             num: int) -> tuple[list[Any], str]:
+    from workers.train.evaluation import heldout_prompts, row_prompts
+
+    if path is not None:
+        # The producer's reader: every file layout enqueue accepts, with the run's settings.
+        from producer.intake import Intake
+
+        intake = Intake(replace(config, input=[path], limit=None))
+        rows, errors = [], []
+        for item in intake.rows():
+            if item.row is not None:
+                rows.append(item.row)
+            elif len(errors) < 3:
+                errors.append(f"{item.where}: {item.error}")
+            if len(rows) >= num:
+                break
+        if not rows:
+            raise InputError(f"no usable prompt in {path}" +
+                             (f" ({'; '.join(errors)})" if errors else ""))
+        return row_prompts(rows, tokenizer, config.sampling.thinking, num), path
+    manifest = store.manifest()
+    if manifest is None:
+        raise ConfigError(f"run {config.run!r} is still reading its input; pass --prompts")
+    if not manifest.heldout:
+        raise ConfigError(f"run {config.run!r} has no held-out split (enqueued before it "
+                          "existed, or with --heldout-min 0 and no sample held out); pass "
+                          "--prompts PATH")
+    return heldout_prompts(store.storage, config, manifest, tokenizer, num), "heldout"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The human-readable summary."""
+    who = (f"drafter {result['drafter']}" if result["drafter"]
+           else f"drafter step {result['step']}")
+    lines = [
+        f"run {result['run']}: {who} on {result['prompts']} {result['source']} prompts, block "
+        f"{result['block_size']}, up to {result['max_new_tokens']} new tokens ({result['device']})",
+        f"acceptance length tau {result['tau']:.3f} per prompt, {result['tau_pooled']:.3f} pooled "
+        f"({result['tokens']} tokens, {result['steps']} verify steps, "
+        f"{result['target_forwards_per_token']:.3f} target forwards per token)",
+        "accepted length  steps",
+    ]
+    total = max(1, result["steps"])
+    for length, count in result["accepted_hist"].items():
+        if count:
+            lines.append(f"  {int(length):>3}  {count:>8}  {'#' * round(40 * count / total)}")
+    rates = " ".join(f"{k}:{p:.2f}" for k, p in enumerate(result["per_position"], 1))
+    lines.append(f"per-position acceptance (k accepted given 1..k-1): {rates}")
+    lossless = result["lossless"]
+    equal = lossless["checked"] - len(lossless["mismatches"])
+    lines.append(f"lossless: {equal}/{lossless['checked']} prompts decode exactly to the "
+                 "target's greedy output")
+    return "\n".join(lines)
