@@ -72,6 +72,10 @@ class Settings:
     train_checkpoint_steps: int = 50
     train_rows_per_step: int = 8
     train_total_steps: int = 2000
+    train_min_supervised_tokens: int = 0   # 0: two blocks' worth (2 x block size)
+    train_eval_steps: int = 200            # speculative-decoding eval every N steps (0: off)
+    train_eval_prompts: int = 8
+    train_eval_max_new_tokens: int = 256
     drafter_layers: int = 5
 
     def __repr__(self) -> str:

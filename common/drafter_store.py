@@ -77,6 +77,27 @@ def read_ledger(storage: Storage, run: str) -> Ledger:
     return Ledger.from_json(json.loads(raw)["ledger"])
 
 
+def latest_metrics(storage: Storage, run: str) -> dict[str, Any]:
+    """The training metrics the newest checkpoint recorded (empty before the first)."""
+    newest = _newest(storage, run, None)
+    if newest is None:
+        return {}
+    raw = storage.get(keys.drafter_checkpoint(run, newest[0], COMMIT_FILE, newest[1]))
+    return json.loads(raw).get("metrics") or {}
+
+
+def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
+    """Every committed checkpoint's step and metrics, oldest first (``report`` plots them)."""
+    history = []
+    for step, seq in checkpoints(storage, run):
+        try:
+            commit = json.loads(storage.get(keys.drafter_checkpoint(run, step, COMMIT_FILE, seq)))
+        except NotFound:
+            continue
+        history.append({"step": step, **(commit.get("metrics") or {})})
+    return history
+
+
 def trained_shards(storage: Storage, run: str) -> set[int]:
     """Shards whose training is in the newest checkpoint (``resume`` re-queues the others)."""
     return set(read_ledger(storage, run).done)

@@ -148,9 +148,11 @@ def render_status(status: dict[str, Any]) -> str:
                      f"shards done ({down['mode']}), {_known(down.get('parked'))} parked")
         train = down.get("train") or {}
         if train:
+            tau = (f"tau {down['tau']:.3f} measured at step {down['tau_step']}"
+                   if down.get("tau") is not None else "tau not measured yet")
             lines.append(f"  drafter step {train.get('step')}: loss {train.get('loss')}, slot-1 "
-                         f"accuracy {train.get('slot1_accuracy')}, acceptance length "
-                         f"{train.get('acceptance_length')}, {train.get('tokens_per_s')} tok/s")
+                         f"accuracy {train.get('slot1_accuracy')}, {tau} (training estimate "
+                         f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s")
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
     if status.get("pause"):

@@ -8,7 +8,6 @@ rejection reasons) goes to ``runs/<run>/reports/`` and, with ``--png PATH``, to 
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import secrets
@@ -26,21 +25,11 @@ from common.errors import ConfigError, NotFound
 from common.monitor import pause_from_storage
 from common.records import decode_jsonl_zst
 from common.storage import Storage, open_storage
+from producer.report_figure import bin_of, render_png
 
 log = logging.getLogger(__name__)
 
-EXACT_BELOW = 16  # width-1 bins below this, power-of-two bins from here up
 MAX_EXAMPLES, MAX_DUP_IDS, MAX_DUP_GROUPS, ANSWER_CHARS, BAR_WIDTH = 3, 5, 20, 200, 40
-
-
-def bin_of(value: int) -> tuple[int, int]:
-    """The histogram bin [lo, hi) of a token count: exact below 16, then powers of two."""
-    value = max(int(value), 0)
-    if value < EXACT_BELOW:
-        return value, value + 1
-    lo = 1 << (value.bit_length() - 1)
-    return lo, 2 * lo
-
 
 def token_stats(values: Counter[int]) -> dict[str, Any]:
     """Histogram (non-empty bins only), exact mode, mean, nearest-rank median, min and max."""
@@ -172,8 +161,22 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
         "examples": tally.examples,
         "gates": config.get("gates") or None,
         "paused": pause_from_storage(storage, run),
+        "drafter": drafter_history(storage, run),
         "png": None,
     }
+
+
+def drafter_history(storage: Storage, run: str) -> list[dict[str, Any]]:
+    """Per checkpoint: step, loss, measured tau and the training estimate (online runs)."""
+    from common.drafter_store import metrics_history
+
+    def number(value: Any) -> float | None:
+        return float(value) if value not in (None, "") else None
+
+    return [{"step": m["step"], "loss": number(m.get("loss")), "tau": number(m.get("tau")),
+             "tau_step": number(m.get("tau_step")),
+             "estimate": number(m.get("acceptance_length"))}
+            for m in metrics_history(storage, run)]
 
 
 def _histogram_lines(title: str, stats: dict[str, Any]) -> list[str]:
@@ -218,69 +221,16 @@ def render_text(report: dict[str, Any]) -> str:
         for ex in shown:
             answer = " ".join(ex["answer"].split())[:100]
             lines.append(f"  {ex['id']}: {ex['detail']}\n      answer: {answer!r}")
+    measured = [d for d in report.get("drafter") or [] if d["tau"] is not None]
+    if measured:
+        lines.append("drafter acceptance length (speculative decoding of held-out prompts):")
+        lines += [f"  step {d['step']:>7}: tau {d['tau']:.3f}, training estimate "
+                  f"{d['estimate'] if d['estimate'] is not None else '?'}, loss {d['loss']}"
+                  for d in measured[-10:]]
     if pause and pause.get("examples"):
         lines.append("behind the pause: " + ", ".join(
             f"{ex.get('id')} ({', '.join(ex.get('reasons') or [])})" for ex in pause["examples"]))
     return "\n".join(lines)
-
-
-def _plot_histogram(ax: Any, stats: dict[str, Any], title: str, floor: int | None) -> None:
-    ax.set_title(title)
-    ax.set_xscale("symlog", linthresh=1, linscale=0.4, base=2)
-    ax.set_xlabel("tokens per turn (exact bins below 16, then powers of two)")
-    ax.set_ylabel("turns")
-    if not stats["histogram"]:
-        ax.text(0.5, 0.5, "no samples yet", ha="center", va="center", transform=ax.transAxes)
-        return
-    for b in stats["histogram"]:
-        below = floor is not None and b["hi"] <= floor
-        ax.bar(b["lo"], b["count"], width=b["hi"] - b["lo"], align="edge",
-               color="tab:red" if below else "tab:blue", edgecolor="white")
-    top = max(b["count"] for b in stats["histogram"])
-    mode_bin = bin_of(stats["mode"])
-    ax.annotate(f"mode {stats['mode']} ({stats['mode_count']} turns)",
-                xy=((mode_bin[0] + mode_bin[1]) / 2, stats["mode_count"]),
-                xytext=(-4, 12), textcoords="offset points", ha="left", fontweight="bold",
-                arrowprops={"arrowstyle": "->"})
-    ax.set_ylim(0, top * 1.2)
-    if floor is not None:
-        ax.axvline(floor, color="black", linestyle="--", label=f"min_supervised_tokens = {floor}")
-        ax.legend(loc="upper right")
-    ticks = [0] + [1 << i for i in range(0, max(int(stats["max"]), 1).bit_length() + 1)]
-    ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
-
-
-def render_png(report: dict[str, Any]) -> bytes:
-    """The report figure as PNG bytes (matplotlib's Agg canvas, imported only here)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 9), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplot_mosaic([["supervised", "supervised"], ["thinking", "reasons"]])
-    s, gates, pause = report["samples"], report["gates"] or {}, report["paused"]
-    fig.suptitle(f"run {report['run']}: {s['total']} samples, {s['accepted']} accepted, "
-                 f"{s['rejected']} rejected ({report['rejection_rate']:.1%})"
-                 + (f"; PAUSED: {pause.get('reason', '?')}" if pause else ""),
-                 color="tab:red" if pause else "black", fontsize=11)
-    floor = gates.get("min_supervised_tokens")
-    _plot_histogram(axes["supervised"], report["supervised_tokens"],
-                    "supervised tokens per turn"
-                    + (" (red: below min_supervised_tokens)" if floor is not None else ""), floor)
-    _plot_histogram(axes["thinking"], report["thinking_tokens"], "thinking tokens per turn", None)
-    ax = axes["reasons"]
-    ax.set_title("gate rejections by reason")
-    reasons = report["reasons"]
-    if reasons:
-        codes = list(reasons)[::-1]
-        bars = ax.barh(codes, [reasons[c] for c in codes], color="tab:orange")
-        ax.bar_label(bars, padding=3)
-        ax.set_xlabel("rejected samples")
-    else:
-        ax.text(0.5, 0.5, "no gate rejections", ha="center", va="center", transform=ax.transAxes)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
 
 
 def save_png(storage: Storage, run: str, data: bytes) -> str:

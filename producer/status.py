@@ -150,13 +150,19 @@ class StatusReader:
             done = RunStore(self.storage, self.run).committed("hidden")
             return {"mode": "offline", "stage": "hidden", "committed": len(done),
                     "parked": parked}
-        from common.drafter_store import read_ledger
+        from common.drafter_store import latest_metrics, read_ledger
 
         train = dict(live["train"]) if live is not None else {}
-        if "slot_accuracy" in train:
-            train["slot_accuracy"] = json.loads(train["slot_accuracy"])
+        if not train:   # Redis lost its record: the newest checkpoint's metrics
+            train = dict(latest_metrics(self.storage, self.run))
+        for name in ("slot_accuracy", "tau_per_position"):
+            if isinstance(train.get(name), str):
+                train[name] = json.loads(train[name])
+        tau = train.get("tau")
         return {"mode": "online", "stage": "train", "parked": parked,
-                "committed": len(read_ledger(self.storage, self.run).done), "train": train}
+                "committed": len(read_ledger(self.storage, self.run).done), "train": train,
+                "tau": float(tau) if tau not in (None, "") else None,
+                "tau_step": int(train["tau_step"]) if train.get("tau_step") else None}
 
     def _gates(self, stats: dict[str, str] | None, live: dict[str, Any] | None,
                stored: StoredProgress | None) -> dict[str, Any]:

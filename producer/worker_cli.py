@@ -101,6 +101,16 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
         setting_option("train_checkpoint_steps", "--checkpoint-steps", type=click.IntRange(min=1),
                        help="Checkpoint to storage every N steps."),
         setting_option("train_total_steps", "--total-steps", type=click.IntRange(min=1),
-                       help="Length of the cosine learning-rate schedule."))
+                       help="Length of the cosine learning-rate schedule."),
+        setting_option("train_min_supervised_tokens", "--min-supervised-tokens",
+                       type=click.IntRange(min=0),
+                       help="Skip rows with fewer supervised tokens (0: 2 x block size)."),
+        setting_option("train_eval_steps", "--eval-steps", type=click.IntRange(min=0),
+                       help="Measure the acceptance length on held-out prompts every N steps "
+                            "and at each checkpoint (0: never)."),
+        setting_option("train_eval_prompts", "--eval-prompts", type=click.IntRange(min=1),
+                       help="Held-out prompts each eval decodes."),
+        setting_option("train_eval_max_new_tokens", "--eval-max-new-tokens",
+                       type=click.IntRange(min=1), help="Token budget per eval prompt."))
 
     return worker

@@ -20,7 +20,8 @@ from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
 pytestmark = pytest.mark.e2e
 
 TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP": "4",
-             "DFLASH_TRAIN_TOTAL_STEPS": "40"}
+             "DFLASH_TRAIN_TOTAL_STEPS": "40", "DFLASH_TRAIN_EVAL_PROMPTS": "1",
+             "DFLASH_TRAIN_EVAL_MAX_NEW_TOKENS": "16"}
 
 
 def start_train_worker(pipeline: Pipeline, name: str) -> subprocess.Popen[bytes]:
@@ -38,7 +39,7 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     victim = start_train_worker(pipeline, "trainer")
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "on", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "128", check=True)
+                 "online", "--max-new-tokens", "128", "--heldout-min", "1", check=True)
     wait_until(lambda: committed_steps(storage, "on"), 240, "a first drafter checkpoint")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -90,7 +91,7 @@ def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tm
     start_hidden_worker(pipeline, "hid")
     trainer = start_train_worker(pipeline, "trainer")
     pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4",
-                 "--max-new-tokens", "128", check=True)
+                 "--max-new-tokens", "128", "--heldout-min", "1", check=True)
     wait_until(lambda: sorted(read_ledger(storage, "off").done) == [0, 1], 240,
                "both shards trained from stored hidden states")
     assert len([k for k in storage.list(keys.hidden_prefix("off"))

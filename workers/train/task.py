@@ -25,6 +25,7 @@ import redis
 import torch
 from celery import Task
 
+from common import keys
 from common.celery_app import TASK_TRAIN, app
 from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
@@ -35,6 +36,7 @@ from common.runstore import RunStore
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.stage import TRAIN, Delivery, run_delivery
+from workers.train.periodic_eval import PeriodicEval
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ class Session:
     layer_ids: list[int]
     pad_id: int
     last_checkpoint: int
+    heldout: frozenset[str] = frozenset()
+    evaluator: Any = None
 
     @property
     def steps(self) -> int:
@@ -70,14 +74,17 @@ def process_train(delivery: Delivery) -> TaskOutcome:
     ctx, task = delivery.ctx, delivery.task
     # One trainer per run: the run-wide lease keeps a second worker from forking the drafter.
     with delivery.claim() as lease:
-        config = RunStore(ctx.storage, task.run).config()
+        store = RunStore(ctx.storage, task.run)
+        config = store.config()
+        if not ctx.storage.exists(keys.inputs_manifest(task.run)):
+            # The held-out split is frozen with the manifest, when enqueue has read the input.
+            raise NotReady(f"run {task.run}: enqueue has not finished reading the input")
         session = get_session(ctx, config)
         if task.shard in session.ledger.done:
             log.info("run %s shard %d: already trained this epoch; skipped", task.run,
                      task.shard)
             return TaskOutcome.ALREADY_COMMITTED
-        rows = (RunStore(ctx.storage, task.run).training_rows(task.shard)
-                if config.mode == "online" else stored_rows(ctx, session, task))
+        rows = training_rows(ctx, store, session, task)
         start = session.ledger.rows_done(task.shard)
         size = ctx.settings.train_rows_per_step
         for first in range(start, len(rows), size):
@@ -93,6 +100,18 @@ def process_train(delivery: Delivery) -> TaskOutcome:
         # Before the task is acked: a shard reported done is always in a checkpoint's ledger.
         checkpoint(ctx, session)
     return TaskOutcome.COMMITTED
+
+
+def training_rows(ctx: WorkerContext, store: RunStore, session: Session,
+                  task: ShardTask) -> list[Any]:
+    """The shard's rows in a fixed order, the held-out split left out."""
+    every = (store.training_rows(task.shard) if store.config().mode == "online"
+             else stored_rows(ctx, session, task))
+    rows = [r for r in every if getattr(r, "row", r).sample_id not in session.heldout]
+    held = {getattr(r, "row", r).sample_id for r in every} & session.heldout
+    log.info("run %s shard %d: %d rows to train, %d held-out samples left out", task.run,
+             task.shard, len(rows), len(held))
+    return rows
 
 
 def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[Any]:
@@ -132,6 +151,9 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
               "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
               "acceptance_length": round(metrics.acceptance_length, 3),
               "tokens_per_s": round(metrics.tokens_per_s, 1), "at": time.time()}
+    if session.evaluator is not None and session.evaluator.due(session.steps):
+        record.update(session.evaluator.run(session.trainer.drafter, session.steps,
+                                            metrics.acceptance_length))
     try:
         ctx.redis.hset(TRAIN.keys(task.run).metrics, mapping=record)
     except redis.RedisError as err:
@@ -139,7 +161,12 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
 
 
 def checkpoint(ctx: WorkerContext, session: Session) -> None:
-    metrics = ctx.redis.hgetall(TRAIN.keys(session.run).metrics)
+    """Save the trainer and ledger, with the latest metrics and a fresh acceptance length."""
+    key = TRAIN.keys(session.run).metrics
+    if session.evaluator is not None and session.evaluator.last_step != session.steps:
+        ctx.redis.hset(key, mapping=session.evaluator.run(session.trainer.drafter,
+                                                          session.steps))
+    metrics = ctx.redis.hgetall(key)
     save_checkpoint(ctx.storage, session.run, session.steps, session.trainer.state_dict(),
                     session.ledger, metrics)
     session.last_checkpoint = session.steps
@@ -182,9 +209,14 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     else:
         drafter = DFlashDraftModel.for_target(target, mask_id, num_features=config.target_layers,
                                               num_hidden_layers=ctx.settings.drafter_layers)
-        trainer = DrafterTrainer(drafter, TrainConfig(total_steps=ctx.settings.train_total_steps))
+        trainer = DrafterTrainer(drafter, TrainConfig(
+            total_steps=ctx.settings.train_total_steps,
+            min_supervised_tokens=ctx.settings.train_min_supervised_tokens))
         ledger = Ledger()
         log.info("run %s: new drafter (%d layers) on target layers %s", config.run,
                  ctx.settings.drafter_layers, layers)
     layers = list(trainer.drafter.config.target_layer_ids)
-    return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps)
+    manifest = RunStore(ctx.storage, config.run).manifest()
+    heldout = manifest.heldout_ids if manifest is not None else frozenset()
+    return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps, heldout,
+                   PeriodicEval.for_run(ctx, config, manifest, target, tokenizer))

@@ -9,7 +9,8 @@
     trainer.load_state_dict(torch.load("ckpt.pt"))      # a resumed trainer continues identically
     trainer = DrafterTrainer.from_state_dict(torch.load("ckpt.pt"), target)   # or from scratch
 
-Each step: rows with fewer than ``2 * block_size`` supervised tokens are skipped; up to
+Each step: rows with fewer than ``min_supervised_tokens`` (default ``2 * block_size``)
+supervised tokens are skipped; up to
 ``max_anchors`` anchors per row are drawn from the trainer's own seeded generator; rows are
 packed (:mod:`.blocks`); the loss is the slot-weighted mean cross-entropy; AdamW
 with a warmup + cosine schedule and gradient clipping updates the drafter. Metrics are read back
@@ -61,6 +62,7 @@ class TrainConfig:
     seed: int = 0
     attention: str = "auto"          # auto (flex on CUDA, else dense SDPA) | flex | sdpa
     logits_chunk: int = 8192         # labels whose vocab logits exist at once (rest recomputed)
+    min_supervised_tokens: int = 0   # shorter rows are skipped; 0: two blocks (2 x block size)
 
     @property
     def warmup_steps(self) -> int:
@@ -132,11 +134,13 @@ class DrafterTrainer:
         use_flex = config.attention == "flex" or (
             config.attention == "auto" and flex_available(self.device))
         self.attention = "flex" if use_flex else "sdpa"
+        # A block needs an anchor and one supervised token after it.
+        self.min_supervised = max(2, config.min_supervised_tokens or 2 * self.block_size)
 
     def prepare(self, rows: Sequence[FeaturedRow],
                 generator: torch.Generator | None = None) -> tuple[PackedBatch | None, int]:
         """Skip short rows, draw anchors, pack: ``(batch or None, skipped rows)``."""
-        keep = [r for r in rows if r.row.supervised_tokens >= 2 * self.block_size]
+        keep = [r for r in rows if r.row.supervised_tokens >= self.min_supervised]
         if not keep:
             return None, len(rows)
         gen = generator or self.generator
@@ -206,7 +210,7 @@ class DrafterTrainer:
         started = time.perf_counter()
         batch, skipped = self.prepare(rows)
         if batch is None:
-            raise NothingToTrain(f"all {skipped} rows have < {2 * self.block_size} "
+            raise NothingToTrain(f"all {skipped} rows have < {self.min_supervised} "
                                  "supervised tokens")
         self.drafter.train()
         loss, per_slot = self.forward(batch)

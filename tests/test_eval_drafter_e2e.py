@@ -1,0 +1,81 @@
+"""eval-drafter on a finished online run: held-out split, tau in checkpoints and status, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from common import keys
+from common.drafter_store import committed_steps, read_ledger
+from common.records import InputManifest
+from common.storage import open_storage
+from tests.conftest import MT_BENCH, Pipeline, wait_until
+from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+from tests.test_train_e2e import TRAIN_ENV
+
+pytestmark = pytest.mark.e2e
+
+FIELDS = {"tau", "tau_pooled", "accepted_hist", "per_position", "prompts", "tokens"}
+
+
+def test_eval_drafter_on_a_finished_online_run(pipeline: Pipeline, tmp_path: Path) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    result = pipeline.cli("eval-drafter", "--run", "ev")
+    assert result.returncode == 1 and "not found" in result.stderr, result.stderr
+
+    pipeline.start_worker("gen")
+    pipeline.start_worker("trainer", kind="train",
+                          **{**TRAIN_ENV, "DFLASH_TRAIN_EVAL_STEPS": "3"})
+    pipeline.cli("enqueue", "--input", src, "--run", "ev", "--shard-size", "8", "--mode",
+                 "online", "--max-new-tokens", "96", "--heldout-min", "3", check=True)
+    manifest = InputManifest.from_json(json.loads(storage.get(keys.inputs_manifest("ev"))))
+    assert len(manifest.heldout) == 3
+    pipeline.wait_done("ev")
+    wait_until(lambda: sorted(read_ledger(storage, "ev").done) == [0, 1], 240,
+               "both shards trained")
+
+    log = (pipeline.log_dir / "trainer.log").read_text()
+    held = sum(int(n) for n in re.findall(r"rows to train, (\d+) held-out samples left out", log))
+    assert held == 3, log[-3000:]          # every held-out sample left out, none twice
+    assert "acceptance length tau" in log
+    final = committed_steps(storage, "ev")[-1]
+    commit = json.loads(storage.get(keys.drafter_checkpoint("ev", final, "_COMMIT.json")))
+    assert float(commit["metrics"]["tau"]) >= 1.0
+    assert int(commit["metrics"]["tau_step"]) == final     # measured at the checkpoint itself
+    down = pipeline.status("ev")["downstream"]
+    assert down["tau"] == float(commit["metrics"]["tau"]) and down["tau_step"] == final
+    assert len(down["train"]["tau_per_position"]) == 15
+
+    result = pipeline.cli("eval-drafter", "--run", "ev", "--max-new-tokens", "48", "--json",
+                          check=True)
+    out = json.loads(result.stdout)
+    assert FIELDS <= set(out) and out["step"] == final and out["source"] == "heldout"
+    assert out["prompts"] == 3 and out["tokens"] > 3
+    assert out["lossless"] == {"checked": 3, "mismatches": []}
+    assert sum(out["accepted_hist"].values()) == out["steps"] > 0
+    assert len(out["per_position"]) == 15 and out["tau"] >= 1.0
+
+    text = pipeline.cli("eval-drafter", "--run", "ev", "--prompts", str(MT_BENCH), "--num", "2",
+                        "--max-new-tokens", "24", "--block-size", "4", check=True).stdout
+    assert "on 2 " in text and "block 4" in text and "2/2 prompts decode exactly" in text
+
+    export = tmp_path / "export"
+    pipeline.cli("export-drafter", "--run", "ev", "--out", str(export), check=True)
+    by_dir = json.loads(pipeline.cli("eval-drafter", "--run", "ev", "--drafter", str(export),
+                                     "--num", "1", "--max-new-tokens", "24", "--json",
+                                     check=True).stdout)
+    assert by_dir["drafter"] == str(export) and by_dir["lossless"]["checked"] == 1
+
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "hidden_size": 999}))
+    unfit = pipeline.cli("eval-drafter", "--run", "ev", "--drafter", str(export))
+    assert unfit.returncode == 1 and "does not fit the target: hidden size 999" in unfit.stderr
+    (export / "model.safetensors").unlink()
+    bad = pipeline.cli("eval-drafter", "--run", "ev", "--drafter", str(export))
+    assert bad.returncode == 1 and "not a drafter export" in bad.stderr
+    missing = pipeline.cli("eval-drafter", "--run", "ev", "--step", "99999")
+    assert missing.returncode == 1 and "no checkpoint at step 99999" in missing.stderr
