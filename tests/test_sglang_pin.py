@@ -15,7 +15,7 @@ import yaml
 from common.gpu_host import check_sglang, pinned_sglang_version
 
 ROOT = Path(__file__).resolve().parent.parent
-IMAGE = re.compile(r"lmsysorg/sglang:v([0-9][0-9A-Za-z.]*?)(-cu\d+)?(?=[\s}\"']|$)")
+IMAGE = re.compile(r"lmsysorg/sglang:v(\d+(?:\.\d+)*(?:\.post\d+)?)")
 
 
 def pinned() -> str:
@@ -63,7 +63,9 @@ def test_no_file_names_another_sglang_release() -> None:
         for match in IMAGE.finditer(path.read_text(errors="replace")):
             seen += 1
             assert match.group(1) == version, f"{name}: {match.group(0)} (pinned {version})"
-    assert seen >= 3  # Dockerfile, compose.yaml, .env.example
+    assert seen >= 4  # Dockerfile, compose.yaml, .env.example, README
+    readme = (ROOT / "README.md").read_text()
+    assert f"`sglang[all]=={version}`" in readme and f"pinned to {version}" in readme
 
 
 def test_doctor_row_without_sglang_says_not_installed() -> None:
