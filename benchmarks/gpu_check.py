@@ -170,7 +170,7 @@ def part_training(target: Qwen3ForCausalLM, device: torch.device, rows_per_step:
             results[attention] = (loss, Row("b train step", case,
                                             steps * batch.tokens / meter.seconds, meter.peak,
                                             f"loss {loss:.5f}"))
-        del trainer
+        trainer = timed = None   # the bound step holds the trainer too: free both first
         if device.type == "cuda":
             torch.cuda.empty_cache()
     (dense, dense_row), (flex, flex_row) = results["sdpa"], results["flex"]
