@@ -75,7 +75,8 @@ class GpuProcess:
 
 
 @contextmanager
-def _nvml() -> Iterator[Any]:
+def nvml_session() -> Iterator[Any]:
+    """pynvml, initialised for the ``with`` block; NoNvidiaDriver when it cannot be."""
     try:
         import pynvml
     except ImportError as exc:
@@ -99,7 +100,7 @@ def _handle(nvml: Any, gpu: int) -> Any:
 
 def visible_gpus() -> list[int]:
     """NVML indices of the GPUs this process may use (CUDA_VISIBLE_DEVICES when it lists ints)."""
-    with _nvml() as nvml:
+    with nvml_session() as nvml:
         count = nvml.nvmlDeviceGetCount()
     listed = os.environ.get("CUDA_VISIBLE_DEVICES", "").replace(" ", "")
     if listed and all(part.isdigit() for part in listed.split(",")):
@@ -109,7 +110,7 @@ def visible_gpus() -> list[int]:
 
 def gpu_memory_used_mib(gpu: int) -> int:
     """Memory in use on ``gpu`` by every process, in MiB."""
-    with _nvml() as nvml:
+    with nvml_session() as nvml:
         return int(nvml.nvmlDeviceGetMemoryInfo(_handle(nvml, gpu)).used) // 2**20
 
 
@@ -117,7 +118,7 @@ def gpu_processes(gpu: int) -> list[GpuProcess]:
     """Compute and graphics processes holding ``gpu``, with their command lines when visible."""
     import psutil
 
-    with _nvml() as nvml:
+    with nvml_session() as nvml:
         handle = _handle(nvml, gpu)
         raw = [*nvml.nvmlDeviceGetComputeRunningProcesses(handle),
                *nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]

@@ -3,10 +3,14 @@
     dflash-pipeline doctor                      # checks what the DFLASH_* variables configure
     dflash-pipeline doctor --storage s3://bucket/prefix --broker-url redis://:pw@host:6379/0
     dflash-pipeline doctor --model /models/Qwen3-8B --gpus 0,1 --json
+    dflash-pipeline doctor --model /models/Qwen3-8B --drafter out/drafter   # before serving it
 
 Exit code 0 when no check FAILs (WARN is fine), 1 otherwise. ``--json`` prints one object:
 ``{"ok": bool, "checks": [{"name", "status", "ok", "warn", "detail", "fix"}]}``. ``producer.cli``
-registers the command with ``main.add_command(doctor_command(common_options))``.
+registers the command with ``main.add_command(doctor_command(common_options))``. On a GPU host
+it also reports SGLang (installed, importable, the pinned release), NVML and each GPU's free
+memory (:mod:`common.gpu_host`); ``--drafter`` adds the export checks of
+:mod:`common.drafter_check` against the target.
 """
 
 from __future__ import annotations
@@ -45,19 +49,37 @@ _DOWNLOAD_FIX = ("download it first (e.g. `huggingface-cli download Qwen/Qwen3-8
                  "DIR`) and pass --model DIR / DFLASH_MODEL")
 
 
-def check_model(settings: Settings) -> CheckResult:
-    """The target model directory has a config, a tokenizer, a chat template and weights."""
+def target_dir(settings: Settings) -> tuple[Path, bool]:
+    """The target model's directory and whether it is there (the tiny model may be unbuilt)."""
     if settings.model_is_tiny:
         from embedded.tinymodel import READY_MARKER, TINY_MODEL_VERSION
 
         path = Path(settings.cache_dir) / f"tiny-qwen3-{TINY_MODEL_VERSION}"
-        if not (path / READY_MARKER).is_file():
-            return CheckResult("model", ok=True, warn=True,
-                               detail=f"{TINY_MODEL} is not cached in {settings.cache_dir}: "
-                                      "will be built on first use (~1 min)",
-                               fix="nothing to do; set DFLASH_CACHE_DIR to share one cache")
-        return check_model_dir(path)
-    return check_model_dir(Path(settings.model).expanduser())
+        return path, (path / READY_MARKER).is_file()
+    path = Path(settings.model).expanduser()
+    return path, path.is_dir()
+
+
+def check_model(settings: Settings) -> CheckResult:
+    """The target model directory has a config, a tokenizer, a chat template and weights."""
+    path, present = target_dir(settings)
+    if settings.model_is_tiny and not present:
+        return CheckResult("model", ok=True, warn=True,
+                           detail=f"{TINY_MODEL} is not cached in {settings.cache_dir}: "
+                                  "will be built on first use (~1 min)",
+                           fix="nothing to do; set DFLASH_CACHE_DIR to share one cache")
+    return check_model_dir(path)
+
+
+def check_drafter_export(settings: Settings, drafter: Path) -> list[CheckResult]:
+    """The drafter export rows, against the configured target."""
+    from common.drafter_check import check_drafter
+
+    path, present = target_dir(settings)
+    if not present:
+        return [CheckResult("drafter target", ok=False, detail=f"target {path} is not there",
+                            fix=f"pass the target the drafter was trained on: {_DOWNLOAD_FIX}")]
+    return check_drafter(drafter, path)
 
 
 def check_model_dir(path: Path) -> CheckResult:
@@ -110,12 +132,17 @@ def check_redis_binary() -> CheckResult:
                        fix="apt-get install -y redis-server")
 
 
-def run_checks(settings: Settings, gpus: list[int] | None) -> list[CheckResult]:
+def run_checks(settings: Settings, gpus: list[int] | None,
+               drafter: Path | None = None) -> list[CheckResult]:
     """Every check, in the order a deployment needs them; one broken check never hides others."""
+    from common.gpu_host import check_nvml, check_sglang
+
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("redis", lambda: check_redis(settings.broker_url)),
         ("storage", lambda: check_storage(settings.storage)),
         ("model", lambda: check_model(settings)),
+        ("sglang", check_sglang),
+        ("nvml", check_nvml),
         ("gpu", lambda: check_gpus(gpus)),
         ("disk (model cache)", lambda: check_disk("disk (model cache)", settings.cache_dir)),
     ]
@@ -123,6 +150,8 @@ def run_checks(settings: Settings, gpus: list[int] | None) -> list[CheckResult]:
         checks.append(("disk (storage)", lambda: check_disk("disk (storage)",
                                                            Path(settings.storage))))
     checks.append(("redis-server binary", check_redis_binary))
+    if drafter is not None:
+        checks.append(("drafter", lambda: check_drafter_export(settings, drafter)))
     results: list[CheckResult] = []
     for name, check in checks:
         try:
@@ -176,14 +205,17 @@ def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
     @setting_option("model", help="Target model directory (tiny-qwen3: the embedded CPU model).")
     @click.option("--gpus", callback=_parse_gpus, default=None,
                   help="Comma-separated GPU indices to check [default: all visible].")
+    @click.option("--drafter", type=click.Path(path_type=Path), default=None,
+                  help="Also check this drafter export (export-drafter --out) against the "
+                       "target before SGLang serves it.")
     @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
     @common_options
     def doctor(settings: Settings, model: str | None, gpus: list[int] | None,
-               as_json: bool) -> None:
-        """Check Redis, storage, the model, GPUs and disk space; print a fix for every problem."""
+               drafter: Path | None, as_json: bool) -> None:
+        """Check Redis, storage, the model, SGLang, GPUs, disk and a drafter; fix every problem."""
         if model:
             settings = replace(settings, model=model)
-        results = run_checks(settings, gpus)
+        results = run_checks(settings, gpus, drafter)
         ok = all(r.ok for r in results)
         if as_json:
             click.echo(json.dumps({"ok": ok, "checks": [r.as_dict() for r in results]},

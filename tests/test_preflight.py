@@ -321,3 +321,37 @@ def test_check_disk_thresholds(tmp_path: Path) -> None:
     assert check_disk("disk", tmp_path, warn_gib=1e9, fail_gib=0).status == "WARN"
     failed = check_disk("disk", tmp_path, warn_gib=1e9, fail_gib=1e9)
     assert failed.status == "FAIL" and "GiB free" in failed.detail and failed.fix
+
+
+class FakeNvmlHost(FakeNvml):
+    """FakeNvml with what doctor's GPU-host rows read: driver version, name, free/total."""
+
+    def __init__(self, free_gib: float, total_gib: float = 141.0) -> None:
+        super().__init__([], 0)
+        self.free, self.total = int(free_gib * 2**30), int(total_gib * 2**30)
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"580.65.06"
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(used=self.total - self.free, free=self.free,
+                                     total=self.total)
+
+
+def test_gpu_host_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    from common.gpu_host import check_nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    [row] = check_nvml()
+    assert row.status == "WARN" and row.detail.startswith("no NVIDIA driver")
+    assert "nvidia-ml-py" in row.fix
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlHost(free_gib=139.5))
+    nvml, gpu = check_nvml()
+    assert (nvml.status, nvml.detail) == ("PASS", "driver 580.65.06, 1 GPU(s)")
+    assert (gpu.name, gpu.status) == ("gpu 0 memory", "PASS")
+    assert gpu.detail == "NVIDIA H200: 139.5 of 141.0 GiB free"
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlHost(free_gib=20))
+    assert check_nvml()[1].status == "WARN"

@@ -121,14 +121,20 @@ def check_finite(features: torch.Tensor, attention_mask: torch.Tensor,
 class HiddenExtractor:
     """Loads the target once and turns batches of training rows into hidden-state records."""
 
-    def __init__(self, config: ExtractorConfig) -> None:
-        from transformers import AutoModelForCausalLM
-
+    def __init__(self, config: ExtractorConfig, model: torch.nn.Module | None = None) -> None:
+        """Load ``config.model_path``, or use ``model`` as it is (device and dtype included)."""
         self.config = config
-        self.device = config.resolved_device()
-        self.dtype = config.resolved_dtype(self.device)
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype)
-        self.model = model.to(self.device).eval()
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            self.device = config.resolved_device()
+            self.dtype = config.resolved_dtype(self.device)
+            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype)
+            model = model.to(self.device)
+        else:
+            weight = model.get_input_embeddings().weight
+            self.device, self.dtype = weight.device, weight.dtype
+        self.model = model.eval()
         # The decoder stack alone: hidden states without the LM head's [T, vocab] logits.
         self.backbone = self.model.base_model
         text = self.model.config.get_text_config()

@@ -1,0 +1,109 @@
+"""What a GPU host needs before ``--engine sglang``: SGLang at the pinned release, NVML, memory.
+
+    from common.gpu_host import check_sglang, check_nvml
+    for r in [check_sglang(), *check_nvml()]:
+        print(r.status, r.name, r.detail, r.fix)
+
+The pinned release is read from this package's own metadata (the ``gpu`` extra in
+pyproject.toml, the one place it is written), so doctor never carries a second copy. On a host
+without SGLang or without an NVIDIA driver the rows are WARN, not FAIL: the CPU engine needs
+neither.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from common.preflight import GIB, CheckResult, NoNvidiaDriver, no_driver_result, nvml_session
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "dflash-pipeline"
+INSTALL_FIX = ('pip install ".[gpu]"  (or `uv pip install --prerelease=allow ".[gpu]"`; '
+               "SGLang needs the pre-release flash-attn-4), or use the pinned image "
+               "(docker/Dockerfile)")
+_PIN = re.compile(r"^sglang(\[[^\]]*\])?\s*==\s*([0-9][^;\s,]*)")
+
+
+def pinned_sglang_version(requirements: Iterable[str] | None = None) -> str | None:
+    """The ``sglang==X`` pin of the ``gpu`` extra, from requirement strings or our metadata."""
+    if requirements is None:
+        try:
+            requirements = importlib.metadata.requires(PACKAGE) or []
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        match = _PIN.match(spec.strip())
+        if match and (not marker or re.search(r"extra\s*==\s*['\"]gpu['\"]", marker)):
+            return match.group(2)
+    return None
+
+
+def check_sglang(pinned: str | None = None) -> CheckResult:
+    """SGLang is installed, imports, and is the pinned release (``pinned`` defaults to ours)."""
+    name = "sglang"
+    pinned = pinned or pinned_sglang_version()
+    want = f" (pinned: {pinned})" if pinned else ""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return CheckResult(name, ok=True, warn=True,
+                           detail=f"not installed{want}: only --engine cpu can run",
+                           fix=INSTALL_FIX)
+    try:
+        importlib.import_module("sglang")
+    except Exception as exc:  # a broken install can raise anything (CUDA, ABI, missing libs)
+        log.info("import sglang failed", exc_info=True)
+        return CheckResult(name, ok=False,
+                           detail=f"sglang {version} is installed but does not import: "
+                                  f"{type(exc).__name__}: {exc}",
+                           fix=f"reinstall: {INSTALL_FIX}")
+    if pinned and version != pinned:
+        return CheckResult(name, ok=True, warn=True,
+                           detail=f"sglang {version} imports, but this release is pinned to "
+                                  f"{pinned} (DFLASH, Qwen3.x): other releases are untested",
+                           fix=f'pip install "sglang[all]=={pinned}" or {INSTALL_FIX}')
+    return CheckResult(name, ok=True, detail=f"sglang {version} imports{want}")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check_nvml() -> list[CheckResult]:
+    """One row for NVML (driver, GPU count) and one per GPU with its name and free memory."""
+    try:
+        with nvml_session() as nvml:
+            try:
+                return _nvml_rows(nvml)
+            except nvml.NVMLError as exc:
+                return [CheckResult("nvml", ok=False, detail=f"NVML: {exc}",
+                                    fix="check the driver with `nvidia-smi`")]
+    except NoNvidiaDriver as exc:
+        return [no_driver_result("nvml", exc, require_driver=False)]
+
+
+def _nvml_rows(nvml: Any) -> list[CheckResult]:
+    """The driver row and one free-memory row per GPU NVML sees."""
+    count = nvml.nvmlDeviceGetCount()
+    rows = [CheckResult("nvml", ok=True,
+                        detail=f"driver {_text(nvml.nvmlSystemGetDriverVersion())}, "
+                               f"{count} GPU(s)")]
+    for gpu in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        free, total = memory.free / GIB, memory.total / GIB
+        detail = f"{_text(nvml.nvmlDeviceGetName(handle))}: {free:.1f} of {total:.1f} GiB free"
+        if free < 0.5 * total:
+            rows.append(CheckResult(f"gpu {gpu} memory", ok=True, warn=True, detail=detail,
+                                    fix="another process holds most of this GPU; "
+                                        "`nvidia-smi` shows which"))
+        else:
+            rows.append(CheckResult(f"gpu {gpu} memory", ok=True, detail=detail))
+    return rows
