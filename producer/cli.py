@@ -321,9 +321,11 @@ from producer.report import report_command  # noqa: E402
 
 main.add_command(report_command(common_options))
 main.add_command(export_dataset_command)
+from producer.ui.command import ui_command  # noqa: E402
 from producer.worker_cli import worker_group  # noqa: E402
 
 main.add_command(worker_group(common_options))
+main.add_command(ui_command(common_options))
 
 
 if __name__ == "__main__":
