@@ -251,8 +251,10 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
 @click.option("--flower/--no-flower", default=True, show_default=True,
               help="Start Flower to watch the worker.")
 @click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
+@click.option("--ui/--no-ui", default=True, show_default=True, help="Start the run dashboard.")
+@click.option("--ui-port", type=int, default=8700, show_default=True, help="Dashboard port.")
 def demo(**options: Any) -> None:
-    """Run the whole generate stage locally: Redis, a CPU worker, Flower, live progress."""
+    """Run the whole generate stage locally: Redis, a CPU worker, Flower, the dashboard."""
     from producer.demo import run_demo
 
     setup_logging(False)

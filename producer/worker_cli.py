@@ -101,6 +101,9 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
         setting_option("train_checkpoint_steps", "--checkpoint-steps", type=click.IntRange(min=1),
                        help="Checkpoint to storage every N steps."),
         setting_option("train_total_steps", "--total-steps", type=click.IntRange(min=1),
-                       help="Length of the cosine learning-rate schedule."))
+                       help="Length of the cosine learning-rate schedule."),
+        setting_option("tensorboard_dir", "--tensorboard-dir",
+                       help="Also write per-step training metrics to TensorBoard under "
+                            "DIR/<run>/ (unset: off)."))
 
     return worker

@@ -35,6 +35,7 @@ from common.runstore import RunStore
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.stage import TRAIN, Delivery, run_delivery
+from workers.train.tensorboard import log_step
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
               "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
               "acceptance_length": round(metrics.acceptance_length, 3),
               "tokens_per_s": round(metrics.tokens_per_s, 1), "at": time.time()}
+    log_step(ctx.settings.tensorboard_dir, task.run, record)
     try:
         ctx.redis.hset(TRAIN.keys(task.run).metrics, mapping=record)
     except redis.RedisError as err:
