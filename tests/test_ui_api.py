@@ -16,7 +16,7 @@ RATES = ("tokens", "samples_per_s")  # recomputed from the clock at every read
 
 def test_status_equals_cli_and_series_survive_a_redis_restart(
         pipeline: Pipeline, redis_server: RedisServer, model_cache: Path, tmp_path: Path) -> None:
-    with simulated_worker(pipeline, model_cache, "--time-scale", "0.3"), \
+    with simulated_worker(pipeline, model_cache, "--time-scale", "3.0"), \
             running_ui(pipeline.env, tmp_path / "ui.log") as ui:
         pipeline.cli("enqueue", "--input", write_prompts(tmp_path / "in.jsonl", 32), "--run",
                      "live", "--shard-size", "8", check=True)

@@ -1,7 +1,7 @@
 """The run page in a real headless Chromium, against live runs (real Redis, Celery, moto S3).
 
 Screenshots go to the test's tmp directory (``screenshots/``; the path is printed): the page of
-a running run, of the same run done, and of a run paused by its quality gates.
+a running run, of the same run done, the runs page, and a run paused by its quality gates.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _open(driver: object, ui: Dashboard, run: str) -> None:
 
 def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_path: Path,
                                      browser: object) -> None:
-    with simulated_worker(pipeline, model_cache, "--time-scale", "1.0"), \
+    with simulated_worker(pipeline, model_cache, "--time-scale", "3.0"), \
             running_ui(pipeline.env, tmp_path / "ui.log") as ui:
         pipeline.cli("enqueue", "--input", write_prompts(tmp_path / "in.jsonl", 32), "--run",
                      "live", "--shard-size", "8", check=True)
@@ -97,6 +97,14 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
         assert len(cells) == 4
         assert browser.find_elements("css selector", "#chart-throughput canvas")
         _shot(browser, tmp_path, "done")
+        assert console_errors(browser) == []
+
+        browser.get(f"{ui.url}/?refresh={REFRESH_S}")
+        row = '#runs tr[data-run="live"] td.samples'
+        wait_until(lambda: [e.text for e in browser.find_elements("css selector", row)]
+                   == ["32 / 32"], ONE_REFRESH_S, "the runs page to list the run, done")
+        assert "done" in browser.find_element("css selector", '#runs tr[data-run="live"]').text
+        _shot(browser, tmp_path, "runs")
         assert console_errors(browser) == []
 
 

@@ -131,7 +131,7 @@ async function refreshIndex() {
       el("td", { class: "samples" }, `${r.samples_done} / ${known(r.samples_total)}`),
       el("td", {}, `${r.shards_committed} / ${r.shards_total}`),
       el("td", {}, known(r.tokens_per_s, 0)),
-      el("td", {}, duration(r.eta_s)),
+      el("td", {}, r.state === "done" ? "-" : duration(r.eta_s)),
       el("td", {}, duration(r.age_s)),
       el("td", { class: "muted" }, r.model)));
   }
