@@ -20,6 +20,7 @@ from common.errors import ConfigError
 TINY_MODEL = "tiny-qwen3"
 """The embedded default model: built locally on first use, runs on CPU."""
 
+_SECRETS = {"ui_auth"}
 _SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
 
 
@@ -77,12 +78,16 @@ class Settings:
     train_eval_prompts: int = 8
     train_eval_max_new_tokens: int = 256
     drafter_layers: int = 5
+    tensorboard_dir: str = ""  # train workers also write per-step metrics there when set
+    ui_auth: str = ""  # user:password of the dashboard's basic auth (like Flower's)
 
     def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{f.name}={mask_url(str(getattr(self, f.name)))!r}" for f in fields(self)
-        )
+        shown = ", ".join(f"{f.name}={self._shown(f.name)!r}" for f in fields(self))
         return f"Settings({shown})"
+
+    def _shown(self, name: str) -> str:
+        value = str(getattr(self, name))
+        return "***" if name in _SECRETS and value else mask_url(value)
 
     @property
     def masked_broker_url(self) -> str:

@@ -168,6 +168,8 @@ class ShardCommit:
 
     ``sample_ids`` are the samples that passed the gates (the only ones handed downstream);
     ``rejected_ids`` failed a gate and live under ``rejected/`` with their reasons.
+    ``part_stats``: per part key, its worker, write time, wall time, samples, rejections and
+    tokens (:mod:`common.partstats`; empty in commits written before it existed).
     """
 
     run: str
@@ -178,6 +180,7 @@ class ShardCommit:
     stats: dict[str, Any]
     worker: str
     rejected_ids: list[str] = field(default_factory=list)
+    part_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
 
     @property

@@ -261,8 +261,10 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
 @click.option("--flower/--no-flower", default=True, show_default=True,
               help="Start Flower to watch the worker.")
 @click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
+@click.option("--ui/--no-ui", default=True, show_default=True, help="Start the run dashboard.")
+@click.option("--ui-port", type=int, default=8700, show_default=True, help="Dashboard port.")
 def demo(**options: Any) -> None:
-    """Run the whole generate stage locally: Redis, a CPU worker, Flower, live progress."""
+    """Run the whole generate stage locally: Redis, a CPU worker, Flower, the dashboard."""
     from producer.demo import run_demo
 
     setup_logging(False)
@@ -331,9 +333,11 @@ from producer.report import report_command  # noqa: E402
 
 main.add_command(report_command(common_options))
 main.add_command(export_dataset_command)
+from producer.ui.command import ui_command  # noqa: E402
 from producer.worker_cli import worker_group  # noqa: E402
 
 main.add_command(worker_group(common_options))
+main.add_command(ui_command(common_options))
 
 
 if __name__ == "__main__":

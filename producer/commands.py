@@ -166,7 +166,7 @@ def render_status(status: dict[str, Any]) -> str:
                   for e in status["pause"].get("examples", [])]
         lines.append(f"  see `dflash-pipeline report --run {status['run']}`, then `dflash-pipeline "
                      f"resume --run {status['run']} --accept-gates` to continue")
-    lines += [f"  engine {name}: {e['url']} (log {e['log']})"
+    lines += [f"  engine {name}: {e['url']}" + (f" (log {e['log']})" if e.get("log") else "")
               for name, e in sorted((status.get("engines") or {}).items())]
     return "\n".join(lines)
 

@@ -1,8 +1,9 @@
 """``dflash-pipeline demo``: the whole generate stage on one machine, nothing to configure.
 
-Starts a throwaway ``redis-server`` (AOF on) on a free port, one CPU generate worker and Flower,
-enqueues the 80 MT-Bench questions, shows live progress until every shard is committed, then
-stops what it started. Storage is a local directory under ``--out``.
+Starts a throwaway ``redis-server`` (AOF on) on a free port, one CPU generate worker, Flower and
+the run dashboard (``dflash-pipeline ui``, same user and password as Flower), enqueues the 80
+MT-Bench questions, shows live progress until every shard is committed, then stops what it
+started. Storage is a local directory under ``--out``.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
 
 
 def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_tokens: int,
-             flower: bool, flower_port: int) -> int:
+             flower: bool, flower_port: int, ui: bool = True, ui_port: int = 8700) -> int:
     """Returns the process exit code: 0 when every shard committed."""
     from producer.commands import (
         build_run_config,
@@ -110,14 +111,21 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
         exe = [sys.executable, "-m", "producer.cli"]
         worker = _spawn([*exe, "worker", "generate"], env, out_dir / "logs" / "worker.log")
         stack.callback(_stop, worker)
+        password = secrets.token_urlsafe(9)
         if flower:
-            password = secrets.token_urlsafe(9)
             proc = _spawn([sys.executable, "-m", "celery", "-A", "common.celery_app", "flower",
                            f"--port={flower_port}", "--address=127.0.0.1",
                            f"--basic-auth=dflash:{password}"], env, out_dir / "logs" / "flower.log")
             stack.callback(_stop, proc)
             click.echo(f"Flower: http://127.0.0.1:{flower_port}  (user dflash, password "
                        f"{password})")
+        if ui:
+            proc = _spawn([*exe, "ui", "--port", str(ui_port)],
+                          {**env, "DFLASH_UI_AUTH": f"dflash:{password}"},
+                          out_dir / "logs" / "ui.log")
+            stack.callback(_stop, proc)
+            click.echo(f"Dashboard: http://127.0.0.1:{ui_port}/runs/{run}  (user dflash, "
+                       f"password {password})")
         from common.celery_app import make_app
         from common.storage import open_storage
 
@@ -143,4 +151,6 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
     click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run}")
     click.echo(f"report:  DFLASH_STORAGE={settings.storage} dflash-pipeline report --run {run}")
+    click.echo(f"dashboard: DFLASH_STORAGE={settings.storage} dflash-pipeline ui  (then "
+               f"http://127.0.0.1:8700/runs/{run})")
     return 0 if status["state"] == RunState.DONE else 1

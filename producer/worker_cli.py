@@ -111,6 +111,9 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
         setting_option("train_eval_prompts", "--eval-prompts", type=click.IntRange(min=1),
                        help="Held-out prompts each eval decodes."),
         setting_option("train_eval_max_new_tokens", "--eval-max-new-tokens",
-                       type=click.IntRange(min=1), help="Token budget per eval prompt."))
+                       type=click.IntRange(min=1), help="Token budget per eval prompt."),
+        setting_option("tensorboard_dir", "--tensorboard-dir",
+                       help="Also write per-step training metrics to TensorBoard under "
+                            "DIR/<run>/ (unset: off)."))
 
     return worker

@@ -57,6 +57,8 @@ def test_services_share_broker_and_visibility_settings(compose: dict) -> None:
     assert "requirepass" in compose["services"]["redis"]["command"]
     assert "--appendonly yes" in compose["services"]["redis"]["command"]
     assert "FLOWER_BASIC_AUTH" in compose["services"]["flower"]["environment"]
+    ui = compose["services"]["ui"]
+    assert "DFLASH_UI_AUTH" in ui["environment"] and "--host=0.0.0.0" in _argv(ui)
 
 
 def test_each_generate_worker_owns_one_distinct_gpu(compose: dict) -> None:

@@ -22,7 +22,8 @@ def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Pat
     out = tmp_path / "demo"
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out", str(out),
+        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--no-ui", "--out",
+         str(out),
          "--max-new-tokens", "128"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200,
     )
@@ -80,7 +81,8 @@ def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Pat
     assert data["supervised_tokens"]["min"] is not None
 
     rerun = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out", str(out),
+        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--no-ui", "--out",
+         str(out),
          "--max-new-tokens", "128"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
     )

@@ -118,10 +118,11 @@ def warm_engine() -> None:
 
 def announce_engine(context: WorkerContext, engine: Engine) -> None:
     """Tell ``status`` where this worker's engine server and its log are (advisory)."""
-    server = getattr(engine, "server", None)
-    if server is None:
+    server, url = getattr(engine, "server", None), getattr(engine, "url", None)
+    if url is None:  # the in-process CPU engine has no server to show
         return
-    record = {"url": server.url, "log": str(server.log_path), "pid": server.proc.pid}
+    record = ({"url": server.url, "log": str(server.log_path), "pid": server.proc.pid}
+              if server is not None else {"url": url, "log": None, "pid": None})
     try:
         context.redis.hset(keys.redis_engines(),
                            f"{socket.gethostname()}:gpu{context.settings.gpu}",

@@ -18,29 +18,12 @@ from typing import Any
 
 from common import keys
 from common.errors import StorageError
+from common.partstats import SampleStat, part_stats, written_stamp
 from common.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
 from common.runstore import RunStore
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SampleStat:
-    """What the commit needs of a sample, so parts are read at most once per attempt."""
-
-    id: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
-    reasons: tuple[str, ...]
-
-    @classmethod
-    def of(cls, sample: dict[str, Any]) -> SampleStat:
-        usage = sample.get("usage", {})
-        reasons = tuple(sample.get("quality", {}).get("reasons", ()))
-        return cls(sample["id"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
-                   sample.get("finish_reason", "stop"), reasons)
 
 
 def _part_key(task: ShardTask, rejected: bool, number: int) -> str:
@@ -118,6 +101,7 @@ class ShardParts:
             sample_ids=[i for i in expected if part_of[i].startswith(generated)],
             rejected_ids=[i for i in expected if not part_of[i].startswith(generated)],
             part_of=part_of, stats=_stats(list(chosen.values())), worker=worker,
+            part_stats=part_stats(self.known, generated, worker),
         )
         key, data = keys.generated_commit(self.task.run, self.task.shard), dumps(commit.to_json())
         if self.storage.put_once(key, data) or self._own_write(key, data):
@@ -146,13 +130,14 @@ class PartBuffer:
 
     ``before_write`` may reject more samples (the run-wide duplicate check) before the split into
     a generated and a rejected part; ``on_write(accepted, rejected)`` sees what was written.
+    Every sample is stamped with ``worker``, the write time and the part's wall time.
     """
 
     def __init__(self, parts: ShardParts, max_samples: int, max_seconds: float,
                  before_write: Callable[[Samples], None],
-                 on_write: Callable[[Samples, Samples], None]) -> None:
+                 on_write: Callable[[Samples, Samples], None], worker: str = "") -> None:
         self.parts, self.max_samples, self.max_seconds = parts, max_samples, max_seconds
-        self.before_write, self.on_write = before_write, on_write
+        self.before_write, self.on_write, self.worker = before_write, on_write, worker
         self.buffer: list[dict[str, Any]] = []
         self.since = time.monotonic()
 
@@ -166,8 +151,10 @@ class PartBuffer:
         if self.buffer:
             self.before_write(self.buffer)
             judged_at = round(time.time(), 6)  # lets a Redis wipe rebuild the window in order
+            written = written_stamp(self.worker, judged_at, time.monotonic() - self.since)
             for sample in self.buffer:
                 sample["quality"]["judged_at"] = judged_at
+                sample["written"] = written
             accepted = [s for s in self.buffer if s["quality"]["passed"]]
             rejected = [s for s in self.buffer if not s["quality"]["passed"]]
             for samples, is_rejected in ((accepted, False), (rejected, True)):

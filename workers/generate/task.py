@@ -66,7 +66,8 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
                  len(todo))
         progress = Progress(ctx, task, worker, monitor)
         buffer = PartBuffer(parts, ctx.settings.part_samples, ctx.settings.part_seconds,
-                            before_write=monitor.claim_answers, on_write=progress.part_written)
+                            before_write=monitor.claim_answers, on_write=progress.part_written,
+                            worker=worker)
         job = Job(ctx.engine, config.sampling, config.gates, task.shard, progress.counters,
                   ctx.tokens)
         samples = regenerate(ctx.loop, job, todo)

@@ -37,6 +37,7 @@ from common.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.stage import TRAIN, Delivery, run_delivery
 from workers.train.periodic_eval import PeriodicEval
+from workers.train.tensorboard import log_step
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
     if session.evaluator is not None and session.evaluator.due(session.steps):
         record.update(session.evaluator.run(session.trainer.drafter, session.steps,
                                             metrics.acceptance_length))
+    log_step(ctx.settings.tensorboard_dir, task.run, record)
     try:
         ctx.redis.hset(TRAIN.keys(task.run).metrics, mapping=record)
     except redis.RedisError as err:

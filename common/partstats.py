@@ -1,0 +1,69 @@
+"""What each generated part says about progress: who wrote it, when, in how long, how much.
+
+A generate worker stamps every sample of a part with ``written`` (worker, write time, wall
+seconds the part took); the shard's commit keeps one summary per part (``part_stats``), so
+the dashboard's time series come from storage and survive a Redis or UI restart. Parts and
+commits written before these fields existed are read with what they have (the commit's worker
+and time, no wall time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SampleStat:
+    """What a commit (and the dashboard) needs of a sample, so parts are read once."""
+
+    id: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    reasons: tuple[str, ...]
+    worker: str = ""
+    at: float | None = None
+    wall_s: float | None = None
+
+    @classmethod
+    def of(cls, sample: dict[str, Any]) -> SampleStat:
+        usage = sample.get("usage", {})
+        quality = sample.get("quality", {})
+        written = sample.get("written") or {}
+        return cls(sample["id"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
+                   sample.get("finish_reason", "stop"), tuple(quality.get("reasons", ())),
+                   str(written.get("worker", "")), written.get("at", quality.get("judged_at")),
+                   written.get("wall_s"))
+
+
+def written_stamp(worker: str, at: float, wall_s: float) -> dict[str, Any]:
+    """The ``written`` field of every sample of a part."""
+    return {"worker": worker, "at": at, "wall_s": round(wall_s, 3)}
+
+
+def part_stats(known: Mapping[str, list[SampleStat]], generated_prefix: str,
+               worker: str = "") -> dict[str, dict[str, Any]]:
+    """One summary per part of a shard; ``samples``/``rejected`` count canonical copies only.
+
+    The canonical copy of a sample is the commit's: generated parts before rejected ones,
+    each area in key order, first part wins. ``tokens`` counts every generated token of the
+    part (duplicates of a redelivery took engine time too).
+    """
+    seen: set[str] = set()
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(known, key=lambda k: (not k.startswith(generated_prefix), k)):
+        stats = known[key]
+        new = [s for s in stats if s.id not in seen]
+        seen.update(s.id for s in new)
+        first = stats[0] if stats else None
+        out[key] = {
+            "worker": (first.worker if first and first.worker else worker),
+            "at": first.at if first else None,
+            "wall_s": first.wall_s if first else None,
+            "samples": len(new),
+            "rejected": 0 if key.startswith(generated_prefix) else len(new),
+            "tokens": sum(s.completion_tokens for s in stats),
+        }
+    return out

@@ -1,0 +1,144 @@
+"""The dashboard's aiohttp app: two pages, static files and the JSON API behind every panel.
+
+``/`` lists the runs, ``/runs/<run>`` is one run's page; ``/api/runs``,
+``/api/runs/<run>/status`` (exactly ``status --json``), ``.../series``, ``.../shards``,
+``.../engines`` and ``.../gates`` feed them. With ``auth`` (``user:password``) every request
+needs HTTP basic auth. Start it with ``dflash-pipeline ui``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from common import keys
+from common.errors import DflashError, NotFound
+from producer.ui.views import Views
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+PROBE_TIMEOUT_S = 2.0
+_GAUGE = re.compile(r"^(sglang:num_running_reqs|sglang:num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)",
+                    re.MULTILINE)
+VIEWS: web.AppKey[Views] = web.AppKey("views", Views)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(obj, sort_keys=True), status=status,
+                        content_type="application/json")
+
+
+def basic_auth(auth: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Middleware: 401 unless the request carries ``auth`` (user:password) as basic auth."""
+    expected = auth.encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        scheme, _, value = header.partition(" ")
+        try:
+            given = base64.b64decode(value.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            given = b""
+        if scheme.lower() != "basic" or not hmac.compare_digest(given, expected):
+            return web.Response(status=401, text="authentication required",
+                                headers={"WWW-Authenticate": 'Basic realm="dflash-pipeline"'})
+        return await handler(request)
+
+    return check
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Our errors as JSON: an unknown run is a 404, storage trouble a 503."""
+    try:
+        return await handler(request)
+    except NotFound as exc:
+        return _json({"error": str(exc)}, 404)
+    except (DflashError, OSError) as exc:
+        log.warning("%s: %s", request.path, exc)
+        return _json({"error": f"{type(exc).__name__}: {exc}"}, 503)
+
+
+def _panel(method: str) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        views = request.app[VIEWS]
+        return _json(await asyncio.to_thread(getattr(views, method), request.match_info["run"]))
+
+    return handle
+
+
+async def run_list(request: web.Request) -> web.Response:
+    return _json({"runs": await asyncio.to_thread(request.app[VIEWS].run_list)})
+
+
+async def engines(request: web.Request) -> web.Response:
+    """Each engine the workers announced: URL, healthy or not, requests running and queued."""
+    views = request.app[VIEWS]
+    run = request.match_info["run"]
+    status = await asyncio.to_thread(views.recent_status, run)
+    found = status["engines"]
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        probes = await asyncio.gather(*(_probe(session, e["url"]) for e in (found or {}).values()))
+    rows = [{"name": name, **{k: v for k, v in engine.items() if k in ("url", "log", "pid")},
+             **probe} for (name, engine), probe in zip(sorted((found or {}).items()), probes,
+                                                       strict=True)]
+    return _json({"run": run, "redis": found is not None, "engines": rows})
+
+
+async def _probe(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"healthy": False, "running": None, "queued": None}
+    try:
+        async with session.get(f"{url}/health") as response:
+            result["healthy"] = response.status == 200
+        async with session.get(f"{url}/metrics") as response:
+            if response.status == 200:
+                for name, value in _GAUGE.findall(await response.text()):
+                    result["running" if name.endswith("running_reqs") else "queued"] = \
+                        int(float(value))
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        result["error"] = str(exc) or type(exc).__name__
+    return result
+
+
+async def run_page(request: web.Request) -> web.StreamResponse:
+    run = request.match_info["run"]
+    views = request.app[VIEWS]
+    known = keys.valid_run_id(run) and await asyncio.to_thread(
+        views.storage.exists, keys.run_config(run))
+    if not known:
+        return web.Response(status=404, text=f"run {run!r} not found in {views.storage.root}")
+    return web.FileResponse(STATIC / "run.html")
+
+
+async def index_page(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(STATIC / "index.html")
+
+
+def make_app(views: Views, auth: str = "") -> web.Application:
+    """The dashboard app over ``views``; ``auth`` (user:password) turns basic auth on."""
+    middlewares = [basic_auth(auth)] if auth else []
+    app = web.Application(middlewares=[*middlewares, errors])
+    app[VIEWS] = views
+    app.router.add_get("/", index_page)
+    app.router.add_get("/runs/{run}", run_page)
+    app.router.add_get("/api/runs", run_list)
+    for name in ("status", "series", "shards", "gates"):
+        app.router.add_get(f"/api/runs/{{run}}/{name}", _panel(name))
+    app.router.add_get("/api/runs/{run}/engines", engines)
+    app.router.add_static("/static/", STATIC)
+    return app

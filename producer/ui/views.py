@@ -1,0 +1,159 @@
+"""What each dashboard panel shows, as JSON: runs, status, series, shard grid, engines, gates.
+
+Blocking reads (storage, Redis); the server runs them in threads. Readers are kept per run,
+so what never changes (commits, parts, checkpoints) is read once per dashboard process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from common import keys
+from common.celery_app import GENERATE
+from common.errors import NotFound
+from common.records import RunConfig
+from common.storage import Storage
+from producer.report import token_stats
+from producer.status import StatusReader
+from producer.ui.series import SeriesReader
+
+RUNS_TTL_S = 15.0
+STATUS_REUSE_S = 1.0
+
+
+def resume_command(run: str) -> str:
+    """The exact command that lifts a quality-gate pause (as ``status`` prints it)."""
+    return f"dflash-pipeline resume --run {run} --accept-gates"
+
+
+@dataclass
+class RunView:
+    """One run's readers; a lock keeps two refreshes from reading the same parts twice."""
+
+    status: StatusReader
+    series: SeriesReader
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last: tuple[float, dict[str, Any]] | None = None
+
+
+@dataclass
+class Views:
+    storage: Storage
+    client: redis.Redis
+    runs: dict[str, RunView] = field(default_factory=dict)
+    _listed: tuple[float, list[str]] = (0.0, [])
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def view(self, run: str) -> RunView:
+        if not keys.valid_run_id(run):
+            raise NotFound(f"invalid run id {run!r}")
+        with self._lock:
+            if run not in self.runs:
+                self.runs[run] = RunView(StatusReader(self.storage, self.client, run),
+                                         SeriesReader(self.storage, run))
+            return self.runs[run]
+
+    def run_ids(self) -> list[str]:
+        """Runs with a run.json in storage (listed again at most every RUNS_TTL_S)."""
+        at, ids = self._listed
+        if time.monotonic() - at > RUNS_TTL_S or not ids:
+            ids = sorted({key.split("/")[1] for key in self.storage.list("runs/")
+                          if key.count("/") == 2 and key.endswith("/run.json")})
+            self._listed = (time.monotonic(), ids)
+        return ids
+
+    def run_list(self) -> list[dict[str, Any]]:
+        """The index page: every run's state, progress and age."""
+        out = []
+        for run in self.run_ids():
+            try:
+                status = self.status(run)
+            except NotFound:
+                continue
+            config = RunConfig.from_json(json.loads(self.storage.get(keys.run_config(run))))
+            samples, shards = status["samples"], status["shards"]
+            out.append({"run": run, "state": status["state"], "model": status["model"],
+                        "samples_done": samples["done"], "samples_total": samples["total"],
+                        "in_progress": samples["in_progress"],
+                        "shards_committed": shards["committed"], "shards_total": shards["total"],
+                        "created_at": config.created_at,
+                        "age_s": round(time.time() - config.created_at, 1),
+                        "eta_s": status["eta_s"], "tokens_per_s": status["tokens"]["per_s"]})
+        return out
+
+    def status(self, run: str, reuse_s: float = 0.0) -> dict[str, Any]:
+        """Exactly what ``dflash-pipeline status --run RUN --json`` prints; ``reuse_s``: a read
+        at most that old will do (the other panels of one refresh share one read)."""
+        view = self.view(run)
+        with view.lock:
+            if reuse_s and view.last and time.monotonic() - view.last[0] < reuse_s:
+                return view.last[1]
+            status = view.status.read()
+            view.last = (time.monotonic(), status)
+            return status
+
+    def recent_status(self, run: str) -> dict[str, Any]:
+        return self.status(run, STATUS_REUSE_S)
+
+    def series(self, run: str) -> dict[str, Any]:
+        view = self.view(run)
+        with view.lock:
+            if view.status.storage.exists(keys.run_config(run)):
+                return view.series.read()
+        raise NotFound(f"run {run!r} not found in {self.storage.root}")
+
+    def shards(self, run: str) -> dict[str, Any]:
+        """Every generate shard's state for the grid: committed, running, parked or pending."""
+        status = self.recent_status(run)
+        view = self.view(run)
+        committed = set(view.status.commits)
+        running: set[int] | None = None
+        try:
+            running = {int(name.rsplit("-", 1)[-1])
+                       for name in self.client.hkeys(GENERATE.keys(run).running)}
+        except redis.RedisError:
+            pass
+        parked = {p["shard"]: p["reason"] for p in status["parked"] or []
+                  if p["stage"] == "generate"}
+        grid = []
+        for shard in range(status["shards"]["total"]):
+            if shard in committed:
+                state = "committed"
+            elif shard in parked:
+                state = "parked"
+            elif running is None:
+                state = "unknown"
+            elif shard in running:
+                state = "running"
+            else:
+                state = "pending"
+            grid.append({"shard": shard, "state": state, "reason": parked.get(shard)})
+        return {"run": run, "shards": grid, "redis": running is not None}
+
+    def gates(self, run: str) -> dict[str, Any]:
+        """The run monitor's supervised-token histogram and examples per reason (Redis)."""
+        status = self.recent_status(run)
+        config = RunConfig.from_json(json.loads(self.storage.get(keys.run_config(run))))
+        hist: Counter[int] = Counter()
+        examples: dict[str, list[dict[str, Any]]] = {}
+        reachable = True
+        try:
+            hist.update({int(k): int(v) for k, v in
+                         self.client.hgetall(keys.redis_gate_hist(run)).items()})
+            for reason in status["gates"]["reasons"]:
+                raw = self.client.lrange(keys.redis_gate_examples(run, reason), 0, 2)
+                examples[reason] = [json.loads(x) for x in raw]
+        except redis.RedisError:
+            reachable = False
+        return {"run": run, "redis": reachable, "supervised_tokens": token_stats(hist),
+                "min_supervised_tokens": config.gates.min_supervised_tokens,
+                "max_reject_rate": config.gates.max_reject_rate,
+                "pause_after": config.gates.pause_after, "examples": examples,
+                "resume_command": resume_command(run)}

@@ -1,0 +1,57 @@
+"""The demo prints the dashboard's URL (beside Flower's) and serves the run there."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from producer.demo import free_port
+from tests.conftest import ROOT, wait_until
+from tests.ui_support import write_prompts
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_starts_the_dashboard_and_prints_its_url(model_cache: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1"}
+    port = free_port()
+    log = tmp_path / "demo.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out",
+             str(tmp_path / "demo"), "--input", write_prompts(tmp_path / "in.jsonl", 4),
+             "--shard-size", "2", "--max-new-tokens", "16", "--ui-port", str(port)],
+            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        line = wait_until(lambda: re.search(r"Dashboard: (http://\S+)  \(user (\w+), password "
+                                            r"(\S+)\)", log.read_text()), 120,
+                          "the demo to print the dashboard URL")
+        url, user, password = line.groups()
+        assert url == f"http://127.0.0.1:{port}/runs/mt-bench-demo"
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+
+        def status() -> dict | None:
+            request = urllib.request.Request(
+                url.replace("/runs/", "/api/runs/") + "/status",
+                headers={"Authorization": f"Basic {token}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return json.loads(response.read())
+            except OSError:
+                return None
+        assert wait_until(status, 60, "the dashboard to serve the demo run")["run"] == \
+            "mt-bench-demo"
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "dflash-pipeline ui" in log.read_text()
