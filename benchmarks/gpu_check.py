@@ -7,14 +7,15 @@ benchmarks/gpu_check.py --device cpu --tiny`` (the tiny model's dims, float32, s
 The target is built from a ``Qwen3Config`` with Qwen3-8B's dims (hidden 4096, 36 layers, 32
 heads, 8 KV heads, head_dim 128, intermediate 12288, vocab 151936) directly on the device in
 bf16. Then: (a) hidden-state extraction (``HiddenExtractor`` on that model) tokens/s and peak
-memory at 2K and 4K tokens; (b) the drafter training step with flex_attention (compiled on
-CUDA) versus the dense SDPA mask: the loss of one batch from identical weights must agree to
-bf16 tolerance, then tokens/s and peak memory of each; (c) the speculative-decoding eval loop,
-when ``workers.train.drafter.specdec`` exists; (d) the block masks' numerics: dense SDPA and
-flex attention on CUDA (fp32 and bf16) against dense SDPA on the CPU in fp32 (CPU only: flex
-eager against dense). Prints one table; exits 1 on a numerics mismatch (or non-finite hidden
-states). Peak memory is ``torch.cuda.max_memory_allocated`` above what was resident before the
-part (the target's weights), timings synchronise the device first; on the CPU both read "-".
+memory at 2K and 4K tokens; (b) the drafter training step with flex_attention (compiled on CUDA)
+versus the dense SDPA mask: the loss of one batch from identical weights must agree to bf16
+tolerance, then tokens/s and peak memory of each; (c) the speculative-decoding eval loop (a
+random drafter) against plain greedy decoding: decode tokens/s and the same tokens; (d) the
+block masks' numerics: dense SDPA and flex attention on CUDA (fp32 and bf16) against dense SDPA
+on the CPU in fp32 (CPU only: flex eager against dense). Prints one table; exits 1 on a numerics
+mismatch (or non-finite hidden states). Peak memory is ``torch.cuda.max_memory_allocated`` above
+what was resident before the part (the target's weights), timings synchronise the device first;
+on the CPU both read "-".
 """
 
 from __future__ import annotations
@@ -183,14 +184,42 @@ def part_training(target: Qwen3ForCausalLM, device: torch.device, rows_per_step:
                            flex_row.peak_gib, verdict, ok=close)]
 
 
-def part_specdec() -> list[Row]:
-    """(c) the speculative-decoding eval loop, once it has landed."""
-    try:
-        from workers.train.drafter import specdec  # noqa: F401
-    except ImportError:
-        return [Row("c spec-decoding", "eval loop", None, None, "skipped (not available)")]
-    return [Row("c spec-decoding", "eval loop", None, None,
-                "skipped (specdec imports; not wired into gpu_check yet)")]
+def part_specdec(target: Qwen3ForCausalLM, device: torch.device, prompt_len: int,
+                 new_tokens: int) -> list[Row]:
+    """(c) the speculative-decoding eval loop (random drafter) vs plain greedy decoding."""
+    from workers.train.drafter.specdec import (
+        AcceptanceStats,
+        DFlashProposer,
+        greedy_generate,
+        speculative_generate,
+    )
+
+    mask_id = target.config.vocab_size - 1
+    drafter = DFlashDraftModel.for_target(target, mask_id, init_seed=0).eval()
+    prompt = random_rows(1, prompt_len, target.config.vocab_size, 7)[0].input_ids
+    layer_ids = drafter.config.target_layer_ids
+    outs = {}
+    rows = []
+    for side in ("greedy", "speculative"):
+        def run(s: str = side) -> object:
+            if s == "greedy":
+                return greedy_generate(target, prompt, new_tokens, set())
+            return speculative_generate(target, DFlashProposer(drafter), prompt, layer_ids,
+                                        new_tokens, set())
+        run()                                      # warm-up
+        with Meter(device) as meter:
+            outs[side] = run()
+        rows.append(Row("c spec-decoding", f"{side}, {prompt_len}-tok prompt, {new_tokens} new",
+                        new_tokens / meter.seconds, meter.peak, "decode tokens/s"))
+    same = outs["greedy"].tokens == outs["speculative"].tokens
+    tau = AcceptanceStats.of([outs["speculative"]], drafter.config.block_size).tau
+    # bf16 on CUDA: a block verify and a one-token decode may round a near-tie differently.
+    strict = device.type == "cpu"
+    rows[-1] = Row(rows[-1].part, rows[-1].case, rows[-1].tokens_per_s, rows[-1].peak_gib,
+                   f"tau {tau:.2f} (random drafter); tokens {'equal' if same else 'DIFFER'} "
+                   f"to greedy" + ("" if strict else " (bf16: informational)"),
+                   ok=same or not strict)
+    return rows
 
 
 def part_masks(device: torch.device) -> list[Row]:
@@ -273,7 +302,7 @@ def main() -> None:
     rows += part_training(target, device, args.train_rows,
                           args.train_len or (256 if small else 2048),
                           args.anchors or (8 if small else 128), args.steps or (2 if small else 5))
-    rows += part_specdec()
+    rows += part_specdec(target, device, 128 if small else 2048, 16 if small else 64)
     rows += part_masks(device)
     print(render(rows))
     bad = [r for r in rows if not r.ok]
