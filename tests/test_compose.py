@@ -67,9 +67,12 @@ def test_each_generate_worker_owns_one_distinct_gpu(compose: dict) -> None:
     seen = set()
     for name, service in workers.items():
         argv = _argv(service)
-        gpu = argv[argv.index("--gpu") + 1]
+        gpu = name.removeprefix("generate-gpu")
         devices = service["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["device_ids"] == [gpu], name
+        # The container sees only its reserved GPU, as device 0.
+        assert argv[argv.index("--gpu") + 1] == "0", name
+        assert argv[argv.index("--name") + 1] == f"generate-gpu{gpu}@%h", name
         assert service["profiles"] == [f"gpu{gpu}"] and service["shm_size"], name
         seen.add(gpu)
     assert len(seen) == len(workers)

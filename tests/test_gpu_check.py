@@ -24,5 +24,6 @@ def test_cpu_tiny_smoke_run_prints_the_table() -> None:
         "part", "case", "tokens/s", "peak GiB", "check", "ok"]
     parts = [line.split("|")[0].strip() for line in lines[header + 2:]]
     assert parts == ["a extraction", "a extraction", "b train step", "b train step",
-                     "c spec-decoding", "d mask numerics"]
+                     "c spec-decoding", "c spec-decoding", "d mask numerics"]
+    assert "tokens equal to greedy" in result.stdout
     assert all(line.rstrip().endswith("| ok") for line in lines[header + 2:])
