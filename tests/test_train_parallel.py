@@ -137,3 +137,33 @@ def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path) ->
     train = pipeline.status("dp")["downstream"]["train"]
     assert int(train["ranks"]) == 2 and int(train["hosts"]) == 1
     assert float(train["tokens_per_s"]) > 0
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    (["--nproc-per-node", "2", "--gpu", "0"], "--gpu names one GPU"),
+    (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:29400"],
+     "--node-rank 2 is not below --nnodes 2"),
+])
+def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "train", *options],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert error in lines[0]
+
+
+def test_hosts_meet_at_the_rendezvous_endpoint() -> None:
+    from common.config import Settings
+    from producer.commands import group_argv, worker_argv
+
+    settings = Settings(train_nproc_per_node=8, train_nnodes=2, train_node_rank=1,
+                        train_rdzv_endpoint="10.0.0.1:29400")
+    celery = worker_argv(settings, queue="train", gpu=None, concurrency=1, name="t@%h",
+                         loglevel="INFO")
+    argv = group_argv(settings, None, celery)
+    assert argv[1:12] == ["-m", "torch.distributed.run", "--nproc-per-node", "8", "--nnodes",
+                          "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400", "-m"]
+    assert argv[12:17] == ["workers.train.ranks", "-A", "workers.downstream_app", "worker", "-Q"]
+    local = group_argv(Settings(train_nproc_per_node=2), None, celery)
+    assert local[3:6] == ["--nproc-per-node", "2", "--standalone"]
