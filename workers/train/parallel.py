@@ -122,8 +122,6 @@ def _portable(row: Any) -> Any:
 class DataParallelTrainer:
     """A :class:`DrafterTrainer` whose drafter is a DDP replica on every rank of the group."""
 
-    featurizes_rows = True   # each rank computes the target features of its own rows only
-
     def __init__(self, trainer: DrafterTrainer, group: Group,
                  featurize: Callable[[list[TrainingRow]], list[FeaturedRow]], run: str) -> None:
         self.trainer = trainer
@@ -161,9 +159,9 @@ class DataParallelTrainer:
         parts = [pairs[i::self.group.world] for i in range(self.group.world)]
         skipped = len(rows) - len(keep)
         messages = [("step", self.run, [(_portable(r), a) for r, a in part or pairs[:1]],
-                     skipped, 1.0 if part else 0.0) for part in parts]
+                     skipped, 1.0 if part else 0.0) for part in parts[1:]]
         try:
-            self.group.send(messages)
+            self.group.send([("self",), *messages])
             return self.train_part(parts[0], skipped, 1.0, started)
         except Exception as err:
             # The ranks are no longer in step: end the group; a restarted one resumes.
