@@ -84,6 +84,7 @@ class Settings:
     train_nnodes: int = 1
     train_node_rank: int = 0
     train_rdzv_endpoint: str = ""
+    train_parallel: str = "ddp"   # ddp: a drafter replica per rank; fsdp: FSDP2 shards
     tensorboard_dir: str = ""  # train workers also write per-step metrics there when set
     ui_auth: str = ""  # user:password of the dashboard's basic auth (like Flower's)
 

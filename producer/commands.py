@@ -247,6 +247,12 @@ def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> l
         raise ConfigError(f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT of node rank 0")
     if rank >= nodes:
         raise ConfigError(f"--node-rank {rank} is not below --nnodes {nodes}")
+    if settings.train_parallel not in ("ddp", "fsdp"):
+        raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train_parallel!r}: ddp or fsdp")
+    if settings.train_parallel == "fsdp" and settings.train_eval_steps:
+        # The eval decodes on rank 0 alone, and a sharded drafter needs every rank to run.
+        raise ConfigError("--fsdp needs --eval-steps 0 (the acceptance-length eval runs on "
+                          "rank 0 alone); measure with eval-drafter")
     where = (["--nnodes", str(nodes), "--node-rank", str(rank), "--rdzv-endpoint",
               settings.train_rdzv_endpoint] if settings.train_rdzv_endpoint else ["--standalone"])
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
@@ -268,6 +274,9 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     group = queue == "train" and (resolved.train_nproc_per_node > 1 or resolved.train_nnodes > 1)
+    if queue == "train" and resolved.train_parallel == "fsdp" and not group:
+        raise ConfigError("--fsdp shards the drafter over ranks: it needs --nproc-per-node or "
+                          "--nnodes above 1")
     if group and not name:
         name = f"train-x{resolved.train_nproc_per_node}-node{resolved.train_node_rank}@%h"
     argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,

@@ -121,6 +121,9 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
                        help="This host's rank in the group (0: the one with the queue consumer)."),
         setting_option("train_rdzv_endpoint", "--rdzv-endpoint",
                        help="HOST:PORT of node rank 0, where the hosts meet (several hosts)."),
+        setting_option("train_parallel", "--fsdp", flag_value="fsdp",
+                       help="Shard the drafter and its optimizer state over the ranks (FSDP2) "
+                            "instead of a replica on each (DDP); needs --eval-steps 0."),
         setting_option("tensorboard_dir", "--tensorboard-dir",
                        help="Also write per-step training metrics to TensorBoard under "
                             "DIR/<run>/ (unset: off)."))

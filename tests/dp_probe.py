@@ -4,8 +4,8 @@
         CACHE_DIR OUT_DIR FIRST STEPS [STATE]
 
 Steps ``FIRST .. FIRST+STEPS-1`` train on :func:`batch` (from the trainer in ``STATE`` when
-given); rank 0 writes the losses to ``OUT_DIR/losses.json`` and the trainer's state to
-``OUT_DIR/state.pt``.
+given; FSDP2 instead of DDP with ``DFLASH_TRAIN_PARALLEL=fsdp``); rank 0 writes the losses
+to ``OUT_DIR/losses.json`` and the trainer's state to ``OUT_DIR/state.pt``.
 """
 
 from __future__ import annotations
@@ -60,15 +60,19 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
         assert group.receive()[0] == "session"   # what rank 0's distribute sends
     trainer = parallel.distribute(trainer_for(target, mask_id, state), target, 0, "probe")
     if group.rank != 0:
-        while (message := group.receive())[0] == "step":
-            trainer.train_part(*message[2:])
+        while (message := group.receive())[0] != "stop":
+            if message[0] == "step":
+                trainer.train_part(*message[2:])
+            else:
+                trainer.state_dict()   # FSDP2: rank 0 gathers the shards
         return
     losses = [trainer.step(batch(s, target.config.vocab_size)).loss
               for s in range(first, first + steps)]
+    state = trainer.state_dict()
     group.stop()
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "losses.json").write_text(json.dumps(losses))
-    torch.save(trainer.state_dict(), Path(out) / "state.pt")
+    torch.save(state, Path(out) / "state.pt")
 
 
 if __name__ == "__main__":

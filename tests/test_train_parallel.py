@@ -1,6 +1,6 @@
 """Data-parallel training on CPU (gloo, real ranks started by torch.distributed.run): two ranks
-train the drafter one rank trains, checkpoints move between group sizes, and a real
-``worker train --nproc-per-node 2`` survives a kill -9 of one rank."""
+(DDP replicas or FSDP2 shards) train the drafter one rank trains, checkpoints move between
+group sizes, and a real ``worker train --nproc-per-node 2`` survives a kill -9 of one rank."""
 
 from __future__ import annotations
 
@@ -54,14 +54,15 @@ def one_rank_step(trainer: DrafterTrainer, target: torch.nn.Module, step: int) -
     return trainer.step(with_target_features(target, rows, layers)).loss
 
 
-def two_ranks(model_cache: Path, out: Path, first: int, steps: int,
+def two_ranks(model_cache: Path, out: Path, first: int, steps: int, mode: str,
               state: Path | None = None) -> tuple[list[float], dict]:
-    """Steps ``first..`` on two gloo ranks; rank 0's losses and trainer state."""
+    """Steps ``first..`` on two gloo ranks (DDP or FSDP2); rank 0's losses and trainer state."""
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "tests.dp_probe", str(model_cache), str(out), str(first), str(steps),
          *([str(state)] if state else [])],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "DFLASH_TRAIN_PARALLEL": mode})
     assert result.returncode == 0, result.stderr[-4000:]
     return (json.loads((out / "losses.json").read_text()),
             torch.load(out / "state.pt", weights_only=True))
@@ -74,25 +75,35 @@ def assert_same_trainer(state: dict, expected: dict) -> None:
     for name, value in expected["drafter"].items():
         torch.testing.assert_close(state["drafter"][name], value, atol=PARAM_ATOL, rtol=0,
                                    msg=lambda m, n=name: f"{n}: {m}")
+    moments = state["optimizer"]["state"]
+    for index, expected_moments in expected["optimizer"]["state"].items():
+        torch.testing.assert_close(moments[index]["exp_avg"], expected_moments["exp_avg"],
+                                   atol=PARAM_ATOL, rtol=0)
+    assert state["scheduler"] == expected["scheduler"]
 
 
+MODES = pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+
+
+@MODES
 def test_two_ranks_train_the_drafter_one_rank_trains(reference: dict, model_cache: Path,
-                                                     tmp_path: Path) -> None:
-    losses, state = two_ranks(model_cache, tmp_path, 0, STEPS)
+                                                     tmp_path: Path, mode: str) -> None:
+    losses, state = two_ranks(model_cache, tmp_path, 0, STEPS, mode)
     assert losses == pytest.approx(reference["losses"], rel=LOSS_REL)
     assert reference["losses"][-1] < reference["losses"][0]   # it trained at all
     assert_same_trainer(state, reference["state"])
 
 
+@MODES
 def test_checkpoints_move_between_two_ranks_and_one(reference: dict, model_cache: Path,
-                                                    tmp_path: Path) -> None:
+                                                    tmp_path: Path, mode: str) -> None:
     # Written by 1 rank (after step 2), resumed by 2.
-    losses, state = two_ranks(model_cache, tmp_path / "up", STEPS // 2, STEPS // 2,
+    losses, state = two_ranks(model_cache, tmp_path / "up", STEPS // 2, STEPS // 2, mode,
                               reference["halfway"])
     assert losses == pytest.approx(reference["losses"][STEPS // 2:], rel=LOSS_REL)
     assert_same_trainer(state, reference["state"])
     # Written by 2 ranks, resumed by 1.
-    _, state = two_ranks(model_cache, tmp_path / "down", 0, STEPS // 2)
+    _, state = two_ranks(model_cache, tmp_path / "down", 0, STEPS // 2, mode)
     target = reference["target"]
     trainer = DrafterTrainer.from_state_dict(state, target)
     losses = [one_rank_step(trainer, target, s) for s in range(STEPS // 2, STEPS)]
@@ -144,6 +155,8 @@ def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path) ->
     (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:29400"],
      "--node-rank 2 is not below --nnodes 2"),
+    (["--fsdp"], "--fsdp shards the drafter over ranks"),
+    (["--fsdp", "--nproc-per-node", "2"], "--fsdp needs --eval-steps 0"),
 ])
 def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: str) -> None:
     result = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "train", *options],

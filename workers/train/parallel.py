@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from common.config import load_settings
 from common.errors import GroupLost, NothingToTrain
 from common.trainrows import TrainingRow
 from workers.train.drafter.blocks import pack_rows, sample_anchors
@@ -49,6 +51,7 @@ class Group:
     world: int
     hosts: int
     control: Any   # a gloo group: rank 0's messages to the others (objects, never on a GPU)
+    sharded: bool = False   # --fsdp: FSDP2 shards instead of DDP replicas
     broken: bool = False
 
     def send(self, messages: Sequence[Any]) -> Any:
@@ -86,9 +89,10 @@ def init_group() -> Group:
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     names: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(names, socket.gethostname(), group=control)
-    _group = Group(dist.get_rank(), dist.get_world_size(), len(set(names)), control)
-    log.info("rank %d of %d on %d host(s), backend %s", _group.rank, _group.world,
-             _group.hosts, dist.get_backend())
+    _group = Group(dist.get_rank(), dist.get_world_size(), len(set(names)), control,
+                   load_settings().train_parallel == "fsdp")
+    log.info("rank %d of %d on %d host(s), backend %s%s", _group.rank, _group.world,
+             _group.hosts, dist.get_backend(), ", FSDP2" if _group.sharded else "")
     return _group
 
 
@@ -120,7 +124,8 @@ def _portable(row: Any) -> Any:
 
 
 class DataParallelTrainer:
-    """A :class:`DrafterTrainer` whose drafter is a DDP replica on every rank of the group."""
+    """A :class:`DrafterTrainer` whose drafter is a DDP replica (or an FSDP2 shard) on every
+    rank of the group."""
 
     def __init__(self, trainer: DrafterTrainer, group: Group,
                  featurize: Callable[[list[TrainingRow]], list[FeaturedRow]], run: str) -> None:
@@ -129,6 +134,11 @@ class DataParallelTrainer:
         self.featurize = featurize
         self.run = run
         device = trainer.device
+        if group.sharded:
+            from workers.train.sharding import shard
+
+            shard(trainer)
+            return
         # Construction broadcasts rank 0's parameters; the target's heads are not in the tree.
         trainer.module = DistributedDataParallel(
             trainer.drafter, device_ids=[device.index] if device.type == "cuda" else None,
@@ -143,7 +153,14 @@ class DataParallelTrainer:
         return self.trainer.steps
 
     def state_dict(self) -> dict[str, Any]:
-        return self.trainer.state_dict()
+        """One rank's format; FSDP2 shards are gathered, by every rank (rank 0 calls them)."""
+        if not self.group.sharded:
+            return self.trainer.state_dict()
+        from workers.train.sharding import full_state
+
+        if self.group.rank == 0:
+            self.group.send([("state", self.run)] * self.group.world)
+        return full_state(self.trainer)
 
     def step(self, rows: Sequence[Any]) -> StepMetrics:
         """Rank 0: one optimizer step of the whole group on the global batch ``rows``."""
@@ -194,6 +211,8 @@ class DataParallelTrainer:
         # DDP averages gradients over ranks; times world, they sum to the global batch's.
         (loss * scale * self.group.world).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(t.drafter.parameters(), t.config.grad_clip)
+        if isinstance(grad_norm, DTensor):   # FSDP2: already reduced, replicated on every rank
+            grad_norm = grad_norm.full_tensor()
         lr = t.scheduler.get_last_lr()[0]
         t.optimizer.step()
         t.scheduler.step()
@@ -233,5 +252,7 @@ def follow(group: Group) -> None:
                 raise GroupLost(f"rank {group.rank} resumed run {run} at step {session.steps}, "
                                 f"rank 0 at {args[0]}")
             trainers[run] = session.trainer
+        elif kind == "state":
+            trainers[run].state_dict()
         else:
             trainers[run].train_part(*args)
