@@ -122,7 +122,9 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-_ZERO_OK = {"gpu", "metrics_port", "train_node_rank"}
+# 0 means "off" or "the default" for these, or is a valid index.
+_ZERO_OK = {"gpu", "metrics_port", "train_node_rank", "train_eval_steps",
+            "train_min_supervised_tokens"}
 
 
 def _coerce(name: str, raw: str, like: object) -> object:

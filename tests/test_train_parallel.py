@@ -120,10 +120,13 @@ def rank_pid(launcher: subprocess.Popen[bytes], rank: int) -> int:
 
 
 @pytest.mark.e2e
-def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [[], ["--fsdp", "--eval-steps", "0"]], ids=["ddp", "fsdp"])
+def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path,
+                                          mode: list[str]) -> None:
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
-    group = pipeline.start_worker("trainer", "--nproc-per-node", "2", kind="train", **TRAIN_ENV)
+    options = ["--nproc-per-node", "2", *mode]
+    group = pipeline.start_worker("trainer", *options, kind="train", **TRAIN_ENV)
     ranks = [psutil.Process(rank_pid(group, r)) for r in (0, 1)]
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "dp", "--shard-size", "4", "--mode",
@@ -135,7 +138,7 @@ def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path) ->
     before = committed_steps(storage, "dp")[-1]
     assert len(read_ledger(storage, "dp").done) < 4, "training ended before the kill"
 
-    pipeline.start_worker("trainer2", "--nproc-per-node", "2", kind="train", **TRAIN_ENV)
+    pipeline.start_worker("trainer2", *options, kind="train", **TRAIN_ENV)
     pipeline.wait_done("dp")
     pipeline.cli("resume", "--run", "dp", check=True)  # shards acked after the last checkpoint
     wait_until(lambda: sorted(read_ledger(storage, "dp").done) == [0, 1, 2, 3], 240,
