@@ -160,7 +160,7 @@ class DataParallelTrainer:
 
         if self.group.rank == 0:
             self.group.send([("state", self.run)] * self.group.world)
-        return full_state(self.trainer)
+        return full_state(self.trainer, keep=self.group.rank == 0)
 
     def step(self, rows: Sequence[Any]) -> StepMetrics:
         """Rank 0: one optimizer step of the whole group on the global batch ``rows``."""

@@ -41,16 +41,19 @@ def shard(trainer: DrafterTrainer) -> None:
     trainer.scheduler.load_state_dict(schedule)
 
 
-def _full(value: Any) -> Any:
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def full_state(trainer: DrafterTrainer) -> dict[str, Any]:
+def full_state(trainer: DrafterTrainer, keep: bool) -> dict[str, Any]:
     """The trainer's state with every shard gathered: what :meth:`DrafterTrainer.state_dict`
-    gives on one rank. Every rank must call it, in step."""
+    gives on one rank. Every rank must call it, in step; only ``keep`` ranks hold the result
+    (on the CPU: one gathered tensor at a time is on the GPU)."""
+    def full(value: Any) -> Any:
+        if not isinstance(value, DTensor):
+            return value
+        gathered = value.full_tensor()
+        return gathered.cpu() if keep else None
+
     state = trainer.state_dict()
     optimizer = state["optimizer"]
-    return {**state, "drafter": {k: _full(v) for k, v in state["drafter"].items()},
+    return {**state, "drafter": {k: full(v) for k, v in state["drafter"].items()},
             "optimizer": {**optimizer, "state": {
-                i: {k: _full(v) for k, v in moments.items()}
+                i: {k: full(v) for k, v in moments.items()}
                 for i, moments in optimizer["state"].items()}}}
