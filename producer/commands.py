@@ -152,7 +152,9 @@ def render_status(status: dict[str, Any]) -> str:
                    if down.get("tau") is not None else "tau not measured yet")
             lines.append(f"  drafter step {train.get('step')}: loss {train.get('loss')}, slot-1 "
                          f"accuracy {train.get('slot1_accuracy')}, {tau} (training estimate "
-                         f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s")
+                         f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
+                         + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
+                            if int(train.get("ranks") or 1) > 1 else ""))
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
     if status.get("pause"):

@@ -151,6 +151,8 @@ def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path,
     train = pipeline.status("dp")["downstream"]["train"]
     assert int(train["ranks"]) == 2 and int(train["hosts"]) == 1
     assert float(train["tokens_per_s"]) > 0
+    text = pipeline.cli("status", "--run", "dp", check=True).stdout
+    assert "tok/s on 2 ranks, 1 host(s)" in text, text
 
 
 @pytest.mark.parametrize(("options", "error"), [
