@@ -18,7 +18,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -66,6 +67,18 @@ class Group:
         dist.scatter_object_list(mine, None, src=0, group=self.control)
         return mine[0]
 
+    @contextmanager
+    def in_step(self, what: str) -> Iterator[None]:
+        """Collectives of the whole group: a failure leaves the ranks out of step, so it ends
+        the group (this rank stops; the launcher stops the others) and the shard is retried."""
+        try:
+            yield
+        except Exception as err:
+            self.broken = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise GroupLost(f"{what} failed on rank {self.rank} ({err!r}); the group stops"
+                            ) from err
+
     def stop(self) -> None:
         """Rank 0, leaving: release the others (unless a failure already ended the group)."""
         if self.broken:
@@ -106,12 +119,13 @@ def distribute(trainer: DrafterTrainer, target: Any, pad_id: int,
     """The session's trainer, replicated over the group when there is one."""
     if _group is None:
         return trainer
-    if _group.rank == 0:   # the others build the same session from storage, then wrap with us
-        _group.send([("session", run, trainer.steps)] * _group.world)
     featurize = functools.partial(with_target_features, target,
                                   layer_ids=list(trainer.drafter.config.target_layer_ids),
                                   pad_id=pad_id)
-    return DataParallelTrainer(trainer, _group, featurize, run)
+    with _group.in_step(f"run {run}: starting the data-parallel trainer"):
+        if _group.rank == 0:   # the others build the same session from storage, then join us
+            _group.send([("session", run, trainer.steps)] * _group.world)
+        return DataParallelTrainer(trainer, _group, featurize, run)
 
 
 def _row(row: Any) -> TrainingRow:
@@ -158,9 +172,10 @@ class DataParallelTrainer:
             return self.trainer.state_dict()
         from workers.train.sharding import full_state
 
-        if self.group.rank == 0:
-            self.group.send([("state", self.run)] * self.group.world)
-        return full_state(self.trainer, keep=self.group.rank == 0)
+        with self.group.in_step(f"run {self.run}: gathering the checkpoint"):
+            if self.group.rank == 0:
+                self.group.send([("state", self.run)] * self.group.world)
+            return full_state(self.trainer, keep=self.group.rank == 0)
 
     def step(self, rows: Sequence[Any]) -> StepMetrics:
         """Rank 0: one optimizer step of the whole group on the global batch ``rows``."""
@@ -177,14 +192,9 @@ class DataParallelTrainer:
         skipped = len(rows) - len(keep)
         messages = [("step", self.run, [(_portable(r), a) for r, a in part or pairs[:1]],
                      skipped, 1.0 if part else 0.0) for part in parts[1:]]
-        try:
+        with self.group.in_step(f"run {self.run}: data-parallel step {t.steps + 1}"):
             self.group.send([("self",), *messages])
             return self.train_part(parts[0], skipped, 1.0, started)
-        except Exception as err:
-            # The ranks are no longer in step: end the group; a restarted one resumes.
-            self.group.broken = True
-            os.kill(os.getpid(), signal.SIGTERM)
-            raise GroupLost(f"data-parallel step failed ({err!r}); the group stops") from err
 
     def train_part(self, part: Part, skipped: int, share: float,
                    started: float | None = None) -> StepMetrics:
