@@ -98,7 +98,8 @@ def init_group() -> Group:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    # NCCL for the GPUs' tensors, gloo for any CPU ones (DFLASH_HIDDEN_DEVICE=cpu, objects).
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     names: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(names, socket.gethostname(), group=control)
