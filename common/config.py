@@ -78,6 +78,13 @@ class Settings:
     train_eval_prompts: int = 8
     train_eval_max_new_tokens: int = 256
     drafter_layers: int = 5
+    # Data-parallel training (torch.distributed): ranks per host, hosts, this host's rank, and
+    # the rank-0 host's HOST:PORT that the hosts meet at (unset on one host).
+    train_nproc_per_node: int = 1
+    train_nnodes: int = 1
+    train_node_rank: int = 0
+    train_rdzv_endpoint: str = ""
+    train_parallel: str = "ddp"   # ddp: a drafter replica per rank; fsdp: FSDP2 shards
     tensorboard_dir: str = ""  # train workers also write per-step metrics there when set
     ui_auth: str = ""  # user:password of the dashboard's basic auth (like Flower's)
 
@@ -115,7 +122,9 @@ def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
-_ZERO_OK = {"gpu", "metrics_port"}
+# 0 means "off" or "the default" for these, or is a valid index.
+_ZERO_OK = {"gpu", "metrics_port", "train_node_rank", "train_eval_steps",
+            "train_min_supervised_tokens"}
 
 
 def _coerce(name: str, raw: str, like: object) -> object:

@@ -84,3 +84,7 @@ class DrafterMismatch(ConfigError):
 
 class NotLossless(DflashError):
     """Speculative decoding produced other tokens than the target's greedy decoding (a bug)."""
+
+
+class GroupLost(TransientError):
+    """A rank of the data-parallel training group failed: the group stops, the shard is retried."""

@@ -152,7 +152,9 @@ def render_status(status: dict[str, Any]) -> str:
                    if down.get("tau") is not None else "tau not measured yet")
             lines.append(f"  drafter step {train.get('step')}: loss {train.get('loss')}, slot-1 "
                          f"accuracy {train.get('slot1_accuracy')}, {tau} (training estimate "
-                         f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s")
+                         f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
+                         + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
+                            if int(train.get("ranks") or 1) > 1 else ""))
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
     if status.get("pause"):
@@ -237,6 +239,29 @@ def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     ]
 
 
+def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> list[str]:
+    """torch's launcher starting the ranks of a data-parallel train worker, rank 0 the consumer."""
+    nodes, rank = settings.train_nnodes, settings.train_node_rank
+    if gpu is not None:
+        raise ConfigError("--gpu names one GPU; a training group takes its GPUs from "
+                          "CUDA_VISIBLE_DEVICES (one rank each)")
+    if nodes > 1 and not settings.train_rdzv_endpoint:
+        raise ConfigError(f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT of node rank 0")
+    if rank >= nodes:
+        raise ConfigError(f"--node-rank {rank} is not below --nnodes {nodes}")
+    if settings.train_parallel not in ("ddp", "fsdp"):
+        raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train_parallel!r}: ddp or fsdp")
+    if settings.train_parallel == "fsdp" and settings.train_eval_steps:
+        # The eval decodes on rank 0 alone, and a sharded drafter needs every rank to run.
+        raise ConfigError("--fsdp needs --eval-steps 0 (the acceptance-length eval runs on "
+                          "rank 0 alone); measure with eval-drafter")
+    where = (["--nnodes", str(nodes), "--node-rank", str(rank), "--rdzv-endpoint",
+              settings.train_rdzv_endpoint] if settings.train_rdzv_endpoint else ["--standalone"])
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+            str(settings.train_nproc_per_node), *where, "-m", "workers.train.ranks",
+            *celery_argv[3:]]
+
+
 def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
                 name: str | None, loglevel: str, overrides: dict[str, Any]) -> None:
     """Replace this process with the Celery worker, so signals reach it directly.
@@ -249,6 +274,15 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    group = queue == "train" and (resolved.train_nproc_per_node > 1 or resolved.train_nnodes > 1)
+    if queue == "train" and resolved.train_parallel == "fsdp" and not group:
+        raise ConfigError("--fsdp shards the drafter over ranks: it needs --nproc-per-node or "
+                          "--nnodes above 1")
+    if group and not name:
+        name = f"train-x{resolved.train_nproc_per_node}-node{resolved.train_node_rank}@%h"
     argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
                        loglevel=loglevel)
+    if group:
+        argv = group_argv(resolved, gpu, argv)
     os.execve(argv[0], argv, env)

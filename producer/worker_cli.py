@@ -112,6 +112,18 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
                        help="Held-out prompts each eval decodes."),
         setting_option("train_eval_max_new_tokens", "--eval-max-new-tokens",
                        type=click.IntRange(min=1), help="Token budget per eval prompt."),
+        setting_option("train_nproc_per_node", "--nproc-per-node", type=click.IntRange(min=1),
+                       help="Data-parallel ranks on this host, one per GPU (CUDA_VISIBLE_DEVICES "
+                            "names them), started by torch.distributed.run."),
+        setting_option("train_nnodes", "--nnodes", type=click.IntRange(min=1),
+                       help="Hosts in the training group (each runs this command)."),
+        setting_option("train_node_rank", "--node-rank", type=click.IntRange(min=0),
+                       help="This host's rank in the group (0: the one with the queue consumer)."),
+        setting_option("train_rdzv_endpoint", "--rdzv-endpoint",
+                       help="HOST:PORT of node rank 0, where the hosts meet (several hosts)."),
+        setting_option("train_parallel", "--fsdp", flag_value="fsdp",
+                       help="Shard the drafter and its optimizer state over the ranks (FSDP2) "
+                            "instead of a replica on each (DDP); needs --eval-steps 0."),
         setting_option("tensorboard_dir", "--tensorboard-dir",
                        help="Also write per-step training metrics to TensorBoard under "
                             "DIR/<run>/ (unset: off)."))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -28,8 +29,14 @@ def test_compose_matches_the_official_schema(compose: dict) -> None:
 
 
 def _argv(service: dict) -> list[str]:
+    """The service's command; ``sh -c "exec ..."`` unwrapped to what it execs."""
     command = service.get("command", [])
-    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+    argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+    if argv[:2] == ["sh", "-c"]:
+        argv = shlex.split(argv[2])
+        assert argv[0] == "exec", argv
+        return argv[1:]
+    return argv
 
 
 def test_every_dflash_command_exists(compose: dict) -> None:
@@ -76,3 +83,17 @@ def test_each_generate_worker_owns_one_distinct_gpu(compose: dict) -> None:
         assert service["profiles"] == [f"gpu{gpu}"] and service["shm_size"], name
         seen.add(gpu)
     assert len(seen) == len(workers)
+
+
+def test_the_trainer_runs_one_rank_per_listed_gpu(compose: dict) -> None:
+    train = compose["services"]["train"]
+    devices = train["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["device_ids"] == ["${TRAIN_GPUS:-0}"]
+    assert train["environment"]["TRAIN_GPUS"] == "${TRAIN_GPUS:-0}"
+    # What the container's shell execs (compose turns $$ into $), with the command echoed.
+    script = train["command"][2].replace("$$", "$").replace("exec ", "exec echo ", 1)
+    for gpus, ranks in (("2,3,4,5", "4"), ("0", "1")):
+        env = {"TRAIN_GPUS": gpus, "PATH": "/usr/bin:/bin"}
+        out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert out == ["dflash-pipeline", "worker", "train", "--nproc-per-node", ranks]

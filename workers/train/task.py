@@ -36,6 +36,7 @@ from common.runstore import RunStore
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.stage import TRAIN, Delivery, run_delivery
+from workers.train.parallel import DataParallelTrainer, distribute, group_fields
 from workers.train.periodic_eval import PeriodicEval
 from workers.train.tensorboard import log_step
 
@@ -137,8 +138,9 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
     """One optimizer step (target features on the fly unless stored); metrics to Redis and log."""
     from workers.train.drafter.features import FeaturedRow, with_target_features
 
-    featured = [r for r in rows if isinstance(r, FeaturedRow)]
-    if len(featured) != len(rows):
+    featured = rows
+    distributed = isinstance(session.trainer, DataParallelTrainer)  # its ranks featurize
+    if not distributed and not all(isinstance(r, FeaturedRow) for r in rows):
         featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
     inject("train.forward")
     try:
@@ -151,7 +153,7 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
               "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
               "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
               "acceptance_length": round(metrics.acceptance_length, 3),
-              "tokens_per_s": round(metrics.tokens_per_s, 1), "at": time.time()}
+              "tokens_per_s": round(metrics.tokens_per_s, 1), **group_fields(), "at": time.time()}
     if session.evaluator is not None and session.evaluator.due(session.steps):
         record.update(session.evaluator.run(session.trainer.drafter, session.steps,
                                             metrics.acceptance_length))
@@ -217,6 +219,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         ledger = Ledger()
         log.info("run %s: new drafter (%d layers) on target layers %s", config.run,
                  ctx.settings.drafter_layers, layers)
+    trainer = distribute(trainer, target, pad_id, config.run)
     layers = list(trainer.drafter.config.target_layer_ids)
     manifest = RunStore(ctx.storage, config.run).manifest()
     heldout = manifest.heldout_ids if manifest is not None else frozenset()

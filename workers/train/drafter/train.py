@@ -120,6 +120,7 @@ class DrafterTrainer:
 
     def __init__(self, drafter: DFlashDraftModel, config: TrainConfig) -> None:
         self.drafter = drafter
+        self.module: nn.Module = drafter   # what forward runs: the drafter or its DDP replica
         self.config = config
         self.device = drafter.fc.weight.device
         self.block_size = drafter.config.block_size
@@ -161,9 +162,9 @@ class DrafterTrainer:
         """Weighted loss and a ``[2, B]`` tensor: correct and labelled counts per slot."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.device.type == "cuda"):
-            hidden = self.drafter(batch.block_ids[None], batch.block_positions[None],
-                                  batch.features[None], batch.context_positions[None],
-                                  self.attn_mask(batch))[0]
+            hidden = self.module(batch.block_ids[None], batch.block_positions[None],
+                                 batch.features[None], batch.context_positions[None],
+                                 self.attn_mask(batch))[0]
             hidden = hidden.view(batch.blocks, self.block_size, -1)[batch.valid]
             labels = batch.labels[batch.valid]
             slots = batch.valid.nonzero()[:, 1]

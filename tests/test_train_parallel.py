@@ -1,0 +1,187 @@
+"""Data-parallel training on CPU (gloo, real ranks started by torch.distributed.run): two ranks
+(DDP replicas or FSDP2 shards) train the drafter one rank trains, checkpoints move between
+group sizes, and a real ``worker train --nproc-per-node 2`` survives a kill -9 of one rank."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from common.drafter_store import committed_steps, load_checkpoint, read_ledger
+from common.storage import open_storage
+from tests import dp_probe
+from tests.conftest import ROOT, Pipeline, wait_until
+from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+from tests.test_train_e2e import TRAIN_ENV, adam_steps
+from workers.train.drafter.features import with_target_features
+from workers.train.drafter.train import DrafterTrainer
+
+STEPS = 4
+# float32 sums in another order (per-rank slices, all-reduce): ~2e-6 apart after 4 steps.
+PARAM_ATOL, LOSS_REL = 1e-5, 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """One rank, plain DrafterTrainer: losses of steps 0..3, its state after 2 (on disk) and 4."""
+    threads = torch.get_num_threads()
+    target, mask_id = dp_probe.tiny(str(model_cache))
+    trainer = dp_probe.trainer_for(target, mask_id, None)
+    halfway = tmp_path_factory.mktemp("reference") / "step2.pt"
+    losses = []
+    for s in range(STEPS):
+        if s == STEPS // 2:
+            torch.save(copy.deepcopy(trainer.state_dict()), halfway)
+        losses.append(one_rank_step(trainer, target, s))
+    yield {"losses": losses, "state": trainer.state_dict(), "halfway": halfway,
+           "target": target}
+    torch.set_num_threads(threads)
+
+
+def one_rank_step(trainer: DrafterTrainer, target: torch.nn.Module, step: int) -> float:
+    rows = dp_probe.batch(step, target.config.vocab_size)
+    layers = list(trainer.drafter.config.target_layer_ids)
+    return trainer.step(with_target_features(target, rows, layers)).loss
+
+
+def two_ranks(model_cache: Path, out: Path, first: int, steps: int, mode: str,
+              state: Path | None = None) -> tuple[list[float], dict]:
+    """Steps ``first..`` on two gloo ranks (DDP or FSDP2); rank 0's losses and trainer state."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "tests.dp_probe", str(model_cache), str(out), str(first), str(steps),
+         *([str(state)] if state else [])],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "DFLASH_TRAIN_PARALLEL": mode})
+    assert result.returncode == 0, result.stderr[-4000:]
+    return (json.loads((out / "losses.json").read_text()),
+            torch.load(out / "state.pt", weights_only=True))
+
+
+def assert_same_trainer(state: dict, expected: dict) -> None:
+    assert state["steps"] == expected["steps"]
+    assert adam_steps(state) == {expected["steps"]}
+    assert torch.equal(state["rng"], expected["rng"]), "anchors drawn differently"
+    for name, value in expected["drafter"].items():
+        torch.testing.assert_close(state["drafter"][name], value, atol=PARAM_ATOL, rtol=0,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    moments = state["optimizer"]["state"]
+    for index, expected_moments in expected["optimizer"]["state"].items():
+        torch.testing.assert_close(moments[index]["exp_avg"], expected_moments["exp_avg"],
+                                   atol=PARAM_ATOL, rtol=0)
+    assert state["scheduler"] == expected["scheduler"]
+
+
+MODES = pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+
+
+@MODES
+def test_two_ranks_train_the_drafter_one_rank_trains(reference: dict, model_cache: Path,
+                                                     tmp_path: Path, mode: str) -> None:
+    losses, state = two_ranks(model_cache, tmp_path, 0, STEPS, mode)
+    assert losses == pytest.approx(reference["losses"], rel=LOSS_REL)
+    assert reference["losses"][-1] < reference["losses"][0]   # it trained at all
+    assert_same_trainer(state, reference["state"])
+
+
+@MODES
+def test_checkpoints_move_between_two_ranks_and_one(reference: dict, model_cache: Path,
+                                                    tmp_path: Path, mode: str) -> None:
+    # Written by 1 rank (after step 2), resumed by 2.
+    losses, state = two_ranks(model_cache, tmp_path / "up", STEPS // 2, STEPS // 2, mode,
+                              reference["halfway"])
+    assert losses == pytest.approx(reference["losses"][STEPS // 2:], rel=LOSS_REL)
+    assert_same_trainer(state, reference["state"])
+    # Written by 2 ranks, resumed by 1.
+    _, state = two_ranks(model_cache, tmp_path / "down", 0, STEPS // 2, mode)
+    target = reference["target"]
+    trainer = DrafterTrainer.from_state_dict(state, target)
+    losses = [one_rank_step(trainer, target, s) for s in range(STEPS // 2, STEPS)]
+    assert losses == pytest.approx(reference["losses"][STEPS // 2:], rel=LOSS_REL)
+    assert_same_trainer(trainer.state_dict(), reference["state"])
+
+
+def rank_pid(launcher: subprocess.Popen[bytes], rank: int) -> int:
+    """The pid of one rank among the launcher's children (from its RANK variable)."""
+    for child in psutil.Process(launcher.pid).children():
+        if child.environ().get("RANK") == str(rank):
+            return child.pid
+    raise AssertionError(f"no rank {rank} under the launcher")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", [[], ["--fsdp", "--eval-steps", "0"]], ids=["ddp", "fsdp"])
+def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path,
+                                          mode: list[str]) -> None:
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    options = ["--nproc-per-node", "2", *mode]
+    group = pipeline.start_worker("trainer", *options, kind="train", **TRAIN_ENV)
+    ranks = [psutil.Process(rank_pid(group, r)) for r in (0, 1)]
+    pipeline.start_worker("gen")
+    pipeline.cli("enqueue", "--input", src, "--run", "dp", "--shard-size", "4", "--mode",
+                 "online", "--max-new-tokens", "128", "--heldout-min", "1", check=True)
+    wait_until(lambda: committed_steps(storage, "dp"), 240, "a first drafter checkpoint")
+    os.kill(ranks[1].pid, signal.SIGKILL)
+    assert group.wait(timeout=120) != 0, "the group did not stop"
+    assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
+    before = committed_steps(storage, "dp")[-1]
+    assert len(read_ledger(storage, "dp").done) < 4, "training ended before the kill"
+
+    pipeline.start_worker("trainer2", *options, kind="train", **TRAIN_ENV)
+    pipeline.wait_done("dp")
+    pipeline.cli("resume", "--run", "dp", check=True)  # shards acked after the last checkpoint
+    wait_until(lambda: sorted(read_ledger(storage, "dp").done) == [0, 1, 2, 3], 240,
+               "every shard in the ledger")
+    ledger = read_ledger(storage, "dp")
+    assert len(ledger.done) == len(set(ledger.done)) == 4 and not ledger.partial
+    final = committed_steps(storage, "dp")[-1]
+    state, _ = load_checkpoint(storage, "dp", final)
+    assert final > before and adam_steps(state) == {final} == {state["steps"]}
+    train = pipeline.status("dp")["downstream"]["train"]
+    assert int(train["ranks"]) == 2 and int(train["hosts"]) == 1
+    assert float(train["tokens_per_s"]) > 0
+    text = pipeline.cli("status", "--run", "dp", check=True).stdout
+    assert "tok/s on 2 ranks, 1 host(s)" in text, text
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    (["--nproc-per-node", "2", "--gpu", "0"], "--gpu names one GPU"),
+    (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:29400"],
+     "--node-rank 2 is not below --nnodes 2"),
+    (["--fsdp"], "--fsdp shards the drafter over ranks"),
+    (["--fsdp", "--nproc-per-node", "2"], "--fsdp needs --eval-steps 0"),
+])
+def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "train", *options],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert error in lines[0]
+
+
+def test_hosts_meet_at_the_rendezvous_endpoint() -> None:
+    from common.config import Settings
+    from producer.commands import group_argv, worker_argv
+
+    settings = Settings(train_nproc_per_node=8, train_nnodes=2, train_node_rank=1,
+                        train_rdzv_endpoint="10.0.0.1:29400")
+    celery = worker_argv(settings, queue="train", gpu=None, concurrency=1, name="t@%h",
+                         loglevel="INFO")
+    argv = group_argv(settings, None, celery)
+    assert argv[1:12] == ["-m", "torch.distributed.run", "--nproc-per-node", "8", "--nnodes",
+                          "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400", "-m"]
+    assert argv[12:17] == ["workers.train.ranks", "-A", "workers.downstream_app", "worker", "-Q"]
+    local = group_argv(Settings(train_nproc_per_node=2), None, celery)
+    assert local[3:6] == ["--nproc-per-node", "2", "--standalone"]

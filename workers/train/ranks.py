@@ -1,0 +1,40 @@
+"""One rank of a data-parallel train worker, started by torch's launcher, not by hand.
+
+``dflash-pipeline worker train --nproc-per-node N`` runs
+``python -m torch.distributed.run --nproc-per-node N ... -m workers.train.ranks CELERY-ARGS``:
+rank 0 runs the Celery worker (``CELERY-ARGS``: ``-A workers.downstream_app worker -Q train
+...``), the group's only consumer; the other ranks follow it (:mod:`workers.train.parallel`).
+When any rank dies, the launcher stops the others; the shard in flight is not acked.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from workers.train.parallel import follow, init_group
+
+log = logging.getLogger(__name__)
+
+
+def main(celery_args: list[str]) -> int:
+    group = init_group()
+    if group.rank != 0:
+        logging.basicConfig(level=logging.INFO,
+                            format=f"%(asctime)s rank {group.rank} %(levelname)s %(name)s: "
+                                   "%(message)s")
+        follow(group)
+        return 0
+    from celery.bin.celery import main as celery
+
+    sys.argv = ["celery", *celery_args]
+    try:
+        code = celery()
+    except SystemExit as done:
+        code = done.code
+    group.stop()
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
