@@ -86,7 +86,7 @@ def process_train(delivery: Delivery) -> TaskOutcome:
             log.info("run %s shard %d: already trained this epoch; skipped", task.run,
                      task.shard)
             return TaskOutcome.ALREADY_COMMITTED
-        rows = training_rows(ctx, store, session, task)
+        rows = training_rows(ctx, store, session, task, online=config.mode == "online")
         start = session.ledger.rows_done(task.shard)
         size = ctx.settings.train_rows_per_step
         for first in range(start, len(rows), size):
@@ -104,11 +104,10 @@ def process_train(delivery: Delivery) -> TaskOutcome:
     return TaskOutcome.COMMITTED
 
 
-def training_rows(ctx: WorkerContext, store: RunStore, session: Session,
-                  task: ShardTask) -> list[Any]:
+def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: ShardTask,
+                  online: bool) -> list[Any]:
     """The shard's rows in a fixed order, the held-out split left out."""
-    every = (store.training_rows(task.shard) if store.config().mode == "online"
-             else stored_rows(ctx, session, task))
+    every = store.training_rows(task.shard) if online else stored_rows(ctx, session, task)
     rows = [r for r in every if getattr(r, "row", r).sample_id not in session.heldout]
     held = {getattr(r, "row", r).sample_id for r in every} & session.heldout
     log.info("run %s shard %d: %d rows to train, %d held-out samples left out", task.run,
