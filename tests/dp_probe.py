@@ -65,11 +65,13 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
                 trainer.train_part(*message[2:])
             else:
                 trainer.state_dict()   # FSDP2: rank 0 gathers the shards
+        group.close()
         return
     losses = [trainer.step(batch(s, target.config.vocab_size)).loss
               for s in range(first, first + steps)]
     state = trainer.state_dict()
     group.stop()
+    group.close()
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "losses.json").write_text(json.dumps(losses))
     torch.save(state, Path(out) / "state.pt")

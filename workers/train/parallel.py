@@ -89,6 +89,15 @@ class Group:
             log.warning("the other ranks are gone already: %s", err)
 
 
+    def close(self) -> None:
+        """Every rank, leaving: tear the process groups down before the interpreter does (left
+        to exit, gloo's threads can abort the process with "terminate called ...")."""
+        try:
+            dist.destroy_process_group()
+        except (dist.DistError, RuntimeError, ValueError) as err:
+            log.warning("rank %d: process group teardown: %s", self.rank, err)
+
+
 _group: Group | None = None
 
 

@@ -23,7 +23,10 @@ def main(celery_args: list[str]) -> int:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s rank {group.rank} %(levelname)s %(name)s: "
                                    "%(message)s")
-        follow(group)
+        try:
+            follow(group)
+        finally:
+            group.close()
         return 0
     from celery.bin.celery import main as celery
 
@@ -33,6 +36,7 @@ def main(celery_args: list[str]) -> int:
     except SystemExit as done:
         code = done.code
     group.stop()
+    group.close()
     return int(code or 0)
 
 
