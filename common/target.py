@@ -1,0 +1,122 @@
+"""One reader of a target model's settings, dense (Qwen3) or hybrid (Qwen3.5/3.6 family).
+
+    shape = TargetShape.from_dir(model_dir)          # reads config.json only: no torch
+    shape = TargetShape.of(model.config)             # a loaded HF config
+    shape.hidden_size, shape.num_layers, shape.is_hybrid, shape.full_attention_layers
+
+A multimodal checkpoint (``Qwen3_5ForConditionalGeneration``) nests the language model's
+settings under ``text_config``; every stage and command reads them through this module and no
+other code reads ``config.json`` keys of a target.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError
+
+FULL_ATTENTION = "full_attention"
+LINEAR_ATTENTION = "linear_attention"
+CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions")
+
+
+def _text_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """The language model's settings: ``text_config`` when nested, else the config itself."""
+    nested = data.get("text_config")
+    return {**data, **nested} if isinstance(nested, dict) else data
+
+
+def _rope_theta(text: dict[str, Any]) -> float | None:
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = text.get("rope_theta", theta)
+    return float(theta) if isinstance(theta, int | float) else None
+
+
+def _default_layer_types(data: dict[str, Any], text: dict[str, Any], layers: int) -> list[str]:
+    """What transformers derives when ``layer_types`` is absent: for the Qwen3.5/Qwen3-Next
+    family every ``full_attention_interval``-th layer (default 4) is full attention."""
+    if not str(data.get("model_type", "")).startswith(("qwen3_5", "qwen3_next")):
+        return [FULL_ATTENTION] * layers
+    every = int(text.get("full_attention_interval", 4))
+    return [LINEAR_ATTENTION if (i + 1) % every else FULL_ATTENTION for i in range(layers)]
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the pipeline needs to know of a target: sizes, layer kinds, context, dtype."""
+
+    model_type: str
+    architectures: tuple[str, ...]
+    hidden_size: int
+    num_layers: int
+    layer_types: tuple[str, ...]
+    vocab_size: int
+    context_length: int | None
+    dtype: str | None
+    tie_word_embeddings: bool
+    rope_theta: float | None
+    has_mtp: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TargetShape:
+        """Parse a ``config.json`` dict (nested ``text_config`` or flat)."""
+        text = _text_settings(data)
+        try:
+            hidden, layers, vocab = (int(text[k]) for k in
+                                     ("hidden_size", "num_hidden_layers", "vocab_size"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where} lacks or garbles a model size field: {exc!r}") from None
+        types = text.get("layer_types") or _default_layer_types(data, text, layers)
+        if len(types) < layers:
+            raise ConfigError(f"{where}: layer_types names {len(types)} layers, "
+                              f"num_hidden_layers is {layers}")
+        context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
+        dtype = text.get("dtype") or text.get("torch_dtype") or data.get("dtype") \
+            or data.get("torch_dtype")
+        tied = data.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        return cls(
+            model_type=str(data.get("model_type", text.get("model_type", ""))),
+            architectures=tuple(data.get("architectures") or ()),
+            hidden_size=hidden, num_layers=layers, layer_types=tuple(types[:layers]),
+            vocab_size=vocab, context_length=context,
+            dtype=str(dtype) if isinstance(dtype, str) else None,
+            tie_word_embeddings=bool(tied), rope_theta=_rope_theta(text),
+            has_mtp=bool(text.get("mtp_num_hidden_layers") or text.get("mtp")),
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> TargetShape:
+        """The shape stated by ``model_dir/config.json``."""
+        path = Path(model_dir) / "config.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{model_dir} has no config.json") from None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is not readable JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} is not a JSON object")
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def of(cls, config: Any) -> TargetShape:
+        """The shape of a loaded HF ``PretrainedConfig`` (or of a model: its ``.config``)."""
+        config = getattr(config, "config", config)
+        return cls.from_dict(config.to_dict(), type(config).__name__)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers are linear attention (Gated DeltaNet): state, not a KV cache."""
+        return LINEAR_ATTENTION in self.layer_types
+
+    @property
+    def full_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == FULL_ATTENTION]
+
+    @property
+    def linear_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == LINEAR_ATTENTION]
