@@ -33,6 +33,7 @@ from common.faults import inject
 from common.layers import dflash_layer_ids
 from common.records import RunConfig, ShardTask, TaskOutcome
 from common.runstore import RunStore
+from common.target import TargetShape
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.stage import TRAIN, Delivery, run_delivery
@@ -202,7 +203,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         target.to("cuda")
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    layers = dflash_layer_ids(target.config.num_hidden_layers, config.target_layers)
+    layers = dflash_layer_ids(TargetShape.of(target).num_layers, config.target_layers)
     resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
     if resumed is not None:
         state, ledger = resumed
