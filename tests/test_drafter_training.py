@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from common.errors import NothingToTrain
+from common.target import TargetShape
 from common.trainrows import TrainingRow
-from embedded.tinymodel import ensure_tiny_model
-from tests.conftest import MT_BENCH
+from tests.conftest import MT_BENCH, TinyTarget
 from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts
 from workers.train.drafter.export import export_drafter, load_drafter
 from workers.train.drafter.features import FeaturedRow, target_features, with_target_features
@@ -53,9 +53,10 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def tiny(model_cache: Path, one_thread: None) -> Tiny:
-    """The tiny target answering 48 MT-Bench prompts (seeded), rows long enough for a block."""
-    target, tokenizer = load_target(ensure_tiny_model(model_cache))
+def tiny(target_model: TinyTarget, one_thread: None) -> Tiny:
+    """Each tiny target (dense, hybrid) answering 48 MT-Bench prompts (seeded), rows long
+    enough for a block."""
+    target, tokenizer = load_target(target_model.path)
     mask_id = add_mask_token(tokenizer, target)
     layer_ids = DFlashConfig.from_target(target.config, mask_id).target_layer_ids
     rows = demo_rows(target, tokenizer, mt_bench_prompts(MT_BENCH, 48), seed=0)
@@ -142,7 +143,7 @@ def test_export_reload_reproduces_logits(tiny: Tiny, tmp_path: Path) -> None:
     assert config["architectures"] == ["DFlashDraftModel"]
     target = tiny.target.config
     assert config["block_size"] == 16 and config["num_hidden_layers"] == 5
-    assert config["num_target_layers"] == target.num_hidden_layers
+    assert config["num_target_layers"] == TargetShape.of(target).num_layers
     assert config["dflash_config"]["mask_token_id"] == tiny.mask_id
     assert config["dflash_config"]["target_layer_ids"] == list(tiny.layer_ids)
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -185,14 +186,14 @@ def test_online_features_match_single_row_hidden_states(tiny: Tiny) -> None:
         with torch.no_grad():
             out = tiny.target(torch.tensor([row.input_ids]), output_hidden_states=True)
         expected = torch.cat([out.hidden_states[i + 1][0] for i in tiny.layer_ids], dim=-1)
-        assert got.shape == (len(row.input_ids), 5 * tiny.target.config.hidden_size)
+        assert got.shape == (len(row.input_ids), 5 * TargetShape.of(tiny.target).hidden_size)
         assert torch.allclose(got, expected, atol=1e-4)
 
 
 def test_short_rows_are_skipped(tiny: Tiny) -> None:
     trainer = DrafterTrainer(tiny.drafter(5), TrainConfig(total_steps=2, max_anchors=8))
     short = TrainingRow("short", 0, list(range(40)), [0] * 10 + [1] * 30)
-    short_row = FeaturedRow(short, torch.zeros(40, 5 * tiny.target.config.hidden_size))
+    short_row = FeaturedRow(short, torch.zeros(40, 5 * TargetShape.of(tiny.target).hidden_size))
     metrics = trainer.step([short_row, *tiny.batch(0)[:1]])
     assert metrics.rows == 1 and metrics.skipped_rows == 1
     with pytest.raises(NothingToTrain):
