@@ -137,26 +137,31 @@ def _generate(tok, model, conversations: list[list[dict]], seed: int) -> list[di
     return replies
 
 
-def test_generation_follows_think_answer_structure(tiny: tuple) -> None:
+def test_generation_follows_think_answer_structure(tiny: tuple, target_model: TinyTarget
+                                                   ) -> None:
     tok, model = tiny
-    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines()[:16]]
+    # The hybrid decodes through torch's Gated DeltaNet fallback, several times slower: half
+    # the prompts, the same pass rates.
+    n = 8 if target_model.hybrid else 16
+    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines()[:n]]
     first = [[{"role": "user", "content": r["turns"][0]}] for r in rows]
     replies = _generate(tok, model, first, seed=0)
     passed = sum(r["ok"] for r in replies)
-    print(f"\ntiny model turn 1: {passed}/16 well-formed; sample: {replies[0]['text']!r}")
+    print(f"\n{target_model.name} turn 1: {passed}/{n} well-formed; sample: "
+          f"{replies[0]['text']!r}")
     for r in replies:
         if not r["ok"]:
             print(f"  malformed: {r['text']!r}")
-    assert passed >= 14
+    assert passed >= n - n // 8
 
     second = [
         conv + [{"role": "assistant", "content": r["answer"]}, {"role": "user", "content": q}]
         for conv, r, q in zip(first, replies, (r["turns"][1] for r in rows), strict=True)
-    ][:8]
+    ][: n // 2]
     replies2 = _generate(tok, model, second, seed=1)
     passed2 = sum(r["ok"] for r in replies2)
-    print(f"tiny model turn 2: {passed2}/8 well-formed")
-    assert passed2 >= 7
+    print(f"{target_model.name} turn 2: {passed2}/{n // 2} well-formed")
+    assert passed2 >= len(second) - 1
 
 
 def test_dense_target_is_a_flat_qwen3(model_cache: Path) -> None:
