@@ -1,6 +1,8 @@
-"""The embedded default and test support: the tiny CPU Qwen3 model and the SGLang simulator.
+"""The embedded default and test support: the tiny CPU targets and the SGLang simulator.
 
-    tinymodel.py / tinybuild.py / tinycorpus.py   build, train and cache the tiny CPU model
+    tinymodel.py / tinybuild.py / tinycorpus.py   build, train and cache a tiny CPU model
+    tinyconsts.py                                 their names, versions, specials, chat template
+    tinyhybrid.py                                 tiny-qwen3.5's architecture (Qwen3.6's shape)
     simulator.py / sim_model.py                   an SGLang-protocol server on CPU
         (``python -m embedded.simulator``), for tests, benchmarks and the demo without a GPU
 """
