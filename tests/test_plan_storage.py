@@ -14,6 +14,7 @@ from common.records import InputManifest, RunConfig, ShardCommit, dumps
 from common.storage import LocalStorage
 from producer.cli import main
 from producer.plan import human_bytes, storage_plan
+from tests.conftest import TinyTarget
 
 FIGURES = ["--samples", "902087", "--mean-tokens", "3000", "--hidden", "5120"]
 
@@ -83,10 +84,10 @@ def test_function_refuses_bad_values() -> None:
         storage_plan(0, 10, 10, 5)
 
 
-def make_run(root: Path, run: str) -> LocalStorage:
+def make_run(root: Path, run: str, model: str = "tiny-qwen3") -> LocalStorage:
     """A run as enqueue and two committed generate shards leave it in storage."""
     storage = LocalStorage(root)
-    config = RunConfig(run=run, model="tiny-qwen3", input="in.jsonl", format="auto",
+    config = RunConfig(run=run, model=model, input="in.jsonl", format="auto",
                        prompt_field=None, shard_size=50, limit=None)
     storage.put_once(keys.run_config(run), dumps(config.to_json()))
     manifest = InputManifest(shards=3, rows=130, rejected=10, shard_rows=[50, 50, 20])
@@ -99,8 +100,9 @@ def make_run(root: Path, run: str) -> LocalStorage:
     return storage
 
 
-def test_cli_reads_the_run(tmp_path: Path, model_cache: Path) -> None:
-    make_run(tmp_path, "r1")
+def test_cli_reads_the_run(tmp_path: Path, model_cache: Path, target_model: TinyTarget) -> None:
+    # The hybrid states its hidden size and layers under text_config only.
+    make_run(tmp_path, "r1", target_model.name)
     env = {"DFLASH_STORAGE": str(tmp_path), "DFLASH_CACHE_DIR": str(model_cache)}
     result = invoke("--run", "r1", "--json", env=env)
     assert result.exit_code == 0, result.output
