@@ -19,6 +19,7 @@ Parameter names match the DFlash checkpoints SGLang loads (``layers.N.self_attn.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,8 +76,10 @@ class DFlashConfig:
 
     @classmethod
     def from_target(cls, target_config: Any, mask_token_id: int, *, num_hidden_layers: int = 5,
-                    block_size: int = 16, num_features: int = 5) -> DFlashConfig:
-        """Copy the target's layer shape and pick ``num_features`` DFlash target layers."""
+                    block_size: int = 16, num_features: int = 5,
+                    layer_ids: Sequence[int] | None = None) -> DFlashConfig:
+        """Copy the target's layer shape; read ``layer_ids`` (default: ``num_features`` layers
+        of the DFlash spread)."""
         text = getattr(target_config, "get_text_config", lambda: target_config)()
         heads = text.num_attention_heads
         rope = getattr(text, "rope_parameters", None) or {}
@@ -90,7 +93,8 @@ class DFlashConfig:
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
             intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
             num_target_layers=text.num_hidden_layers,
-            target_layer_ids=tuple(dflash_layer_ids(text.num_hidden_layers, num_features)),
+            target_layer_ids=tuple(layer_ids or dflash_layer_ids(text.num_hidden_layers,
+                                                                  num_features)),
             mask_token_id=mask_token_id, num_hidden_layers=num_hidden_layers,
             block_size=block_size, rms_norm_eps=text.rms_norm_eps, rope_theta=float(rope_theta),
             max_position_embeddings=text.max_position_embeddings,
@@ -261,11 +265,13 @@ class DFlashDraftModel(nn.Module):
     @classmethod
     def for_target(cls, target: nn.Module, mask_token_id: int, *, num_hidden_layers: int = 5,
                    block_size: int = 16, num_features: int = 5,
+                   layer_ids: Sequence[int] | None = None,
                    init_seed: int = 0) -> DFlashDraftModel:
         """A fresh drafter shaped after ``target`` (an HF causal LM), on the target's device."""
         config = DFlashConfig.from_target(target.config, mask_token_id,
                                           num_hidden_layers=num_hidden_layers,
-                                          block_size=block_size, num_features=num_features)
+                                          block_size=block_size, num_features=num_features,
+                                          layer_ids=layer_ids)
         drafter = cls(config, target.get_input_embeddings(), target.get_output_embeddings(),
                       init_seed=init_seed)
         return drafter.to(target.get_input_embeddings().weight.device)
