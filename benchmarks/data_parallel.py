@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
 from common.models import resolve_model_path  # noqa: E402
+from common.target import TargetShape  # noqa: E402
 from common.trainrows import TrainingRow  # noqa: E402
 from workers.train import parallel  # noqa: E402
 from workers.train.drafter.demo import load_target  # noqa: E402
@@ -69,7 +70,7 @@ def rank_main(steps: int, rows_per_step: int) -> None:
     drafter = DFlashDraftModel.for_target(target, add_mask_token(tokenizer, target))
     plain = DrafterTrainer(drafter, TrainConfig(total_steps=1000, max_anchors=ANCHORS))
     layers = list(drafter.config.target_layer_ids)
-    vocab = target.config.vocab_size
+    vocab = TargetShape.of(target).vocab_size
     if group.world == 1:
         def step(s: int) -> tuple[int, float]:
             started = time.perf_counter()

@@ -16,9 +16,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from common.errors import ConfigError
+from embedded.tinyconsts import TINY_MODELS, TINY_QWEN3
 
-TINY_MODEL = "tiny-qwen3"
-"""The embedded default model: built locally on first use, runs on CPU."""
+TINY_MODEL = TINY_QWEN3
+"""The embedded default model: built locally on first use, runs on CPU. ``TINY_MODELS`` names
+every embedded target: tiny-qwen3 (dense) and tiny-qwen3.5 (a hybrid in Qwen3.6's shape)."""
 
 _SECRETS = {"ui_auth"}
 _SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
@@ -111,7 +113,8 @@ class Settings:
 
     @property
     def model_is_tiny(self) -> bool:
-        return self.model == TINY_MODEL
+        """The model is one of the embedded CPU targets (built on first use)."""
+        return self.model in TINY_MODELS
 
 
 ENV_PREFIX = "DFLASH_"

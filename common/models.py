@@ -12,11 +12,11 @@ from common.errors import ConfigError
 
 
 def resolve_model_path(settings: Settings) -> Path:
-    """The model directory: the embedded tiny model (built on first use) or a local path."""
+    """The model directory: an embedded tiny model (built on first use) or a local path."""
     if settings.model_is_tiny:
         from embedded.tinymodel import ensure_tiny_model
 
-        return ensure_tiny_model(settings.cache_dir)
+        return ensure_tiny_model(settings.cache_dir, settings.model)
     path = Path(settings.model).expanduser()
     if not path.is_dir():
         raise ConfigError(

@@ -36,6 +36,28 @@ def _rope_theta(text: dict[str, Any]) -> float | None:
     return float(theta) if isinstance(theta, int | float) else None
 
 
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _layer_shape(text: dict[str, Any], hidden: int) -> dict[str, Any]:
+    """Heads, head dim, MLP width, norm eps, activation, bias and rope type, where stated."""
+    heads = _int_or_none(text.get("num_attention_heads"))
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    eps = text.get("rms_norm_eps")
+    return dict(
+        num_attention_heads=heads,
+        num_key_value_heads=_int_or_none(text.get("num_key_value_heads")) or heads,
+        head_dim=_int_or_none(text.get("head_dim")) or (hidden // heads if heads else None),
+        intermediate_size=_int_or_none(text.get("intermediate_size")),
+        rms_norm_eps=float(eps) if isinstance(eps, int | float) else 1e-6,
+        hidden_act=str(text.get("hidden_act") or "silu"),
+        attention_bias=bool(text.get("attention_bias", False)),
+        rope_type=str(rope_type or "default"),
+    )
+
+
 def _default_layer_types(data: dict[str, Any], text: dict[str, Any], layers: int) -> list[str]:
     """What transformers derives when ``layer_types`` is absent: for the Qwen3.5/Qwen3-Next
     family every ``full_attention_interval``-th layer (default 4) is full attention."""
@@ -60,6 +82,15 @@ class TargetShape:
     tie_word_embeddings: bool
     rope_theta: float | None
     has_mtp: bool = False
+    # The attention and MLP shape of a full-attention layer (a drafter copies it).
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    rope_type: str = "default"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> TargetShape:
@@ -86,6 +117,7 @@ class TargetShape:
             dtype=str(dtype) if isinstance(dtype, str) else None,
             tie_word_embeddings=bool(tied), rope_theta=_rope_theta(text),
             has_mtp=bool(text.get("mtp_num_hidden_layers") or text.get("mtp")),
+            **_layer_shape(text, hidden),
         )
 
     @classmethod

@@ -1,7 +1,8 @@
-"""Building the embedded tiny model: tokenizer training, model init, a short training run.
+"""Building an embedded tiny model: tokenizer training, model init, a short training run.
 
 Imported only when :func:`embedded.tinymodel.ensure_tiny_model` finds no cached build, so that
-processes that merely locate the model never import torch for it.
+processes that merely locate the model never import torch for it. Both tiny targets share the
+tokenizer, corpus and training recipe; the hybrid's architecture is :mod:`embedded.tinyhybrid`.
 """
 
 from __future__ import annotations
@@ -9,20 +10,35 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from embedded import tinycorpus
-from embedded.tinymodel import CHAT_TEMPLATE, END_THINK, ENDOFTEXT, IM_END, IM_START, THINK
+from embedded import tinycorpus, tinyhybrid
+from embedded.tinyconsts import (
+    CHAT_TEMPLATE,
+    END_THINK,
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    THINK,
+    TINY_QWEN3,
+    TINY_QWEN3_5,
+)
 
 logger = logging.getLogger(__name__)
 
 _SEED = 1234
 _VOCAB_SIZE = 6000
 _TRAIN_STEPS = 600
+# The hybrid runs torch's Gated DeltaNet fallback (no fla kernels on CPU), several times slower
+# per step; it needs fewer steps to close its think blocks. One thread: on 2 shared cores the
+# fallback's many small ops are far slower with more.
+_HYBRID_TRAIN_STEPS = 400
+_HYBRID_THREADS = 1
 _BATCH = 4
 _MAX_LEN = 320
 _LR = 3e-3
@@ -138,22 +154,23 @@ def _structure_weights(tok: PreTrainedTokenizerFast) -> torch.Tensor:
 
 
 def _train(
-    model: Qwen3ForCausalLM, batches: list[dict[str, torch.Tensor]], vocab_weights: torch.Tensor
+    model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], vocab_weights: torch.Tensor,
+    steps: int = _TRAIN_STEPS,
 ) -> float:
-    """AdamW with linear warm-up and cosine decay over ``_TRAIN_STEPS``; returns the last loss."""
+    """AdamW with linear warm-up and cosine decay over ``steps``; returns the last loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=_LR, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = 10
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        frac = (step - warmup) / max(1, _TRAIN_STEPS - warmup)
+        frac = (step - warmup) / max(1, steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     loss = float("nan")
-    for step in range(_TRAIN_STEPS):
+    for step in range(steps):
         batch = batches[step % len(batches)]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         labels = batch["labels"][:, 1:]
@@ -170,21 +187,36 @@ def _train(
         sched.step()
         opt.zero_grad(set_to_none=True)
         loss = weighted.item()
-        if step % 100 == 0 or step == _TRAIN_STEPS - 1:
+        if step % 100 == 0 or step == steps - 1:
             logger.info("step %d loss %.3f", step, loss)
     model.eval()
     return loss
 
 
-def build(dest: Path) -> None:
-    """Train tokenizer and model and save them, loadable by ``from_pretrained``, into ``dest``."""
+def build(dest: Path, name: str = TINY_QWEN3) -> None:
+    """Train tokenizer and model ``name`` and save them, loadable by ``from_pretrained``."""
+    if name == TINY_QWEN3_5:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(_HYBRID_THREADS)
+        try:
+            _build(dest, tinyhybrid.build_lm, _HYBRID_TRAIN_STEPS, hybrid=True)
+        finally:
+            torch.set_num_threads(threads)
+    elif name == TINY_QWEN3:
+        _build(dest, _build_model, _TRAIN_STEPS, hybrid=False)
+    else:
+        raise ValueError(f"unknown tiny model {name!r}")
+
+
+def _build(dest: Path, make_model: Callable[[PreTrainedTokenizerFast], torch.nn.Module],
+           steps: int, hybrid: bool) -> None:
     rng = random.Random(_SEED)
     mt_prompts = tinycorpus.load_mt_bench_prompts()
     tok = _build_tokenizer(tinycorpus.tokenizer_texts(rng, mt_prompts, 4000))
     logger.info("tokenizer trained: %d tokens", len(tok))
 
     examples = []
-    while len(examples) < _TRAIN_STEPS * _BATCH:
+    while len(examples) < steps * _BATCH:
         # One in ten examples uses enable_thinking=False, so that mode yields answers too.
         thinking = rng.random() >= 0.1
         encoded = _encode(tok, tinycorpus.conversation(rng, mt_prompts), thinking)
@@ -194,20 +226,26 @@ def build(dest: Path) -> None:
     # fork_rng keeps the caller's global torch RNG untouched by our fixed seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
-        model = _build_model(tok)
+        model = make_model(tok)
         batches = _batches(examples, tok.pad_token_id, rng)
-        loss = _train(model, batches, _structure_weights(tok))
-    logger.info("trained %d steps, final loss %.3f", _TRAIN_STEPS, loss)
+        loss = _train(model, batches, _structure_weights(tok), steps)
+        logger.info("trained %d steps, final loss %.3f", steps, loss)
 
-    im_end, endoftext = tok.convert_tokens_to_ids([IM_END, ENDOFTEXT])
-    model.generation_config = GenerationConfig(
-        bos_token_id=endoftext,
-        eos_token_id=[im_end, endoftext],
-        pad_token_id=endoftext,
-        do_sample=True,
-        temperature=0.7,
-        top_p=0.95,
-    )
-    model.save_pretrained(dest, safe_serialization=True)
+        im_end, endoftext = tok.convert_tokens_to_ids([IM_END, ENDOFTEXT])
+        generation = GenerationConfig(
+            bos_token_id=endoftext,
+            eos_token_id=[im_end, endoftext],
+            pad_token_id=endoftext,
+            do_sample=True,
+            temperature=0.7,
+            top_p=0.95,
+        )
+        if hybrid:
+            # Still under the fixed seed: the untrained vision tower and MTP head are
+            # initialised reproducibly.
+            tinyhybrid.save(model, generation, dest)
+        else:
+            model.generation_config = generation
+            model.save_pretrained(dest, safe_serialization=True)
     # save_jinja_files=False keeps the chat template inside tokenizer_config.json.
     tok.save_pretrained(dest, save_jinja_files=False)

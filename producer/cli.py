@@ -135,7 +135,8 @@ def main() -> None:
               envvar="DFLASH_TOP_K", help="Top-k sampling (-1 = off).")
 @click.option("--thinking/--no-thinking", default=Sampling.thinking, show_default=True,
               envvar="DFLASH_THINKING", help="Generate with the thinking block enabled.")
-@setting_option("model", help="Target model directory (tiny-qwen3: the embedded CPU model).")
+@setting_option("model", help="Target model directory (tiny-qwen3, tiny-qwen3.5: the embedded "
+                "CPU models).")
 @click.option("--mode", type=click.Choice(["offline", "online"]), default="offline",
               show_default=True, envvar="DFLASH_MODE",
               help="After a shard's commit: offline stores target hidden states (queue "
@@ -265,6 +266,8 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
 @click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
 @click.option("--ui/--no-ui", default=True, show_default=True, help="Start the run dashboard.")
 @click.option("--ui-port", type=int, default=8700, show_default=True, help="Dashboard port.")
+@setting_option("model", help="Target: tiny-qwen3 (dense) or tiny-qwen3.5 (hybrid, Qwen3.6's "
+                "shape), the embedded CPU models, or a local model directory.")
 def demo(**options: Any) -> None:
     """Run the whole generate stage locally: Redis, a CPU worker, Flower, the dashboard."""
     from producer.demo import run_demo

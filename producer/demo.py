@@ -83,7 +83,8 @@ def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
 
 
 def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_tokens: int,
-             flower: bool, flower_port: int, ui: bool = True, ui_port: int = 8700) -> int:
+             flower: bool, flower_port: int, ui: bool = True, ui_port: int = 8700,
+             model: str | None = None) -> int:
     """Returns the process exit code: 0 when every shard committed."""
     from producer.commands import (
         build_run_config,
@@ -101,9 +102,9 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
         redis_proc = start_redis(out_dir / "redis", port)
         stack.callback(_stop, redis_proc)
         url = f"redis://127.0.0.1:{port}/0"
-        settings = load_settings(broker_url=url, storage=str(out_dir / "storage"))
+        settings = load_settings(broker_url=url, storage=str(out_dir / "storage"), model=model)
         env = dict(os.environ, DFLASH_BROKER_URL=url, DFLASH_STORAGE=settings.storage,
-                   DFLASH_CACHE_DIR=str(settings.cache_dir))
+                   DFLASH_CACHE_DIR=str(settings.cache_dir), DFLASH_MODEL=settings.model)
         config = build_run_config(settings, run=run, input_path=input_path, fmt="auto",
                                   prompt_field=None, shard_size=shard_size, limit=None,
                                   max_new_tokens=max_new_tokens, temperature=0.7, top_p=0.95,

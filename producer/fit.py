@@ -2,15 +2,15 @@
 
 A conversation fits when its input messages, rendered with the chat template, plus
 ``min_answer_tokens`` for every assistant turn to generate stay within the model's context
-(``max_position_embeddings`` in its ``config.json``). Earlier answers are not known yet, so this
-is a lower bound: a row rejected here would surely be truncated. Most rows are accepted by a
-byte count alone (a token covers at least one byte of text; the template adds a bounded
-overhead per message), so only long rows are tokenized.
+(``max_position_embeddings`` in its ``config.json``, under ``text_config`` for a multimodal
+checkpoint such as Qwen3.5/3.6; read by :class:`common.target.TargetShape`). Earlier answers
+are not known yet, so this is a lower bound: a row rejected here would surely be truncated.
+Most rows are accepted by a byte count alone (a token covers at least one byte of text; the
+template adds a bounded overhead per message), so only long rows are tokenized.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.models import render_chat
+from common.target import TargetShape
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +26,10 @@ TEMPLATE_OVERHEAD = 16  # tokens of role markup per message, more than any commo
 
 
 def context_length(model_dir: Path) -> int | None:
-    """The model's context window from its config.json, or None when it does not say."""
-    config = model_dir / "config.json"
-    if not config.is_file():
+    """The model's context window (``text_config`` when nested), or None when it does not say."""
+    if not (model_dir / "config.json").is_file():
         return None
-    data = json.loads(config.read_text())
-    for name in ("max_position_embeddings", "max_sequence_length", "n_positions"):
-        if isinstance(data.get(name), int):
-            return data[name]
-    return None
+    return TargetShape.from_dir(model_dir).context_length
 
 
 @dataclass

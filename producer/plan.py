@@ -26,6 +26,7 @@ from common.cli import setting_option
 from common.config import Settings, load_settings
 from common.errors import ConfigError, DflashError
 from common.storage import Storage, open_storage
+from common.target import TargetShape
 
 log = logging.getLogger(__name__)
 
@@ -140,16 +141,16 @@ def read_run_figures(storage: Storage, run: str) -> RunFigures:
 
 
 def model_dims(settings: Settings, model: str) -> tuple[int, int]:
-    """(hidden size, decoder layers) from the model's ``config.json``."""
+    """(hidden size, decoder layers) of the model, as :class:`common.target.TargetShape` reads
+    them (``text_config`` when nested)."""
     from common.models import resolve_model_path
 
     settings = replace(settings, model=model)
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
     path = resolve_model_path(settings)
-    config = json.loads((path / "config.json").read_text())
-    text = config.get("text_config", config)
-    return int(text["hidden_size"]), int(text["num_hidden_layers"])
+    shape = TargetShape.from_dir(path)
+    return shape.hidden_size, shape.num_layers
 
 
 def render_plan(plan: StoragePlan) -> str:

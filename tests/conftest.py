@@ -142,13 +142,60 @@ def s3_storage(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{bucket}/data"
 
 
+TARGETS = ("tiny-qwen3", "tiny-qwen3.5")   # the embedded targets, dense and hybrid
+HYBRID = "tiny-qwen3.5"
+
+
+def _needs_models(item: pytest.Item) -> bool:
+    return "model_cache" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build (or find cached) both tiny targets before the first test that needs them runs.
+
+    Here, not in the ``model_cache`` fixture: pytest-timeout counts a fixture's setup in the
+    first test that uses it, and a cold build (minutes on a shared CPU) is no test's fault.
+    The build is under each model's file lock, so parallel sessions share one build.
+    """
+    if any(_needs_models(item) for item in session.items):
+        from embedded.tinymodel import ensure_tiny_model
+
+        for name in TARGETS:
+            ensure_tiny_model(CACHE_DIR, name)
+
+
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
-    """Build the tiny CPU model once for the whole session (and across runs, under .dflash/)."""
+    """The cache directory holding both tiny CPU targets (built once, see above)."""
     from embedded.tinymodel import ensure_tiny_model
 
-    ensure_tiny_model(CACHE_DIR)
+    for name in TARGETS:
+        ensure_tiny_model(CACHE_DIR, name)
     return CACHE_DIR
+
+
+@dataclass(frozen=True)
+class TinyTarget:
+    """An embedded target as a test uses it: its ``--model`` name and its cached directory."""
+
+    name: str
+    path: Path
+
+    @property
+    def hybrid(self) -> bool:
+        return self.name == HYBRID
+
+
+@pytest.fixture(scope="session", params=TARGETS)
+def target_model(request: pytest.FixtureRequest, model_cache: Path) -> TinyTarget:
+    """Each embedded target in turn: dense tiny-qwen3, hybrid tiny-qwen3.5 (Qwen3.6's shape).
+
+    A slow test runs the hybrid alone with
+    ``@pytest.mark.parametrize("target_model", [HYBRID], indirect=True)``.
+    """
+    from embedded.tinymodel import ensure_tiny_model
+
+    return TinyTarget(request.param, ensure_tiny_model(model_cache, request.param))
 
 
 @dataclass

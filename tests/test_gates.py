@@ -12,7 +12,7 @@ import pytest
 from common.gates import GateConfig, TokenInfo
 from common.records import Sampling
 from common.trainrows import training_rows
-from tests.conftest import ROOT, RedisServer, running_simulator
+from tests.conftest import HYBRID, ROOT, RedisServer, TinyTarget, running_simulator
 from workers.generate.engines.base import EngineLoop
 from workers.generate.regeneration import Job, ShardCounters, regenerate
 
@@ -175,9 +175,11 @@ def test_loss_masks_cover_exactly_the_generated_tokens(tiny: Path, tokenizer: An
             assert answers[0]["reasoning_content"] not in history
 
 
-def test_prompts_that_cannot_fit_the_context_are_rejected_at_enqueue(tiny: Path) -> None:
+def test_prompts_that_cannot_fit_the_context_are_rejected_at_enqueue(
+        target_model: TinyTarget) -> None:
     from producer.fit import ContextCheck
 
+    tiny = target_model.path   # the hybrid states its context under text_config only
     check = ContextCheck.for_model(tiny, min_answer_tokens=256, thinking=True)
     assert check is not None and check.context == 4096
     short = mt_bench_rows(1)[0]
@@ -189,3 +191,28 @@ def test_prompts_that_cannot_fit_the_context_are_rejected_at_enqueue(tiny: Path)
     # Room for the answers counts too: a prompt that fits alone can leave too little of it.
     roomy = ContextCheck.for_model(tiny, min_answer_tokens=2100, thinking=True)
     assert roomy(short) is not None and "2 answer(s)" in roomy(short)
+
+
+def test_enqueue_checks_the_hybrid_targets_nested_context(model_cache: Path,
+                                                          tmp_path: Path) -> None:
+    """``enqueue`` on tiny-qwen3.5 (context under ``text_config``) rejects a too-long row."""
+    import os
+    import subprocess
+    import sys
+
+    short = mt_bench_rows(1)[0]
+    rows = [{"id": "short", "prompt": short["turns"][0][0]["content"]},
+            {"id": "long", "prompt": " ".join(["island"] * 4000)}]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "DFLASH_MODEL": HYBRID,
+           "DFLASH_STORAGE": str(tmp_path / "storage")}
+    result = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "enqueue", "--run", "ctx", "--input", str(src),
+         "--dry-run", "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3, result.stderr   # rows rejected
+    assert "does not state its context length" not in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["rows"], report["rejected"]) == (2, 1)
+    assert "prompt too long" in report["examples"][0]["reason"]
+    assert "context of 4096" in report["examples"][0]["reason"]

@@ -13,7 +13,7 @@ import pytest
 from common import keys
 from common.records import decode_jsonl_zst
 from common.storage import open_storage
-from tests.conftest import MT_BENCH, Pipeline, RedisServer, wait_until
+from tests.conftest import MT_BENCH, Pipeline, RedisServer, TinyTarget, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +58,9 @@ def _queue_len(redis_server: RedisServer, queue: str = "generate") -> int:
 
 
 def test_status_progress_then_rerun_writes_and_queues_nothing(
-        pipeline: Pipeline, redis_server: RedisServer, tmp_path) -> None:  # noqa: ANN001
+        pipeline: Pipeline, redis_server: RedisServer, tmp_path,  # noqa: ANN001
+        target_model: TinyTarget) -> None:
+    pipeline.env["DFLASH_MODEL"] = target_model.name
     rows = _mt_bench_rows(12)
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
     pipeline.cli("enqueue", "--input", src, "--run", "r1", "--shard-size", "4",

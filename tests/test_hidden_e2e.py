@@ -15,7 +15,8 @@ from common import keys
 from common.hidden_store import iter_hidden_records
 from common.layers import layer_ids
 from common.storage import open_storage
-from tests.conftest import Pipeline, wait_until
+from common.target import TargetShape
+from tests.conftest import HYBRID, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -35,13 +36,15 @@ def reference(model, ids: torch.Tensor, layers: list[int]) -> tuple[torch.Tensor
     return torch.cat([states[i + 1][0] for i in layers], dim=-1), states[-1][0]
 
 
-@pytest.mark.parametrize("layout", ["dflash", "eagle3"])
+# Both layouts on the dense target; the hybrid in one representative case (each run is slow).
+@pytest.mark.parametrize(("layout", "target_model"), [
+    ("dflash", "tiny-qwen3"), ("eagle3", "tiny-qwen3"), ("dflash", HYBRID)],
+    indirect=["target_model"])
 def test_hidden_states_match_a_direct_forward(pipeline: Pipeline, tmp_path: Path,
-                                              model_cache: Path, layout: str) -> None:
+                                              target_model: TinyTarget, layout: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from embedded.tinymodel import ensure_tiny_model
-
+    pipeline.env["DFLASH_MODEL"] = target_model.name
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(6))
     pipeline.start_worker("gen")
     start_hidden_worker(pipeline, "hid")
@@ -50,8 +53,8 @@ def test_hidden_states_match_a_direct_forward(pipeline: Pipeline, tmp_path: Path
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
     wait_until(lambda: len(hidden_commits(storage, layout)) == 2, 240, "2 hidden commits")
 
-    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(model_cache)).eval()
-    layers = layer_ids(layout, model.config.num_hidden_layers, 5)
+    model = AutoModelForCausalLM.from_pretrained(target_model.path).eval()
+    layers = layer_ids(layout, TargetShape.of(model).num_layers, 5)
     samples = {s["id"]: s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], layout)
                if s["quality"]["passed"]}
     records = list(iter_hidden_records(storage, layout))

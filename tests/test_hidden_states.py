@@ -24,15 +24,16 @@ from common.hidden_store import (
 )
 from common.storage import LocalStorage
 from common.trainrows import TrainingRow
-from embedded.tinymodel import ensure_tiny_model
+from tests.conftest import TinyTarget
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, check_finite, length_batches
 
 LENGTHS = [5, 40, 17, 33, 1, 26]
 
 
 @pytest.fixture(scope="module")
-def tiny_path(model_cache: Path) -> Path:
-    return ensure_tiny_model(model_cache)
+def tiny_path(target_model: TinyTarget) -> Path:
+    """Each embedded target: dense tiny-qwen3 and hybrid tiny-qwen3.5."""
+    return target_model.path
 
 
 @pytest.fixture(scope="module", params=["dflash", "eagle3"])

@@ -1,8 +1,8 @@
-"""Acceptance tests for the embedded CPU model (:mod:`embedded.tinymodel`).
+"""Acceptance tests for the embedded CPU models (:mod:`embedded.tinymodel`), both targets.
 
-Run: ``.venv/bin/python -m pytest tests/test_tinymodel.py -q -s``. The model comes from the
-session ``model_cache`` fixture (built once, about a minute on two cores, then reused across
-runs); the concurrency test builds one more copy in a fresh directory.
+Run: ``.venv/bin/python -m pytest tests/test_tinymodel.py -q -s``. The models come from the
+session ``model_cache`` (built once before the first test, a few minutes on two cores, then
+reused across runs); the concurrency test builds one more dense copy in a fresh directory.
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from common.target import TargetShape
 from embedded.tinymodel import READY_MARKER, TINY_MODEL_VERSION, ensure_tiny_model
+from tests.conftest import TinyTarget
 
 ROOT = Path(__file__).resolve().parent.parent
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
 
 
 @pytest.fixture(scope="session")
-def tiny_path(model_cache: Path) -> Path:
-    return ensure_tiny_model(model_cache)
+def tiny_path(target_model: TinyTarget) -> Path:
+    return target_model.path
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +69,7 @@ def test_loads_offline_with_single_token_specials(tiny_path: Path) -> None:
     assert (info["eos"], info["pad"]) == ("<|im_end|>", "<|endoftext|>")
     assert (info["model_eos"], info["model_pad"]) == (im_end, endoftext)
     assert info["gen_eos"] == [im_end, endoftext]
-    assert 4000 <= info["vocab"] <= 8000 and info["model_vocab"] == info["vocab"]
+    assert 4000 <= info["vocab"] <= 8000 and info["model_vocab"] >= info["vocab"]
     config = json.loads((tiny_path / "tokenizer_config.json").read_text())
     assert "<think>" in config["chat_template"]
     assert (tiny_path / "model.safetensors").is_file()
@@ -135,26 +137,76 @@ def _generate(tok, model, conversations: list[list[dict]], seed: int) -> list[di
     return replies
 
 
-def test_generation_follows_think_answer_structure(tiny: tuple) -> None:
+def test_generation_follows_think_answer_structure(tiny: tuple, target_model: TinyTarget
+                                                   ) -> None:
     tok, model = tiny
-    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines()[:16]]
+    # The hybrid decodes through torch's Gated DeltaNet fallback, several times slower: half
+    # the prompts, the same pass rates.
+    n = 8 if target_model.hybrid else 16
+    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines()[:n]]
     first = [[{"role": "user", "content": r["turns"][0]}] for r in rows]
     replies = _generate(tok, model, first, seed=0)
     passed = sum(r["ok"] for r in replies)
-    print(f"\ntiny model turn 1: {passed}/16 well-formed; sample: {replies[0]['text']!r}")
+    print(f"\n{target_model.name} turn 1: {passed}/{n} well-formed; sample: "
+          f"{replies[0]['text']!r}")
     for r in replies:
         if not r["ok"]:
             print(f"  malformed: {r['text']!r}")
-    assert passed >= 14
+    assert passed >= n - n // 8
 
     second = [
         conv + [{"role": "assistant", "content": r["answer"]}, {"role": "user", "content": q}]
         for conv, r, q in zip(first, replies, (r["turns"][1] for r in rows), strict=True)
-    ][:8]
+    ][: n // 2]
     replies2 = _generate(tok, model, second, seed=1)
     passed2 = sum(r["ok"] for r in replies2)
-    print(f"tiny model turn 2: {passed2}/8 well-formed")
-    assert passed2 >= 7
+    print(f"{target_model.name} turn 2: {passed2}/{n // 2} well-formed")
+    assert passed2 >= len(second) - 1
+
+
+def test_dense_target_is_a_flat_qwen3(model_cache: Path) -> None:
+    shape = TargetShape.from_dir(ensure_tiny_model(model_cache))
+    assert shape.architectures == ("Qwen3ForCausalLM",) and not shape.is_hybrid
+    assert (shape.hidden_size, shape.num_layers, shape.context_length) == (128, 8, 4096)
+
+
+def test_hybrid_target_has_qwen36_on_disk_shape(model_cache: Path) -> None:
+    from safetensors import safe_open
+
+    path = ensure_tiny_model(model_cache, "tiny-qwen3.5")
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert config["model_type"] == "qwen3_5" and not config["tie_word_embeddings"]
+    text = config["text_config"]
+    assert "hidden_size" not in config and "max_position_embeddings" not in config
+    assert text["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 2
+    assert text["mtp_num_hidden_layers"] == 1
+    assert text["rope_parameters"]["mrope_section"] and text["rope_parameters"]["mrope_interleaved"]
+    shape = TargetShape.from_dir(path)
+    assert shape.is_hybrid and shape.has_mtp and shape.full_attention_layers == [3, 7]
+    assert (shape.hidden_size, shape.num_layers, shape.context_length) == (128, 8, 4096)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # Spare embedding rows past the tokenizer, as Qwen pads; the vision markers sit at the top.
+    assert shape.vocab_size > len(tokenizer) and shape.vocab_size % 256 == 0
+    assert config["vision_end_token_id"] == shape.vocab_size - 1
+    assert config["image_token_id"] >= len(tokenizer)
+    with safe_open(str(path / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+        embed = weights.get_tensor("model.language_model.embed_tokens.weight")
+    assert embed.shape == (shape.vocab_size, 128) and "lm_head.weight" in names
+    assert any(n.startswith("model.visual.") for n in names)
+    assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight"} <= names
+    # transformers maps qwen3_5 to the text model; the vision tower and mtp.* are left out.
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert torch.equal(model.get_input_embeddings().weight, embed)
+    assert TargetShape.of(model).layer_types == shape.layer_types
+    ids = tokenizer("Hello there", return_tensors="pt")
+    with torch.no_grad():
+        out = model(**ids, output_hidden_states=True)
+    width = ids.input_ids.shape[1]
+    assert len(out.hidden_states) == 9 and out.hidden_states[-1].shape == (1, width, 128)
+    assert out.logits.shape[-1] == shape.vocab_size
 
 
 def _ensure_in_child(cache_dir: Path, results: multiprocessing.Queue) -> None:

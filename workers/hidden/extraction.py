@@ -24,6 +24,7 @@ import torch
 from common.errors import HiddenStateError
 from common.hidden_store import HiddenMeta, HiddenRecord, check_record
 from common.layers import Layout, layer_ids
+from common.target import TargetShape
 from common.trainrows import TrainingRow
 
 log = logging.getLogger(__name__)
@@ -138,10 +139,10 @@ class HiddenExtractor:
         self.model = model.eval()
         # The decoder stack alone: hidden states without the LM head's [T, vocab] logits.
         self.backbone = self.model.base_model
-        text = self.model.config.get_text_config()
-        self.num_layers: int = text.num_hidden_layers
-        self.hidden_size: int = text.hidden_size
-        self.vocab_size: int = text.vocab_size
+        shape = TargetShape.of(self.model)
+        self.num_layers: int = shape.num_layers
+        self.hidden_size: int = shape.hidden_size
+        self.vocab_size: int = shape.vocab_size
         self.layer_ids = (list(config.layer_ids) if config.layer_ids
                           else layer_ids(config.layout, self.num_layers, config.k))
         self.meta = HiddenMeta(layout=config.layout, layer_ids=tuple(self.layer_ids),

@@ -35,6 +35,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from common.layers import dflash_layer_ids
+from common.target import TargetShape
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +81,25 @@ class DFlashConfig:
                     layer_ids: Sequence[int] | None = None) -> DFlashConfig:
         """Copy the target's layer shape; read ``layer_ids`` (default: ``num_features`` layers
         of the DFlash spread)."""
-        text = getattr(target_config, "get_text_config", lambda: target_config)()
-        heads = text.num_attention_heads
-        rope = getattr(text, "rope_parameters", None) or {}
-        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", 1_000_000.0))
-        if rope.get("rope_type", "default") != "default":
-            log.warning("target uses rope_type=%s; the drafter uses default RoPE",
-                        rope.get("rope_type"))
+        shape = TargetShape.of(target_config)
+        heads = shape.num_attention_heads
+        if heads is None or shape.intermediate_size is None:
+            raise ValueError(f"target {shape.model_type or '?'} states no attention heads or MLP "
+                             "width for the drafter to copy")
+        if shape.rope_type != "default":
+            log.warning("target uses rope_type=%s; the drafter uses default RoPE", shape.rope_type)
         return cls(
-            hidden_size=text.hidden_size, num_attention_heads=heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
-            num_target_layers=text.num_hidden_layers,
-            target_layer_ids=tuple(layer_ids or dflash_layer_ids(text.num_hidden_layers,
-                                                                  num_features)),
+            hidden_size=shape.hidden_size, num_attention_heads=heads,
+            num_key_value_heads=shape.num_key_value_heads or heads,
+            head_dim=shape.head_dim or shape.hidden_size // heads,
+            intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size,
+            num_target_layers=shape.num_layers,
+            target_layer_ids=tuple(layer_ids or dflash_layer_ids(shape.num_layers, num_features)),
             mask_token_id=mask_token_id, num_hidden_layers=num_hidden_layers,
-            block_size=block_size, rms_norm_eps=text.rms_norm_eps, rope_theta=float(rope_theta),
-            max_position_embeddings=text.max_position_embeddings,
-            hidden_act=getattr(text, "hidden_act", "silu"),
-            attention_bias=bool(getattr(text, "attention_bias", False)),
+            block_size=block_size, rms_norm_eps=shape.rms_norm_eps,
+            rope_theta=shape.rope_theta or 1_000_000.0,
+            max_position_embeddings=shape.context_length or 40960,
+            hidden_act=shape.hidden_act, attention_bias=shape.attention_bias,
         )
 
     def qwen3_config(self) -> Qwen3Config:
