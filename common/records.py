@@ -63,7 +63,10 @@ class RunConfig:
     gates: GateConfig = GateConfig()
     mode: str = "offline"  # offline: hidden-state workers store features; online: train queue
     layout: str = "dflash"  # target layers kept for the drafter: dflash (K layers) or eagle3
-    target_layers: int = 5
+    target_layers: int = 5  # K: how many target layers feed the drafter
+    # The dflash layout's layer ids as ``--target-layers`` resolved them for the model; None in
+    # run.json files written before the option took names and lists (then: the spread of K).
+    target_layer_ids: list[int] | None = None
     chat_template_sha: str | None = None
     prompt_template: str | None = None  # a format string over the row's fields, or detection
     strict_fields: bool = False  # reject rows with text no prompt uses, instead of reporting it
@@ -93,6 +96,10 @@ class RunConfig:
     def differences(self, other: RunConfig) -> list[str]:
         """Names of the fields (``sampling.x`` for sampling) whose values differ."""
         mine, theirs = _flatten(self.to_json()), _flatten(other.to_json())
+        if None in (self.target_layer_ids, other.target_layer_ids):
+            # A run.json from before the field: its layers are the spread of target_layers.
+            mine.pop("target_layer_ids", None)
+            theirs.pop("target_layer_ids", None)
         return sorted(
             name
             for name in mine.keys() | theirs.keys()

@@ -144,8 +144,10 @@ def main() -> None:
 @click.option("--layout", type=click.Choice(["dflash", "eagle3"]), default="dflash",
               show_default=True, envvar="DFLASH_LAYOUT",
               help="Target layers kept for the drafter.")
-@click.option("--target-layers", type=click.IntRange(min=1), default=5, show_default=True,
-              envvar="DFLASH_TARGET_LAYERS", help="K target layers of the dflash layout.")
+@click.option("--target-layers", default=None, envvar="DFLASH_TARGET_LAYERS",
+              help="Target layers of the dflash layout: K (the DFlash spread of K layers), a "
+                   "comma list of layer ids, or dflash|full-attention|after-full[:K] "
+                   "[default: dflash (5 layers) on a dense target, full-attention on a hybrid].")
 @click.option("--heldout-fraction", type=click.FloatRange(0, 1, max_open=True),
               default=HELDOUT_FRACTION, show_default=True, envvar="DFLASH_HELDOUT_FRACTION",
               help="Samples (by id hash) never trained on, decoded by eval-drafter.")
@@ -159,7 +161,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             prompt_field: str | None, prompt_template: str | None, strict_fields: bool,
             dry_run: bool, show: int, shard_size: int, limit: int | None, max_new_tokens: int,
             temperature: float, top_p: float, top_k: int, thinking: bool, model: str | None,
-            mode: str, layout: str, target_layers: int, heldout_fraction: float,
+            mode: str, layout: str, target_layers: str | None, heldout_fraction: float,
             heldout_min: int, as_json: bool, **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
     from producer.commands import (

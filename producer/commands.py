@@ -18,10 +18,12 @@ from common import keys
 from common.config import Settings, env_name
 from common.errors import ConfigError, InputError
 from common.gates import GateConfig
+from common.layers import DEFAULT_K, resolve_target_layers
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from common.storage import Storage
+from common.target import TargetShape
 from producer.enqueue import EnqueueReport
 from producer.fit import ContextCheck
 from producer.layouts import FORMATS, template_fields
@@ -35,7 +37,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
                      fmt: str, prompt_field: str | None, shard_size: int, limit: int | None,
                      max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                      thinking: bool, gates: GateConfig | None = None, mode: str = "offline",
-                     layout: str = "dflash", target_layers: int = 5,
+                     layout: str = "dflash", target_layers: str | int | None = None,
                      prompt_template: str | None = None, strict_fields: bool = False,
                      heldout_fraction: float = HELDOUT_FRACTION,
                      heldout_min: int = HELDOUT_MIN) -> RunConfig:
@@ -52,15 +54,20 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
     sources = [input_source(spec) for spec in specs]
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
-    template = chat_template_of(resolve_model_path(settings))
+    model_dir = resolve_model_path(settings)
+    template = chat_template_of(model_dir)
     if template is None:
         raise ConfigError(f"model {settings.model!r} has no chat template")
+    # eagle3 keeps its fixed layers; dflash freezes the ids resolved for this target.
+    layer_ids = (resolve_target_layers(target_layers, TargetShape.from_dir(model_dir))
+                 if layout == "dflash" else None)
     return RunConfig(
         run=run, model=settings.model, input=sources[0] if len(sources) == 1 else sources,
         format=fmt, prompt_field=prompt_field, shard_size=shard_size, limit=limit,
         sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, thinking=thinking),
-        gates=gates or GateConfig(), mode=mode, layout=layout, target_layers=target_layers,
+        gates=gates or GateConfig(), mode=mode, layout=layout,
+        target_layers=len(layer_ids) if layer_ids else DEFAULT_K, target_layer_ids=layer_ids,
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
         strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
     )
@@ -155,6 +162,9 @@ def render_status(status: dict[str, Any]) -> str:
                          f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
                          + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
                             if int(train.get("ranks") or 1) > 1 else ""))
+        if down.get("eval_error"):
+            lines.append(f"  drafter eval failed at step {down['eval_error']['step']} "
+                         f"(training went on): {down['eval_error']['message']}")
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
     if status.get("pause"):

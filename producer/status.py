@@ -159,10 +159,14 @@ class StatusReader:
             if isinstance(train.get(name), str):
                 train[name] = json.loads(train[name])
         tau = train.get("tau")
+        # The periodic eval's last failure, until an eval succeeds (training went on).
+        error = ({"message": train["eval_error"], "step": int(train["eval_error_step"])}
+                 if train.get("eval_error") and train.get("eval_error_step") else None)
         return {"mode": "online", "stage": "train", "parked": parked,
                 "committed": len(read_ledger(self.storage, self.run).done), "train": train,
                 "tau": float(tau) if tau not in (None, "") else None,
-                "tau_step": int(train["tau_step"]) if train.get("tau_step") else None}
+                "tau_step": int(train["tau_step"]) if train.get("tau_step") else None,
+                "eval_error": error}
 
     def _gates(self, stats: dict[str, str] | None, live: dict[str, Any] | None,
                stored: StoredProgress | None) -> dict[str, Any]:

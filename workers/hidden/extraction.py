@@ -41,6 +41,7 @@ class ExtractorConfig:
     k: int = 5
     device: str = "auto"
     dtype: str = "auto"
+    layer_ids: tuple[int, ...] | None = None   # the run's frozen dflash layers (else: by k)
 
     def resolved_device(self) -> torch.device:
         """``auto`` picks the first CUDA device when there is one."""
@@ -142,7 +143,8 @@ class HiddenExtractor:
         self.num_layers: int = shape.num_layers
         self.hidden_size: int = shape.hidden_size
         self.vocab_size: int = shape.vocab_size
-        self.layer_ids = layer_ids(config.layout, self.num_layers, config.k)
+        self.layer_ids = (list(config.layer_ids) if config.layer_ids
+                          else layer_ids(config.layout, self.num_layers, config.k))
         self.meta = HiddenMeta(layout=config.layout, layer_ids=tuple(self.layer_ids),
                                hidden_size=self.hidden_size, num_layers=self.num_layers,
                                model=str(config.model_path))

@@ -82,7 +82,9 @@ def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:
     from common.models import resolve_model_path
 
     path = resolve_model_path(replace(ctx.settings, model=config.model))
+    frozen = tuple(config.target_layer_ids) if config.target_layer_ids else None
     wanted = ExtractorConfig(str(path), layout=config.layout, k=config.target_layers,
+                             layer_ids=frozen if config.layout == "dflash" else None,
                              device=ctx.settings.hidden_device)
     with _extractor_lock:
         if wanted not in _extractors:

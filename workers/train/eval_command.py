@@ -6,12 +6,14 @@
 
 Exit 0 when every prompt decodes to exactly the target's greedy output; 1 when the run has no
 checkpoint, the drafter does not fit the target, there are no prompts, or a prompt decodes
-differently (a bug: the prompt is named).
+differently (a bug: the prompt is named). Any other failure is one ``error:`` line too, exit 1
+(the traceback goes to the log with ``-v``), never a raw traceback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import replace
 from typing import Any
@@ -20,7 +22,9 @@ import click
 
 from common.cli import EXIT_FAILURE, common_options
 from common.config import Settings
-from common.errors import ConfigError, InputError
+from common.errors import ConfigError, DflashError, InputError
+
+log = logging.getLogger(__name__)
 
 
 @click.command("eval-drafter")
@@ -45,8 +49,17 @@ def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: st
     """Decode prompts with the drafter and the run's target: acceptance length, losslessness."""
     if step is not None and drafter_dir is not None:
         raise click.UsageError("--step and --drafter are exclusive")
-    result = run_eval(settings, run, step, drafter_dir, prompts_path, num, max_new_tokens,
-                      block_size)
+    try:
+        result = run_eval(settings, run, step, drafter_dir, prompts_path, num, max_new_tokens,
+                          block_size)
+    except (DflashError, click.ClickException, OSError):
+        raise        # the shared handlers' one-line messages
+    except Exception as exc:
+        log.info("eval-drafter failed", exc_info=True)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        click.echo(f"error: evaluating the drafter of run {run!r} failed: "
+                   f"{type(exc).__name__}: {first}", err=True)
+        sys.exit(EXIT_FAILURE)
     click.echo(json.dumps(result, sort_keys=True) if as_json else render(result))
     mismatches = result["lossless"]["mismatches"]
     if mismatches:

@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from common import keys
+from common.faults import inject
 from common.models import render_chat
 from common.records import InputManifest, RunConfig, decode_jsonl_zst
 from common.storage import Storage
@@ -110,6 +111,7 @@ def evaluate(target: nn.Module, proposer: Proposer, prompts: Sequence[EvalPrompt
              layer_ids: Sequence[int], max_new_tokens: int, stops: set[int], check: bool,
              progress: Callable[[int, int], None] | None = None) -> EvalReport:
     """Speculative decoding of every prompt; with ``check``, compared with greedy decoding."""
+    inject("eval")
     results: list[Decoded] = []
     report = EvalReport(AcceptanceStats.of([], proposer.block_size))
     for done, prompt in enumerate(prompts, 1):

@@ -4,6 +4,10 @@ Every ``--eval-steps`` steps and at each checkpoint (``DFLASH_TRAIN_EVAL_STEPS``
 off) the trainer decodes ``--eval-prompts`` held-out prompts with its current drafter; the
 measured tau goes into the metrics record (Redis, so ``status`` shows it), the checkpoint's
 metrics (so ``report`` plots it over steps) and the log, next to the training estimate.
+
+It runs after the checkpoint is saved, and a failing eval never stops training: the traceback
+goes to the log, ``eval_error`` and ``eval_error_step`` to the metrics record (``status --json``
+shows them under the run's ``downstream``) until an eval succeeds again.
 """
 
 from __future__ import annotations
@@ -49,6 +53,18 @@ class PeriodicEval:
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 and step != self.last_step
+
+    def run_safely(self, drafter: Any, step: int,
+                   estimate: float | None = None) -> dict[str, Any]:
+        """:meth:`run`, or the failure as metrics fields (logged with its traceback)."""
+        try:
+            return {**self.run(drafter, step, estimate), "eval_error": "", "eval_error_step": ""}
+        except Exception as exc:   # any bug or resource error in decoding: training goes on
+            self.last_step = step
+            log.exception("run %s: step %d acceptance-length eval failed; training goes on",
+                          self.run_id, step)
+            return {"eval_error": f"{type(exc).__name__}: {exc}"[:500],
+                    "eval_error_step": str(step)}
 
     def run(self, drafter: Any, step: int, estimate: float | None = None) -> dict[str, Any]:
         """Decode the prompts with ``drafter`` now; the fields for the metrics record."""

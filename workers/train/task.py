@@ -30,7 +30,7 @@ from common.celery_app import TASK_TRAIN, app
 from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
-from common.layers import dflash_layer_ids
+from common.layers import run_layer_ids
 from common.records import RunConfig, ShardTask, TaskOutcome
 from common.runstore import RunStore
 from common.target import TargetShape
@@ -94,10 +94,12 @@ def process_train(delivery: Delivery) -> TaskOutcome:
             lease.check()
             if ctx.stopping.is_set():
                 raise ShuttingDown("worker stopping; the shard resumes from the last checkpoint")
-            train_step(ctx, session, rows[first:first + size], task)
+            estimate = train_step(ctx, session, rows[first:first + size], task)
             session.ledger.partial[str(task.shard)] = first + size
             if session.steps - session.last_checkpoint >= ctx.settings.train_checkpoint_steps:
-                checkpoint(ctx, session)
+                checkpoint(ctx, session, estimate)
+            elif session.evaluator is not None and session.evaluator.due(session.steps):
+                evaluate_drafter(ctx, session, estimate)
         session.ledger.partial.pop(str(task.shard), None)
         session.ledger.done.append(task.shard)
         # Before the task is acked: a shard reported done is always in a checkpoint's ledger.
@@ -134,8 +136,10 @@ def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[A
             for r in iter_hidden_records(ctx.storage, task.run, [task.shard])]
 
 
-def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: ShardTask) -> None:
-    """One optimizer step (target features on the fly unless stored); metrics to Redis and log."""
+def train_step(ctx: WorkerContext, session: Session, rows: list[Any],
+               task: ShardTask) -> float | None:
+    """One optimizer step (target features on the fly unless stored); metrics to Redis and log.
+    Returns the step's training estimate of the acceptance length (None: nothing trained)."""
     from workers.train.drafter.features import FeaturedRow, with_target_features
 
     featured = rows
@@ -147,33 +151,41 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any], task: Shar
         metrics = session.trainer.step(featured)
     except NothingToTrain as skip:
         log.info("run %s shard %d: %s", task.run, task.shard, skip)
-        return
+        return None
     log.info("run %s shard %d: %s", task.run, task.shard, metrics.summary())
     record = {"step": metrics.step, "loss": round(metrics.loss, 5),
               "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
               "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
               "acceptance_length": round(metrics.acceptance_length, 3),
               "tokens_per_s": round(metrics.tokens_per_s, 1), **group_fields(), "at": time.time()}
-    if session.evaluator is not None and session.evaluator.due(session.steps):
-        record.update(session.evaluator.run(session.trainer.drafter, session.steps,
-                                            metrics.acceptance_length))
-    log_step(ctx.settings.tensorboard_dir, task.run, record)
+    record_metrics(ctx, task.run, record)
+    return metrics.acceptance_length
+
+
+def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None:
+    """The metrics row: TensorBoard (when on) and the Redis record that ``status`` reads."""
+    log_step(ctx.settings.tensorboard_dir, run, record)
     try:
-        ctx.redis.hset(TRAIN.keys(task.run).metrics, mapping=record)
+        ctx.redis.hset(TRAIN.keys(run).metrics, mapping=record)
     except redis.RedisError as err:
-        log.warning("run %s: training metrics not recorded: %s", task.run, err)
+        log.warning("run %s: training metrics not recorded: %s", run, err)
 
 
-def checkpoint(ctx: WorkerContext, session: Session) -> None:
-    """Save the trainer and ledger, with the latest metrics and a fresh acceptance length."""
-    key = TRAIN.keys(session.run).metrics
-    if session.evaluator is not None and session.evaluator.last_step != session.steps:
-        ctx.redis.hset(key, mapping=session.evaluator.run(session.trainer.drafter,
-                                                          session.steps))
-    metrics = ctx.redis.hgetall(key)
+def checkpoint(ctx: WorkerContext, session: Session, estimate: float | None = None) -> None:
+    """Save the trainer and ledger with the latest metrics, then measure the acceptance length:
+    an evaluation that fails, or never returns, cannot cost the steps since the last one."""
+    metrics = ctx.redis.hgetall(TRAIN.keys(session.run).metrics)
     save_checkpoint(ctx.storage, session.run, session.steps, session.trainer.state_dict(),
                     session.ledger, metrics)
     session.last_checkpoint = session.steps
+    if session.evaluator is not None and session.evaluator.last_step != session.steps:
+        evaluate_drafter(ctx, session, estimate)
+
+
+def evaluate_drafter(ctx: WorkerContext, session: Session, estimate: float | None) -> None:
+    """The periodic eval; a failure is recorded (log, metrics row, ``status``), never raised."""
+    fields = session.evaluator.run_safely(session.trainer.drafter, session.steps, estimate)
+    record_metrics(ctx, session.run, {"step": session.steps, **fields})
 
 
 def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
@@ -203,7 +215,8 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         target.to("cuda")
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    layers = dflash_layer_ids(TargetShape.of(target).num_layers, config.target_layers)
+    layers = run_layer_ids(config.target_layer_ids, config.target_layers,
+                           TargetShape.of(target).num_layers)
     resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
     if resumed is not None:
         state, ledger = resumed
@@ -211,7 +224,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
                  trainer.steps, len(ledger.done))
     else:
-        drafter = DFlashDraftModel.for_target(target, mask_id, num_features=config.target_layers,
+        drafter = DFlashDraftModel.for_target(target, mask_id, layer_ids=layers,
                                               num_hidden_layers=ctx.settings.drafter_layers)
         trainer = DrafterTrainer(drafter, TrainConfig(
             total_steps=ctx.settings.train_total_steps,

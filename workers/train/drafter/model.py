@@ -19,6 +19,7 @@ Parameter names match the DFlash checkpoints SGLang loads (``layers.N.self_attn.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +77,10 @@ class DFlashConfig:
 
     @classmethod
     def from_target(cls, target_config: Any, mask_token_id: int, *, num_hidden_layers: int = 5,
-                    block_size: int = 16, num_features: int = 5) -> DFlashConfig:
-        """Copy the target's layer shape and pick ``num_features`` DFlash target layers."""
+                    block_size: int = 16, num_features: int = 5,
+                    layer_ids: Sequence[int] | None = None) -> DFlashConfig:
+        """Copy the target's layer shape; read ``layer_ids`` (default: ``num_features`` layers
+        of the DFlash spread)."""
         shape = TargetShape.of(target_config)
         heads = shape.num_attention_heads
         if heads is None or shape.intermediate_size is None:
@@ -91,7 +94,7 @@ class DFlashConfig:
             head_dim=shape.head_dim or shape.hidden_size // heads,
             intermediate_size=shape.intermediate_size, vocab_size=shape.vocab_size,
             num_target_layers=shape.num_layers,
-            target_layer_ids=tuple(dflash_layer_ids(shape.num_layers, num_features)),
+            target_layer_ids=tuple(layer_ids or dflash_layer_ids(shape.num_layers, num_features)),
             mask_token_id=mask_token_id, num_hidden_layers=num_hidden_layers,
             block_size=block_size, rms_norm_eps=shape.rms_norm_eps,
             rope_theta=shape.rope_theta or 1_000_000.0,
@@ -262,11 +265,13 @@ class DFlashDraftModel(nn.Module):
     @classmethod
     def for_target(cls, target: nn.Module, mask_token_id: int, *, num_hidden_layers: int = 5,
                    block_size: int = 16, num_features: int = 5,
+                   layer_ids: Sequence[int] | None = None,
                    init_seed: int = 0) -> DFlashDraftModel:
         """A fresh drafter shaped after ``target`` (an HF causal LM), on the target's device."""
         config = DFlashConfig.from_target(target.config, mask_token_id,
                                           num_hidden_layers=num_hidden_layers,
-                                          block_size=block_size, num_features=num_features)
+                                          block_size=block_size, num_features=num_features,
+                                          layer_ids=layer_ids)
         drafter = cls(config, target.get_input_embeddings(), target.get_output_embeddings(),
                       init_seed=init_seed)
         return drafter.to(target.get_input_embeddings().weight.device)
