@@ -5,28 +5,33 @@
     assert out.tokens == greedy_generate(target, prompt_ids, 512, stop_ids).tokens   # lossless
     stats = AcceptanceStats.of([out, ...], proposer.block_size)     # tau, histogram, per position
 
-The target prefills the prompt into its KV cache (HF ``DynamicCache``) and keeps its DFlash
-layers' features. Each step the proposer fills the block ``[last token, MASK x (B-1)]`` from the
-context features, the target verifies the block in one forward over its cache, the longest draft
-prefix equal to the target's own greedy choices is accepted plus the target's next token, the
-cache is cropped back to the accepted tokens and their features extend the drafter's context.
-A step's acceptance length counts the accepted drafts plus one, before any cut at a stop token
-or the token budget, as SGLang's ``spec_accept_length`` does.
+The target prefills the prompt into its cache (HF ``DynamicCache``; a hybrid target's also holds
+its linear-attention layers' conv and recurrent state) and keeps its DFlash layers' features.
+Each step the proposer fills the block ``[last token, MASK x (B-1)]`` from the context
+features, the target verifies the block in one forward over its cache, the longest draft prefix
+equal to the target's own greedy choices is accepted plus the target's next token, the cache is
+rolled back to the accepted tokens (:mod:`workers.train.drafter.target_cache`: a crop for
+attention layers, a state rollback for linear-attention ones) and their features extend the
+drafter's context. A step's acceptance length counts the accepted drafts plus one, before any
+cut at a stop token or the token budget, as SGLang's ``spec_accept_length`` does.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from workers.train.drafter.model import ContextCache, DFlashDraftModel
+from workers.train.drafter.target_cache import (
+    DEFAULT_ROLLBACK,
+    TargetCache,
+    new_cache,
+    target_forward,
+)
 
 
 @dataclass(frozen=True)
@@ -89,46 +94,25 @@ def _device(target: nn.Module) -> torch.device:
     return target.get_input_embeddings().weight.device
 
 
-@functools.cache
-def _cache_argument(model_type: type) -> str:
-    params = inspect.signature(model_type.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"   # renamed in transformers 5
-
-
-def _forward(target: nn.Module, ids: torch.Tensor, cache: DynamicCache, **kw: Any) -> Any:
-    """One target forward over ``ids`` [1, n] appending to ``cache``."""
-    return target(input_ids=ids, use_cache=True, **{_cache_argument(type(target)): cache}, **kw)
-
-
-def _crop(cache: DynamicCache, length: int) -> None:
-    """Drop cached positions from ``length`` on (a negative crop: the form every version takes)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
-
-
 def _ended(tokens: list[int], budget: int, stop_ids: set[int]) -> bool:
     return len(tokens) >= budget or tokens[-1] in stop_ids
 
 
-@torch.no_grad()
-def _prefill(target: nn.Module, prompt_ids: list[int], cache: DynamicCache,
-             hidden: bool) -> Any:
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=_device(target))
-    return _forward(target, ids, cache, output_hidden_states=hidden, logits_to_keep=1)
+def _prompt(target: nn.Module, prompt_ids: list[int]) -> torch.Tensor:
+    return torch.tensor([prompt_ids], dtype=torch.long, device=_device(target))
 
 
 @torch.no_grad()
 def greedy_generate(target: nn.Module, prompt_ids: list[int], max_new_tokens: int,
                     stop_ids: Iterable[int]) -> Decoded:
-    """Plain greedy decoding of the target, one token per forward over its KV cache."""
+    """Plain greedy decoding of the target, one token per forward over its cache."""
     stops = set(stop_ids)
-    cache = DynamicCache()
-    out = _prefill(target, prompt_ids, cache, hidden=False)
+    cache = new_cache(target)
+    out = target_forward(target, _prompt(target, prompt_ids), cache, logits_to_keep=1)
     tokens, forwards = [int(out.logits[0, -1].argmax())], 1
     while not _ended(tokens, max_new_tokens, stops):
         step = torch.tensor([[tokens[-1]]], dtype=torch.long, device=_device(target))
-        out = _forward(target, step, cache)
+        out = target_forward(target, step, cache)
         tokens.append(int(out.logits[0, -1].argmax()))
         forwards += 1
     return Decoded(tokens, forwards)
@@ -137,11 +121,14 @@ def greedy_generate(target: nn.Module, prompt_ids: list[int], max_new_tokens: in
 @torch.no_grad()
 def speculative_generate(target: nn.Module, proposer: Proposer, prompt_ids: list[int],
                          layer_ids: Sequence[int], max_new_tokens: int,
-                         stop_ids: Iterable[int]) -> Decoded:
-    """Greedy speculative decoding: the target's own greedy output, in fewer target forwards."""
+                         stop_ids: Iterable[int], rollback: str = DEFAULT_ROLLBACK) -> Decoded:
+    """Greedy speculative decoding: the target's own greedy output, in fewer target forwards.
+
+    ``rollback`` picks how a hybrid target's linear-attention state returns to the accepted
+    prefix (:mod:`workers.train.drafter.target_cache`); a dense target ignores it."""
     stops = set(stop_ids)
-    cache = DynamicCache()
-    out = _prefill(target, prompt_ids, cache, hidden=True)
+    cache = TargetCache.for_target(target, rollback)
+    out = cache.forward(_prompt(target, prompt_ids), output_hidden_states=True, logits_to_keep=1)
     tokens = [int(out.logits[0, -1].argmax())]
     sequence = list(prompt_ids) + tokens
     features = layer_features(out.hidden_states, layer_ids)
@@ -150,13 +137,13 @@ def speculative_generate(target: nn.Module, proposer: Proposer, prompt_ids: list
     while not _ended(tokens, max_new_tokens, stops):
         drafts = proposer.propose(sequence, features).to(_device(target))
         block = torch.cat([torch.tensor([tokens[-1]], device=drafts.device), drafts])
-        out = _forward(target, block[None], cache, output_hidden_states=True)
+        out = cache.verify(block[None], output_hidden_states=True)
         forwards += 1
         choices = out.logits[0].argmax(-1)
         n = int((block[1:] == choices[:-1]).cumprod(0).sum())
         accepted.append(n + 1)
         # The anchor and the n accepted drafts stay in the cache; the rest was speculation.
-        _crop(cache, len(sequence) + n)
+        cache.keep(n + 1, len(sequence) + n)
         features = layer_features(out.hidden_states, layer_ids)[: n + 1]
         for token in block[1:n + 1].tolist() + [int(choices[n])]:
             tokens.append(token)
