@@ -41,8 +41,8 @@ def drafter_block_size(drafter: Path) -> int:
                           "`dflash-pipeline export-drafter --run RUN --out DIR`") from None
 
 
-def build(settings: Settings, kind: str, drafter: Path | None,
-          max_running_requests: int) -> dict[str, Any]:
+def build(settings: Settings, kind: str, drafter: Path | None, max_running_requests: int,
+          host: str = "127.0.0.1") -> dict[str, Any]:
     """The launch line of ``kind`` for the configured target, with doctor's mamba warning."""
     from common.gpu_host import check_mamba_cache
     from common.serving import (
@@ -70,7 +70,7 @@ def build(settings: Settings, kind: str, drafter: Path | None,
                               "directory)")
         engine_args = dflash_engine_args(drafter.resolve(), block_size=drafter_block_size(drafter),
                                          shape=shape, max_running_requests=max_running_requests)
-    argv = launch_argv(path, port=settings.engine_port, tp=settings.tp,
+    argv = launch_argv(path, host=host, port=settings.engine_port, tp=settings.tp,
                        mem_fraction_static=settings.mem_fraction_static,
                        engine_args=engine_args, python="python")
     block = drafter_block_size(drafter) if drafter is not None else None
@@ -92,15 +92,18 @@ def serve_command_command(common_options: Callable[[Callable[..., Any]], Callabl
     @click.option("--max-running-requests", type=click.IntRange(min=1), default=None,
                   help="Requests SGLang runs at once; on a hybrid target the mamba state cache "
                        "is sized for them [default: DFLASH_MAX_IN_FLIGHT].")
+    @click.option("--host", default="127.0.0.1", show_default=True,
+                  help="Address SGLang listens on (0.0.0.0 to serve other hosts).")
     @click.option("--json", "as_json", is_flag=True, help="Print the line as one JSON object.")
     @common_options
     def serve_command(settings: Settings, kind: str, model: str | None, drafter: Path | None,
-                      max_running_requests: int | None, as_json: bool) -> None:
+                      max_running_requests: int | None, host: str, as_json: bool) -> None:
         """Print the SGLang launch line: generation with the target's MTP head, or DFLASH."""
         if model:
             settings = replace(settings, model=model)
         try:
-            result = build(settings, kind, drafter, max_running_requests or settings.max_in_flight)
+            result = build(settings, kind, drafter, max_running_requests or settings.max_in_flight,
+                           host)
         except ConfigError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_FAILURE)

@@ -146,9 +146,11 @@ def test_serve_command_prints_both_lines(tmp_path: Path) -> None:
     assert mtp["argv"][mtp["argv"].index("--model-path") + 1] == str(target)
     assert_known(mtp["argv"])
 
-    code, out = serve("dflash", "--model", str(target), "--drafter", str(drafter))
+    code, out = serve("dflash", "--model", str(target), "--drafter", str(drafter), "--host",
+                      "0.0.0.0")
     assert code == 0, out
     line, workers_line = out.splitlines()[:2]
+    assert " --host 0.0.0.0 " in line
     assert "--speculative-algorithm DFLASH" in line and "--max-mamba-cache-size 136" in line
     assert_known(shlex.split(line))
     assert workers_line.startswith("# a generate worker starts the same engine with ")
