@@ -1,21 +1,25 @@
-"""One prepared check of the CUDA paths on a randomly initialised Qwen3-8B-shaped target.
+"""One prepared check of the CUDA paths on a randomly initialised target: dense or hybrid.
 
 Run on a GPU host (nothing is downloaded; about 2-4 minutes on one H100/H200, < 8 by design):
-``python benchmarks/gpu_check.py``; the test suite's smoke run is ``python
-benchmarks/gpu_check.py --device cpu --tiny`` (the tiny model's dims, float32, seconds).
+``python benchmarks/gpu_check.py`` (dense Qwen3-8B) and ``python benchmarks/gpu_check.py
+--target qwen3.6-27b`` (hybrid); the test suite's smoke runs add ``--device cpu --tiny`` (the
+tiny twins' dims, float32, seconds).
 
-The target is built from a ``Qwen3Config`` with Qwen3-8B's dims (hidden 4096, 36 layers, 32
-heads, 8 KV heads, head_dim 128, intermediate 12288, vocab 151936) directly on the device in
-bf16. Then: (a) hidden-state extraction (``HiddenExtractor`` on that model) tokens/s and peak
-memory at 2K and 4K tokens; (b) the drafter training step with flex_attention (compiled on CUDA)
-versus the dense SDPA mask: the loss of one batch from identical weights must agree to bf16
-tolerance, then tokens/s and peak memory of each; (c) the speculative-decoding eval loop (a
-random drafter) against plain greedy decoding: decode tokens/s and the same tokens; (d) the
-block masks' numerics: dense SDPA and flex attention on CUDA (fp32 and bf16) against dense SDPA
-on the CPU in fp32 (CPU only: flex eager against dense). Prints one table; exits 1 on a numerics
-mismatch (or non-finite hidden states). Peak memory is ``torch.cuda.max_memory_allocated`` above
-what was resident before the part (the target's weights), timings synchronise the device first;
-on the CPU both read "-".
+The dense target is built from a ``Qwen3Config`` with Qwen3-8B's dims (hidden 4096, 36 layers,
+32 heads, 8 KV heads, head_dim 128, intermediate 12288, vocab 151936), the hybrid one from
+Qwen3.6-27B's ``text_config`` (``benchmarks/gpu_targets.py``: hidden 5120, Gated DeltaNet and
+gated attention 3:1, vocab 248320; 16 of its 64 layers by default, ``--layers``), directly on
+the device in bf16; for the hybrid a last row names the Gated DeltaNet kernels that ran (flash-
+linear-attention / causal-conv1d when installed, else torch's fallback). Then: (a) hidden-state
+extraction (``HiddenExtractor`` on that model) tokens/s and peak memory at 2K and 4K tokens; (b)
+the drafter training step with flex_attention (compiled on CUDA) versus the dense SDPA mask: the
+loss of one batch from identical weights must agree to bf16 tolerance, then tokens/s and peak
+memory of each; (c) the speculative-decoding eval loop (a random drafter) against plain greedy
+decoding: decode tokens/s and the same tokens; (d) the block masks' numerics: dense SDPA and
+flex attention on CUDA (fp32 and bf16) against dense SDPA on the CPU in fp32 (CPU only: flex
+eager against dense). Prints one table; exits 1 on a numerics mismatch (or non-finite hidden
+states). Peak memory is ``torch.cuda.max_memory_allocated`` above what was resident before the
+part (the target's weights), timings synchronise the device first; on the CPU both read "-".
 """
 
 from __future__ import annotations
@@ -28,14 +32,22 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+from benchmarks.gpu_targets import (  # noqa: E402
+    DENSE,
+    HYBRID,
+    TARGETS,
+    build_target,
+    describe,
+    linear_attention_kernels,
+)
 from common.errors import HiddenStateError  # noqa: E402
 from common.trainrows import TrainingRow  # noqa: E402
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
@@ -45,12 +57,6 @@ from workers.train.drafter.model import DFlashConfig, DFlashDraftModel  # noqa: 
 from workers.train.drafter.train import DrafterTrainer, TrainConfig  # noqa: E402
 
 GIB = 1024**3
-QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
-                max_position_embeddings=40960, tie_word_embeddings=False)
-TINY = dict(hidden_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=32, intermediate_size=384, vocab_size=6008, max_position_embeddings=4096,
-            tie_word_embeddings=True)   # as embedded/tinybuild.py builds the tiny model
 
 
 @dataclass(frozen=True)
@@ -88,22 +94,6 @@ class Meter:
                      if self.device.type == "cuda" else None)
 
 
-def build_target(tiny: bool, device: torch.device) -> Qwen3ForCausalLM:
-    """A random Qwen3 of the chosen shape, initialised on ``device`` in its compute dtype."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = Qwen3Config(**(TINY if tiny else QWEN3_8B), rms_norm_eps=1e-6,
-                         rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"})
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = Qwen3ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval().requires_grad_(False)
-
-
 def random_rows(count: int, length: int, vocab: int, seed: int) -> list[TrainingRow]:
     """Rows of random ids (the mask id, ``vocab - 1``, never among them), answer = last 3/4."""
     gen = torch.Generator().manual_seed(seed)
@@ -112,7 +102,7 @@ def random_rows(count: int, length: int, vocab: int, seed: int) -> list[Training
                         [0] * prompt + [1] * (length - prompt)) for i in range(count)]
 
 
-def part_extraction(target: Qwen3ForCausalLM, device: torch.device, lengths: list[int],
+def part_extraction(target: Any, device: torch.device, lengths: list[int],
                     batch_tokens: int) -> list[Row]:
     """(a) HiddenExtractor tokens/s and peak memory, two full batches per length."""
     extractor = HiddenExtractor(ExtractorConfig("random-target", device=str(device)), model=target)
@@ -136,7 +126,7 @@ def part_extraction(target: Qwen3ForCausalLM, device: torch.device, lengths: lis
     return rows
 
 
-def part_training(target: Qwen3ForCausalLM, device: torch.device, rows_per_step: int,
+def part_training(target: Any, device: torch.device, rows_per_step: int,
                   length: int, anchors: int, steps: int) -> list[Row]:
     """(b) flex vs dense SDPA: same loss from the same weights and batch, then step speed."""
     mask_id = target.config.vocab_size - 1
@@ -184,7 +174,7 @@ def part_training(target: Qwen3ForCausalLM, device: torch.device, rows_per_step:
                            flex_row.peak_gib, verdict, ok=close)]
 
 
-def part_specdec(target: Qwen3ForCausalLM, device: torch.device, prompt_len: int,
+def part_specdec(target: Any, device: torch.device, prompt_len: int,
                  new_tokens: int) -> list[Row]:
     """(c) the speculative-decoding eval loop (random drafter) vs plain greedy decoding."""
     from workers.train.drafter.specdec import (
@@ -206,11 +196,18 @@ def part_specdec(target: Qwen3ForCausalLM, device: torch.device, prompt_len: int
                 return greedy_generate(target, prompt, new_tokens, set())
             return speculative_generate(target, DFlashProposer(drafter), prompt, layer_ids,
                                         new_tokens, set())
-        run()                                      # warm-up
-        with Meter(device) as meter:
-            outs[side] = run()
+        try:
+            run()                                  # warm-up
+            with Meter(device) as meter:
+                outs[side] = run()
+        except Exception as exc:   # a loop that cannot run on this target is a finding
+            rows.append(Row("c spec-decoding", f"{side}, {prompt_len}-tok prompt", None, None,
+                            f"FAILED: {type(exc).__name__}: {exc}"[:160], ok=False))
+            continue
         rows.append(Row("c spec-decoding", f"{side}, {prompt_len}-tok prompt, {new_tokens} new",
                         new_tokens / meter.seconds, meter.peak, "decode tokens/s"))
+    if len(outs) < 2:
+        return rows
     same = outs["greedy"].tokens == outs["speculative"].tokens
     tau = AcceptanceStats.of([outs["speculative"]], drafter.config.block_size).tau
     # bf16 on CUDA: a block verify and a one-token decode may round a near-tie differently.
@@ -275,6 +272,10 @@ def render(rows: list[Row]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cuda, cpu")
+    parser.add_argument("--target", choices=TARGETS, default=DENSE,
+                        help=f"target shape: dense {DENSE} or hybrid {HYBRID} [{DENSE}]")
+    parser.add_argument("--layers", type=int, default=None,
+                        help=f"{HYBRID}: layers kept of 64, a multiple of 4 [16]")
     parser.add_argument("--tiny", action="store_true", help="the tiny model's dims (CPU smoke)")
     parser.add_argument("--lengths", default=None, help="extraction row lengths [2048,4096]")
     parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per batch [16384]")
@@ -288,15 +289,20 @@ def main() -> None:
     device = torch.device(args.device if args.device != "auto"
                           else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
-        parser.error("the Qwen3-8B shape needs a GPU; add --tiny for the CPU smoke run")
+        parser.error(f"the {args.target} shape needs a GPU; add --tiny for the CPU smoke run")
     small = args.tiny
     lengths = [int(n) for n in (args.lengths or ("256,512" if small else "2048,4096")).split(",")]
-    target = build_target(args.tiny, device)
+    try:
+        target = build_target(args.target, args.tiny, device, args.layers)
+    except ValueError as exc:
+        parser.error(str(exc))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     params = sum(p.numel() for p in target.parameters()) / 1e9
+    hybrid = args.target == HYBRID
     print(f"gpu_check on {name}: torch {torch.__version__}, target "
-          f"{'tiny' if args.tiny else 'Qwen3-8B'} shape ({params:.2f}B params, random, "
-          f"{next(target.parameters()).dtype})", flush=True)
+          f"{describe(args.target, args.tiny, args.layers)} ({params:.2f}B params, random, "
+          f"{next(target.parameters()).dtype})"
+          + (f"; Gated DeltaNet {linear_attention_kernels()}" if hybrid else ""), flush=True)
     rows = part_extraction(target, device, lengths,
                            args.batch_tokens or (2048 if small else 16384))
     rows += part_training(target, device, args.train_rows,
@@ -304,6 +310,9 @@ def main() -> None:
                           args.anchors or (8 if small else 128), args.steps or (2 if small else 5))
     rows += part_specdec(target, device, 128 if small else 2048, 16 if small else 64)
     rows += part_masks(device)
+    if hybrid:
+        rows.append(Row("e linear attention", linear_attention_kernels(), None, None,
+                        "the kernels parts a-c ran"))
     print(render(rows))
     bad = [r for r in rows if not r.ok]
     if bad:

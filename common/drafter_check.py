@@ -4,7 +4,9 @@
     for r in check_drafter(Path("out/drafter"), Path("/models/Qwen3-8B")):
         print(r.status, r.name, r.detail, r.fix)
 
-``dflash-pipeline doctor --drafter DIR [--model TARGET]`` prints these rows. Only the two
+``dflash-pipeline doctor --drafter DIR [--model TARGET]`` prints these rows. The target's
+settings come from :class:`common.target.TargetShape` (a Qwen3.5/3.6 checkpoint nests them under
+``text_config``). Only the two
 ``config.json`` files and the safetensors headers are read (no weights, no torch), so a
 multi-GB export is checked in milliseconds. The tensor rules follow SGLang's DFlash loader
 (``sglang/srt/models/dflash.py``, release pinned in pyproject's ``gpu`` extra): it maps
@@ -20,7 +22,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from common.errors import ConfigError
 from common.preflight import CheckResult
+from common.target import FULL_ATTENTION, TargetShape
 
 ARCHITECTURE = "DFlashDraftModel"
 _EXPORT_FIX = ("re-export with `dflash-pipeline export-drafter --run RUN --out DIR` "
@@ -39,15 +43,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _text(config: dict[str, Any]) -> dict[str, Any]:
-    """The language-model part of a (possibly multimodal) HF config."""
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
-
-
 def _dtype_name(config: dict[str, Any]) -> str | None:
-    name = (_text(config).get("dtype") or _text(config).get("torch_dtype")
-            or config.get("dtype") or config.get("torch_dtype"))
+    """A drafter config's stated dtype (flat: the drafter is a Qwen3-style config)."""
+    name = config.get("dtype") or config.get("torch_dtype")
     return str(name).removeprefix("torch.") if name else None
 
 
@@ -132,10 +130,10 @@ def check_tensors(draft: dict[str, Any],
 
 
 def check_dtype(draft: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...]]],
-                target: dict[str, Any]) -> CheckResult:
+                target: TargetShape) -> CheckResult:
     """The export's config dtype and every tensor's dtype are the target's."""
     name = "drafter dtype"
-    wanted = _dtype_name(target)
+    wanted = target.dtype.removeprefix("torch.") if target.dtype else None
     stated = _dtype_name(draft)
     stored = sorted({_ST_DTYPES.get(dtype, dtype) for dtype, _ in tensors.values()})
     if wanted is None:
@@ -153,10 +151,9 @@ def check_dtype(draft: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, 
     return CheckResult(name, ok=True, detail=f"{wanted}, as the target")
 
 
-def _check_shape(draft: dict[str, Any], target: dict[str, Any]) -> list[CheckResult]:
-    text = _text(target)
+def _check_shape(draft: dict[str, Any], target: TargetShape) -> list[CheckResult]:
     results = []
-    vocab = int(text["vocab_size"])
+    vocab = target.vocab_size
     dflash = draft.get("dflash_config") or {}
     mask_id = dflash.get("mask_token_id", draft.get("mask_token_id"))
     if mask_id is None:
@@ -176,30 +173,44 @@ def _check_shape(draft: dict[str, Any], target: dict[str, Any]) -> list[CheckRes
     else:
         results.append(CheckResult("drafter mask token", ok=True,
                                    detail=f"mask_token_id {mask_id} < vocab_size {vocab}"))
-    hidden, target_hidden = int(draft["hidden_size"]), int(text["hidden_size"])
+    hidden, target_hidden = int(draft["hidden_size"]), target.hidden_size
     results.append(
         CheckResult("drafter hidden size", ok=True, detail=f"{hidden}, as the target")
         if hidden == target_hidden else
         CheckResult("drafter hidden size", ok=False,
                     detail=f"drafter hidden_size {hidden} != target hidden_size {target_hidden}",
                     fix=_TARGET_FIX))
-    layers = int(text["num_hidden_layers"])
-    ids = list(dflash.get("target_layer_ids", draft.get("target_layer_ids")) or [])
-    outside = [i for i in ids if not 0 <= int(i) < layers]
-    if not ids:
-        results.append(CheckResult("drafter target layers", ok=True, warn=True,
-                                   detail="no target_layer_ids: SGLang picks its own layers, "
-                                          "which need not be the ones the drafter trained on",
-                                   fix=f"{_EXPORT_FIX}, which records target_layer_ids"))
-    elif outside:
-        results.append(CheckResult("drafter target layers", ok=False,
-                                   detail=f"target_layer_ids {ids}: {outside} not below the "
-                                          f"target's num_hidden_layers {layers}",
-                                   fix=_TARGET_FIX))
-    else:
-        results.append(CheckResult("drafter target layers", ok=True,
-                                   detail=f"target_layer_ids {ids} within {layers} layers"))
+    results.append(_check_layers(draft, dflash, target))
     return results
+
+
+def _check_layers(draft: dict[str, Any], dflash: dict[str, Any],
+                  target: TargetShape) -> CheckResult:
+    """The recorded target layers exist in the target, and the drafter trained on its depth."""
+    name, layers = "drafter target layers", target.num_layers
+    ids = [int(i) for i in dflash.get("target_layer_ids", draft.get("target_layer_ids")) or []]
+    outside = [i for i in ids if not 0 <= i < layers]
+    trained = dflash.get("num_target_layers", draft.get("num_target_layers"))
+    if not ids:
+        return CheckResult(name, ok=True, warn=True,
+                           detail="no target_layer_ids: SGLang picks its own layers, "
+                                  "which need not be the ones the drafter trained on",
+                           fix=f"{_EXPORT_FIX}, which records target_layer_ids")
+    if outside:
+        return CheckResult(name, ok=False,
+                           detail=f"target_layer_ids {ids}: {outside} not below the "
+                                  f"target's num_hidden_layers {layers}", fix=_TARGET_FIX)
+    if trained is not None and int(trained) != layers:
+        return CheckResult(name, ok=False,
+                           detail=f"num_target_layers {trained}: the drafter was trained on a "
+                                  f"{trained}-layer target, this one has {layers} layers",
+                           fix=_TARGET_FIX)
+    detail = f"target_layer_ids {ids} within {layers} layers"
+    if target.is_hybrid:
+        kinds = ", ".join(f"{i}:{'full' if target.layer_types[i] == FULL_ATTENTION else 'linear'}"
+                          for i in ids)
+        detail += f" of a hybrid target ({kinds})"
+    return CheckResult(name, ok=True, detail=detail)
 
 
 def check_drafter(drafter_dir: Path, target_dir: Path) -> list[CheckResult]:
@@ -222,8 +233,9 @@ def check_drafter(drafter_dir: Path, target_dir: Path) -> list[CheckResult]:
                                    f"{draft.get('architectures')} lacks {ARCHITECTURE}",
                             fix=_EXPORT_FIX)]
     try:
-        target = _read_json(target_dir / "config.json")
-    except (OSError, ValueError) as exc:
+        target = TargetShape.from_dict(_read_json(target_dir / "config.json"),
+                                       str(target_dir / "config.json"))
+    except (OSError, ValueError, ConfigError) as exc:
         return [CheckResult("drafter target", ok=False, detail=f"{target_dir}: {exc}",
                             fix="pass the target model directory with --model / DFLASH_MODEL")]
     files_row = CheckResult("drafter files", ok=True,

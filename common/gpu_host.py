@@ -7,7 +7,8 @@
 The pinned release is read from this package's own metadata (the ``gpu`` extra in
 pyproject.toml, the one place it is written), so doctor never carries a second copy. On a host
 without SGLang or without an NVIDIA driver the rows are WARN, not FAIL: the CPU engine needs
-neither.
+neither. :func:`check_mamba_cache` warns when SGLang's mamba state cache would cap DFLASH's
+concurrency on a hybrid (Gated DeltaNet) target.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from common.preflight import GIB, CheckResult, NoNvidiaDriver, no_driver_result, nvml_session
+from common.target import TargetShape
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +109,46 @@ def _nvml_rows(nvml: Any) -> list[CheckResult]:
         else:
             rows.append(CheckResult(f"gpu {gpu} memory", ok=True, detail=detail))
     return rows
+
+
+def check_mamba_cache(shape: TargetShape, engine_args: str, concurrency: int,
+                      drafter_block_size: int | None = None) -> CheckResult | None:
+    """Whether SGLang's mamba state cache would cap DFLASH concurrency on a hybrid target.
+
+    Each running DFLASH request holds ``1 + draft tokens`` state slots; when
+    ``--max-mamba-cache-size`` is smaller than that times the requests wanted (``concurrency``,
+    the worker's requests in flight, or ``--max-running-requests``), SGLang quietly runs fewer
+    at a time and logs it at info level only (sgl-project/sglang#36889). None when it does
+    not apply: a dense target, or a launch line without DFLASH and no drafter to serve.
+    """
+    from common.serving import DFLASH, DFLASH_BLOCK_SIZE, mamba_slots_needed, spec_settings
+
+    spec = spec_settings(engine_args)
+    if not shape.is_hybrid or (spec.algorithm != DFLASH and drafter_block_size is None):
+        return None
+    name = "mamba state cache"
+    draft = spec.draft_tokens or drafter_block_size or DFLASH_BLOCK_SIZE
+    running = spec.max_running_requests or concurrency
+    needed = mamba_slots_needed(running, draft)
+    per_request = f"{1 + draft} state slots per request (1 + {draft} draft tokens)"
+    fix = (f"add `--max-running-requests {running} --max-mamba-cache-size {needed}` to "
+           "DFLASH_ENGINE_ARGS (or lower --max-running-requests / DFLASH_MAX_IN_FLIGHT); "
+           "SGLang logs 'max_running_requests is capped to N by the mamba state cache' when it "
+           "caps")
+    layers = f"{len(shape.linear_attention_layers)} linear-attention layers"
+    if spec.max_mamba_cache_size is None:
+        return CheckResult(name, ok=True, warn=True,
+                           detail=f"hybrid target ({layers}) with DFLASH: {running} requests "
+                                  f"need {needed} mamba slots, {per_request}; "
+                                  "--max-mamba-cache-size is unset, so SGLang sizes the cache "
+                                  "from free memory and may cap concurrency below "
+                                  f"{running}", fix=fix)
+    cap = spec.max_mamba_cache_size // (1 + draft)
+    if cap < running:
+        return CheckResult(name, ok=True, warn=True,
+                           detail=f"--max-mamba-cache-size {spec.max_mamba_cache_size} caps "
+                                  f"DFLASH at {cap} running requests of the {running} wanted "
+                                  f"({per_request}, {layers})", fix=fix)
+    return CheckResult(name, ok=True,
+                       detail=f"--max-mamba-cache-size {spec.max_mamba_cache_size} holds "
+                              f"{running} DFLASH requests ({per_request})")

@@ -9,8 +9,10 @@ Exit code 0 when no check FAILs (WARN is fine), 1 otherwise. ``--json`` prints o
 ``{"ok": bool, "checks": [{"name", "status", "ok", "warn", "detail", "fix"}]}``. ``producer.cli``
 registers the command with ``main.add_command(doctor_command(common_options))``. On a GPU host
 it also reports SGLang (installed, importable, the pinned release), NVML and each GPU's free
-memory (:mod:`common.gpu_host`); ``--drafter`` adds the export checks of
-:mod:`common.drafter_check` against the target.
+memory (:mod:`common.gpu_host`), and for a hybrid (Qwen3.5/3.6) target served with DFLASH
+whether SGLang's mamba state cache would cap its concurrency; ``--drafter`` adds the export
+checks of :mod:`common.drafter_check` against the target and, when they pass, the DFLASH launch
+line (``serve-command dflash``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -29,6 +32,7 @@ import click
 
 from common.cli import setting_option
 from common.config import TINY_MODEL, Settings
+from common.errors import ConfigError
 from common.preflight import (
     CheckResult,
     NoNvidiaDriver,
@@ -79,7 +83,50 @@ def check_drafter_export(settings: Settings, drafter: Path) -> list[CheckResult]
     if not present:
         return [CheckResult("drafter target", ok=False, detail=f"target {path} is not there",
                             fix=f"pass the target the drafter was trained on: {_DOWNLOAD_FIX}")]
-    return check_drafter(drafter, path)
+    results = check_drafter(drafter, path)
+    if all(r.ok for r in results):
+        results.append(serve_line(settings, drafter))
+    return results
+
+
+def serve_line(settings: Settings, drafter: Path) -> CheckResult:
+    """The DFLASH launch line for a drafter that passed its checks (``serve-command dflash``)."""
+    from producer.serve_command import build
+
+    line = build(settings, "dflash", drafter, settings.max_in_flight)
+    return CheckResult("drafter serve line", ok=True, detail=line["command"],
+                       fix=f"DFLASH_ENGINE_ARGS={shlex.quote(line['engine_args'])} makes a "
+                           "generate worker (--engine sglang) start it")
+
+
+def _gpu_host(settings: Settings) -> bool:
+    """SGLang is configured here, or NVML sees a GPU."""
+    if settings.engine == "sglang":
+        return True
+    try:
+        return bool(visible_gpus())
+    except NoNvidiaDriver:
+        return False
+
+
+def check_mamba(settings: Settings, drafter: Path | None) -> list[CheckResult]:
+    """On a GPU host serving a hybrid target with DFLASH: would the mamba cache cap it?"""
+    from common.gpu_host import check_mamba_cache
+    from common.target import TargetShape
+    from producer.serve_command import drafter_block_size
+
+    path, present = target_dir(settings)
+    if not present or not (path / "config.json").is_file() or not _gpu_host(settings):
+        return []
+    block = None
+    if drafter is not None:
+        try:
+            block = drafter_block_size(drafter)
+        except ConfigError:
+            block = None   # the drafter rows say what is wrong with it
+    row = check_mamba_cache(TargetShape.from_dir(path), settings.engine_args,
+                            settings.max_in_flight, block)
+    return [row] if row is not None else []
 
 
 def check_model_dir(path: Path) -> CheckResult:
@@ -152,6 +199,7 @@ def run_checks(settings: Settings, gpus: list[int] | None,
     checks.append(("redis-server binary", check_redis_binary))
     if drafter is not None:
         checks.append(("drafter", lambda: check_drafter_export(settings, drafter)))
+    checks.append(("mamba state cache", lambda: check_mamba(settings, drafter)))
     results: list[CheckResult] = []
     for name, check in checks:
         try:

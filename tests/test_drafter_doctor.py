@@ -142,12 +142,12 @@ def test_not_an_export_fails_with_fix(exports: Exports, tmp_path: Path) -> None:
 
 
 def doctor(redis_server: RedisServer, s3_storage: str, model_cache: Path,
-           *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-    env |= {"DFLASH_BROKER_URL": redis_server.url, "DFLASH_STORAGE": s3_storage,
-            "DFLASH_CACHE_DIR": str(model_cache), "COLUMNS": "1000"}
+           *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+    clean |= {"DFLASH_BROKER_URL": redis_server.url, "DFLASH_STORAGE": s3_storage,
+              "DFLASH_CACHE_DIR": str(model_cache), "COLUMNS": "1000", **(env or {})}
     return subprocess.run([sys.executable, "-m", "producer.cli", "doctor", "--json", *args],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          env=clean, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def test_doctor_command_checks_the_drafter(exports: Exports, redis_server: RedisServer,

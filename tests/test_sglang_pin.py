@@ -68,6 +68,20 @@ def test_no_file_names_another_sglang_release() -> None:
     assert f"`sglang[all]=={version}`" in readme and f"pinned to {version}" in readme
 
 
+def test_the_flag_list_is_the_pinned_releases() -> None:
+    # tests/test_serving_lines.py holds every emitted flag to this file: refresh it (from that
+    # release's server_args.py) when the pin moves.
+    version = pinned()
+    engines = ROOT / "workers" / "generate" / "engines"
+    assert [p.name for p in engines.glob("sglang_args_*.txt")] == [f"sglang_args_{version}.txt"]
+    lines = (engines / f"sglang_args_{version}.txt").read_text().splitlines()
+    assert lines[0].endswith(f": sglang {version}")
+    assert any(line.startswith("# Source: sgl-project/sglang python/sglang/srt/server_args.py")
+               for line in lines)
+    flags = [line for line in lines if line and not line.startswith("#")]
+    assert flags and all(f.startswith("--") and f == f.lower() for f in flags)
+
+
 def test_doctor_row_without_sglang_says_not_installed() -> None:
     # This CPU machine has no SGLang: a clear WARN (the CPU engine still runs), never a FAIL.
     result = check_sglang(pinned())

@@ -37,9 +37,8 @@ def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
         click.echo(json.dumps(result, sort_keys=True))
     else:
         click.echo(f"run {run}: drafter step {result['step']} exported to {result['out']} "
-                   f"({result['tensors']} tensors, {result['dtype']}; serve with "
-                   "--speculative-algorithm DFLASH "
-                   f"--speculative-draft-model-path {result['out']})")
+                   f"({result['tensors']} tensors, {result['dtype']}); serve it with:\n"
+                   f"  {result['serve_command']}")
 
 
 def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDrafter:
@@ -94,11 +93,21 @@ def load_run_target(settings: Settings, config: Any) -> RunTarget:
 def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
                               dtype: str = "auto") -> dict[str, Any]:
     """Load a drafter checkpoint on the run's target and write the HF-style export."""
+    from common.serving import dflash_engine_args, launch_argv, shell_line
+    from common.target import TargetShape
     from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
 
     loaded = load_run_drafter(settings, run, step)
     chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(loaded.target.path)
     out = export_drafter(loaded.trainer, out_dir, dtype=chosen)
     stored = json.loads((out / "config.json").read_text())["dtype"]
+    # The serving line for this target: on a hybrid one it sizes the mamba state cache for the
+    # generate worker's concurrency (sgl-project/sglang#36889).
+    engine_args = dflash_engine_args(out.resolve(), block_size=loaded.trainer.drafter.config
+                                     .block_size, shape=TargetShape.of(loaded.target.model),
+                                     max_running_requests=settings.max_in_flight)
+    serve = launch_argv(loaded.target.path, port=settings.engine_port, tp=settings.tp,
+                        engine_args=engine_args, python="python")
     return {"run": run, "step": loaded.step, "out": str(out), "dtype": stored,
-            "tensors": len(loaded.trainer.drafter.state_dict())}
+            "tensors": len(loaded.trainer.drafter.state_dict()),
+            "serve_engine_args": shell_line(engine_args), "serve_command": shell_line(serve)}

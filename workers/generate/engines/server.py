@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import shlex
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from common.config import Settings
 from common.errors import EngineError
+from common.serving import launch_argv
 from workers.preflight import EnginePidFile, kill_tree, worker_preflight
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,12 @@ def server_command(settings: Settings, model_path: Path) -> list[str]:
               "tp": settings.tp}
     if settings.engine_cmd:
         return [part.format(**fields) for part in shlex.split(settings.engine_cmd)]
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-            "--host", "127.0.0.1", "--port", str(settings.engine_server_port),
-            "--tp", str(settings.tp)]
-    if settings.mem_fraction_static:
-        argv += ["--mem-fraction-static", settings.mem_fraction_static]
-    return argv + [part.format(**fields) for part in shlex.split(settings.engine_args)]
+    # One builder (common.serving) for this line and the printed serving lines; its flags are
+    # held to the pinned release's own names (tests/test_serving_lines.py).
+    return launch_argv(model_path, port=settings.engine_server_port, tp=settings.tp,
+                       mem_fraction_static=settings.mem_fraction_static,
+                       engine_args=[part.format(**fields)
+                                    for part in shlex.split(settings.engine_args)])
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:

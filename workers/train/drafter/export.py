@@ -8,7 +8,9 @@
 
 The directory holds ``config.json`` (a Qwen3-style config with ``architectures:
 ["DFlashDraftModel"]``, ``block_size``, ``num_target_layers`` and ``dflash_config: {mask_token_id,
-mask_token, target_layer_ids, block_size}``, the layout of the z-lab/SpecForge checkpoints) and
+mask_token, target_layer_ids, block_size, num_target_layers}``, the layout of the z-lab/SpecForge
+checkpoints, also for Qwen3.5/3.6 hybrid targets: the drafter stays a dense Qwen3 stack, its
+vocabulary, depth, context and RoPE base are the target's ``text_config``) and
 ``model.safetensors`` with the drafter's own weights only: no embedding and no LM head, which
 SGLang takes from the target.
 """
@@ -25,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from common.errors import DrafterMismatch
+from common.target import TargetShape
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
@@ -42,12 +45,10 @@ def target_dtype(model_dir: str | Path) -> torch.dtype | None:
     SGLang serves a drafter with ``--dtype auto`` in the dtype its config states, so an export
     in float32 for a bfloat16 target would run as float16; exports follow the target instead.
     """
-    config = Path(model_dir) / CONFIG_FILE
-    if not config.is_file():
+    if not (Path(model_dir) / CONFIG_FILE).is_file():
         return None
-    data = json.loads(config.read_text())
-    name = data.get("dtype") or data.get("torch_dtype")
-    return DTYPES.get(str(name).removeprefix("torch.")) if name else None
+    name = TargetShape.from_dir(model_dir).dtype   # a Qwen3.5/3.6 states it in text_config
+    return DTYPES.get(name.removeprefix("torch.")) if name else None
 
 
 def hf_config(config: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -62,6 +63,8 @@ def hf_config(config: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
             "mask_token": config.mask_token,
             "target_layer_ids": list(config.target_layer_ids),
             "block_size": config.block_size,
+            # SGLang's DFLASH loader reads it here first (top level: older checkpoints).
+            "num_target_layers": config.num_target_layers,
         },
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
@@ -100,7 +103,7 @@ def config_from_hf(data: dict[str, Any]) -> DFlashConfig:
         hidden_size=data["hidden_size"], num_attention_heads=data["num_attention_heads"],
         num_key_value_heads=data["num_key_value_heads"], head_dim=data["head_dim"],
         intermediate_size=data["intermediate_size"], vocab_size=data["vocab_size"],
-        num_target_layers=data["num_target_layers"],
+        num_target_layers=dflash.get("num_target_layers", data["num_target_layers"]),
         target_layer_ids=tuple(dflash["target_layer_ids"]),
         mask_token_id=dflash["mask_token_id"], num_hidden_layers=data["num_hidden_layers"],
         block_size=dflash.get("block_size", data["block_size"]),
@@ -134,17 +137,17 @@ def export_drafter(trainer_or_model: Any, out_dir: str | Path,
 
 def fit_problems(config: DFlashConfig, target: nn.Module) -> list[str]:
     """Why a drafter cannot run on ``target`` (empty when it fits), one reason per line."""
-    text = getattr(target.config, "get_text_config", lambda: target.config)()
+    shape = TargetShape.of(target.config)
     rows = target.get_input_embeddings().num_embeddings
     problems = []
-    if config.hidden_size != text.hidden_size:
-        problems.append(f"hidden size {config.hidden_size} != the target's {text.hidden_size}")
-    if config.num_target_layers != text.num_hidden_layers:
+    if config.hidden_size != shape.hidden_size:
+        problems.append(f"hidden size {config.hidden_size} != the target's {shape.hidden_size}")
+    if config.num_target_layers != shape.num_layers:
         problems.append(f"trained on a {config.num_target_layers}-layer target; this one has "
-                        f"{text.num_hidden_layers} layers")
-    if any(not 0 <= i < text.num_hidden_layers for i in config.target_layer_ids):
+                        f"{shape.num_layers} layers")
+    if any(not 0 <= i < shape.num_layers for i in config.target_layer_ids):
         problems.append(f"target layer ids {list(config.target_layer_ids)} outside the "
-                        f"target's 0..{text.num_hidden_layers - 1}")
+                        f"target's 0..{shape.num_layers - 1}")
     if not 0 <= config.mask_token_id < rows:
         problems.append(f"mask token id {config.mask_token_id} outside the target's "
                         f"{rows}-row embedding")

@@ -1,0 +1,128 @@
+"""The SGLang launch lines this project builds: the worker's engine, MTP generation, DFLASH serving.
+
+    argv = launch_argv("/models/Qwen3.6-27B", port=30000, tp=1)            # the worker's engine
+    extra = mtp_engine_args(shape)              # DFLASH_ENGINE_ARGS for Qwen3.6 with its MTP head
+    extra = dflash_engine_args("out/drafter", block_size=16)       # serve the trained drafter
+    print(shell_line(launch_argv(model, engine_args=extra)))
+
+Every flag is a name of the pinned release's ``server_args.py`` (tests/test_serving_lines.py
+holds them to ``workers/generate/engines/sglang_args_<pin>.txt``). Pure functions of their
+arguments: no SGLang import, so the CPU tests and ``doctor`` run them anywhere.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.target import TargetShape
+
+DFLASH = "DFLASH"
+NEXTN = "NEXTN"   # SGLang's name for a checkpoint's own MTP head as the draft (EAGLE-style)
+# SGLang's Qwen3.5/Qwen3-Next recipes: 3 MTP steps, a chain (top-1), 4 tokens verified per step.
+MTP_STEPS, MTP_TOPK, MTP_DRAFT_TOKENS = 3, 1, 4
+DFLASH_BLOCK_SIZE = 16
+
+
+def launch_argv(model: str | Path, *, host: str = "127.0.0.1", port: int = 30000, tp: int = 1,
+                mem_fraction_static: str = "", engine_args: str | Sequence[str] = "",
+                python: str = sys.executable) -> list[str]:
+    """``python -m sglang.launch_server --model-path M --host H --port P --tp-size N ...``."""
+    argv = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", host,
+            "--port", str(port), "--tp-size", str(tp)]
+    if mem_fraction_static:
+        argv += ["--mem-fraction-static", str(mem_fraction_static)]
+    extra = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
+    return argv + extra
+
+
+def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = MTP_TOPK,
+                    draft_tokens: int = MTP_DRAFT_TOKENS,
+                    max_running_requests: int | None = None) -> list[str]:
+    """Generation with the target's own MTP head (Qwen3.5/3.6: ``mtp.*``), for DFLASH_ENGINE_ARGS.
+
+    On a hybrid target the mamba state cache is sized for ``max_running_requests`` requests of
+    ``1 + draft_tokens`` slots each, so SGLang does not cap the concurrency below it.
+    """
+    if not shape.has_mtp:
+        raise ValueError("the target states no MTP head (text_config.mtp_num_hidden_layers): "
+                         "NEXTN speculative decoding needs one")
+    args = ["--speculative-algorithm", NEXTN, "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens",
+            str(draft_tokens)]
+    return args + _concurrency_args(shape, draft_tokens, max_running_requests)
+
+
+def dflash_engine_args(drafter: str | Path, *, block_size: int = DFLASH_BLOCK_SIZE,
+                       shape: TargetShape | None = None,
+                       max_running_requests: int | None = None) -> list[str]:
+    """DFLASH serving of an ``export-drafter`` directory; ``block_size`` is the verify window."""
+    args = ["--speculative-algorithm", DFLASH, "--speculative-draft-model-path", str(drafter),
+            "--speculative-num-draft-tokens", str(block_size)]
+    return args + (_concurrency_args(shape, block_size, max_running_requests) if shape else [])
+
+
+def _concurrency_args(shape: TargetShape, draft_tokens: int,
+                      max_running_requests: int | None) -> list[str]:
+    if max_running_requests is None or not shape.is_hybrid:
+        return []   # a dense target has no mamba state cache to size
+    return ["--max-running-requests", str(max_running_requests), "--max-mamba-cache-size",
+            str(mamba_slots_needed(max_running_requests, draft_tokens))]
+
+
+def mamba_slots_needed(running: int, draft_tokens: int) -> int:
+    """Mamba state slots for ``running`` speculative requests: ``1 + draft_tokens`` each
+    (sgl-project/sglang#36889)."""
+    return running * (1 + draft_tokens)
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    """One copy-pasteable shell line."""
+    return shlex.join(argv)
+
+
+def flags_of(argv: Sequence[str]) -> list[str]:
+    """The ``--flag`` names in an argv (``--flag=value`` counts as ``--flag``)."""
+    return [part.split("=", 1)[0] for part in argv if part.startswith("--")]
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """What a launch line asks of SGLang's speculative decoding and scheduler."""
+
+    algorithm: str | None
+    draft_tokens: int | None
+    max_running_requests: int | None
+    max_mamba_cache_size: int | None
+
+
+def spec_settings(engine_args: str | Sequence[str]) -> SpecSettings:
+    """Read the speculative/scheduler flags out of ``DFLASH_ENGINE_ARGS`` (last one wins)."""
+    argv = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
+    values: dict[str, str] = {}
+    for i, part in enumerate(argv):
+        if part.startswith("--"):
+            name, eq, value = part.partition("=")
+            if eq:
+                values[name] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                values[name] = argv[i + 1]
+
+    def number(*names: str) -> int | None:
+        for name in names:
+            if name in values:
+                try:
+                    return int(values[name])
+                except ValueError:
+                    return None
+        return None
+
+    algorithm = values.get("--speculative-algorithm")
+    return SpecSettings(
+        algorithm=algorithm.upper() if algorithm else None,
+        draft_tokens=number("--speculative-num-draft-tokens", "--speculative-dflash-block-size"),
+        max_running_requests=number("--max-running-requests"),
+        max_mamba_cache_size=number("--max-mamba-cache-size"))
