@@ -97,11 +97,10 @@ class Intake:
         except BadRow as bad:
             yield Item(where, None, str(bad))
             return
-        label = result.layout + "".join(f" ({found} as {name})" for found, name in result.matched)
-        if result.matched and label not in self.layouts[source.name]:
-            log.warning("%s: %s", source.name, ", ".join(
-                f"field {found!r} read as {name!r} (names matched case-insensitively)"
-                for found, name in result.matched))
+        matched = ", ".join(f"{found} as {name}" for found, name in result.matched)
+        label = f"{result.layout} ({matched})" if matched else result.layout
+        if matched and label not in self.layouts[source.name]:
+            log.warning("%s: fields read case-insensitively: %s", source.name, matched)
         self.layouts[source.name][label] += 1
         for name in result.unused:
             self._count_unused(name, data, source, where)

@@ -24,9 +24,10 @@ from typing import Any
 
 from common.errors import BadRow
 
-ID_FIELDS = ("id", "question_id", "conversation_id", "uid")
+ID_FIELDS = ("id", "question_id", "conversation_id", "uid", "task_id")
 # Reference answers of instruction datasets: large, and regenerated anyway, so kept out of source.
-ANSWER_FIELDS = frozenset({"output", "response", "answer", "completion", "chosen", "rejected"})
+ANSWER_FIELDS = frozenset({"output", "response", "answer", "completion", "chosen", "rejected",
+                           "reference", "canonical_solution"})
 
 # "call": an assistant tool call (kept as context when its results follow); "tool": a result.
 OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
