@@ -20,15 +20,12 @@ layout          row                                                         prom
                 ``text`` (or ``--prompt-field``)
 ==============  ==========================================================  ===================
 
-A ``system`` field beside the turns becomes the system message; when the turns already hold a
-different system message, the field is reported as unused. A ``history`` field (LLaMA-Factory's
-``[[user, assistant], ...]`` pairs) beside a single prompt gives the earlier turns: its user
-messages come first, its assistant ones are regenerated like any other. ``--prompt-template``
-(a format string over the row's fields, e.g. ``"{instruction}\\n\\n{context}"``) replaces the
-detection. A field with text of any type (``producer.fields``) that the layout does not use
-(other than reference answers such as ``output``/``response``/``answer`` and plain metadata
-such as ``category``) is reported; with ``strict`` the row is rejected instead, so no prompt
-text is ever dropped silently.
+Fields beside the turns add to them (``producer.extras``): ``system``, ``tools`` and
+``history``. ``--prompt-template`` (a format string over the row's fields, e.g.
+``"{instruction}\\n\\n{context}"``) replaces the detection. A field with text of any type
+(``producer.fields``) that the layout does not use (other than reference answers such as
+``output``/``response``/``answer`` and plain metadata such as ``category``) is reported; with
+``strict`` the row is rejected instead, so no prompt text is ever dropped silently.
 """
 
 from __future__ import annotations
@@ -36,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.errors import BadRow, ConfigError
-from producer.fields import match_case, unused_fields
+from producer.extras import history_turns, nonempty, user_turn, with_system, with_tools
+from producer.fields import has_text, match_case, unused_fields
 from producer.rows import (
     ANSWER_FIELDS,
     ID_FIELDS,
@@ -97,51 +95,9 @@ def detect_layout(data: dict, prompt_field: str | None) -> str:
                  f"instruction or prompt field (found keys: {keys})")
 
 
-def _with_system(turns: Turns, data: dict) -> bool:
-    """Put the row's ``system`` field first, unless the conversation already has one; True
-    unless the field holds a different system prompt than the conversation's (then unused)."""
-    system = data.get("system")
-    if system is None:
-        return True
-    system = check_text(system, "system")
-    present = [m["content"] for group in turns for m in group if m["role"] == "system"]
-    if present:
-        return not system.strip() or system.strip() in (p.strip() for p in present)
-    if system.strip():
-        turns[0].insert(0, {"role": "system", "content": system})
-    return True
-
-
-def _history(data: dict) -> Turns:
-    """The user turns of a ``history`` of ``[user, assistant]`` pairs (answers regenerated)."""
-    pairs = data.get("history")
-    if pairs is None:
-        return []
-    if not isinstance(pairs, list | tuple):
-        raise BadRow(f"history must be a list of [user, assistant] pairs, got "
-                     f"{type_name(pairs)}")
-    turns = []
-    for index, pair in enumerate(pairs):
-        if not isinstance(pair, list | tuple) or len(pair) != 2:
-            raise BadRow(f"history[{index}] must be a [user, assistant] pair")
-        turns += _user(_nonempty(pair[0], f"history[{index}][0]"))
-    return turns
-
-
-def _nonempty(value: object, where: str) -> str:
-    text = check_text(value, where)
-    if not text.strip():
-        raise BadRow(f"empty user message in field {where!r}")
-    return text
-
-
-def _user(text: str) -> Turns:
-    return [[{"role": "user", "content": text}]]
-
-
 def _joined(data: dict, first: str, second: str) -> str:
     """``first``, a blank line, then ``second`` when the row has a non-empty one."""
-    text = _nonempty(data.get(first), first)
+    text = nonempty(data.get(first), first)
     extra = data.get(second)
     if extra is not None and check_text(extra, second).strip():
         text = f"{text}\n\n{extra}"
@@ -211,20 +167,20 @@ def _turns(data: dict, layout: str, prompt_field: str | None) -> tuple[list[Turn
         return [ultrachat_turns(data)], {"data"}
     if layout == "instances":
         return _instances(data), {"instruction", "instances"}
-    earlier, used = _history(data), {"history"}
+    earlier, used = history_turns(data), {"history"}
     if layout == "dolly":
-        return [earlier + _user(_joined(data, "instruction", "context"))], {
+        return [earlier + user_turn(_joined(data, "instruction", "context"))], {
             "instruction", "context", *used}
     if layout == "alpaca" or (layout == "prompt" and prompt_field is None
                               and prompt_field_of(data, None) == "instruction"):
-        return [earlier + _user(_joined(data, "instruction", "input"))], {
+        return [earlier + user_turn(_joined(data, "instruction", "input"))], {
             "instruction", "input", *used}
     name = prompt_field_of(data, prompt_field)
-    return [earlier + _user(_nonempty(data[name], name))], {name, *used}
+    return [earlier + user_turn(nonempty(data[name], name))], {name, *used}
 
 
 def _instances(data: dict) -> list[Turns]:
-    instruction = _nonempty(data.get("instruction"), "instruction")
+    instruction = nonempty(data.get("instruction"), "instruction")
     items = data["instances"]
     if not isinstance(items, list) or not items:
         raise BadRow("instances must be a non-empty list")
@@ -236,7 +192,7 @@ def _instances(data: dict) -> list[Turns]:
         text = instruction
         if extra is not None and check_text(extra, f"instances[{index}].input").strip():
             text = f"{instruction}\n\n{extra}"
-        conversations.append(_user(text))
+        conversations.append(user_turn(text))
     return conversations
 
 
@@ -251,8 +207,8 @@ def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = No
     matched: tuple[tuple[str, str], ...] = ()
     if template is not None:
         layout, used = "template", template_fields(template) | {"history"}
-        prompt = _nonempty(from_template(data, template), "--prompt-template")
-        many = [_history(data) + _user(prompt)]
+        prompt = nonempty(from_template(data, template), "--prompt-template")
+        many = [history_turns(data) + user_turn(prompt)]
     else:
         data, matched = match_case(data, (*KNOWN_FIELDS, *([prompt_field] if prompt_field
                                                            else ())))
@@ -261,8 +217,12 @@ def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = No
         if key is not None and data.get(key) is None:
             raise BadRow(f"missing field {key!r} for format {layout}")
         many, used = _turns(data, layout, prompt_field)
-    if all([_with_system(turns, data) for turns in many]):
+    if all([with_system(turns, data) for turns in many]):
         used = used | {"system"}
+    if has_text(data.get("tools")):
+        for turns in many:
+            with_tools(turns, data["tools"])
+        used = used | {"tools"}
     unused = unused_fields(data, used)
     if unused and strict:
         raise BadRow(f"text field(s) {', '.join(unused)} would be dropped: the {layout} layout "

@@ -11,6 +11,8 @@ follow is kept as an assistant message whose content ends with one
 ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` per call. That is the text
 Qwen3's chat template renders for them, so any template that renders user and assistant
 messages (the embedded tiny one included, which has no tool branches) shows the same prompt.
+A row's ``tools`` (function definitions, or their JSON text) join the system message the same
+way (:func:`tools_text`).
 """
 
 from __future__ import annotations
@@ -168,6 +170,25 @@ def tool_call_text(item: dict, content: object, where: str) -> str:
         parts.append(f'<tool_call>\n{{"name": "{call["name"]}", "arguments": {arguments}}}'
                      "\n</tool_call>")
     return "\n".join(p for p in parts if p)
+
+
+def tools_text(tools: object) -> str:
+    """The ``# Tools`` block Qwen3's template adds to the system message for ``tools``."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            tools = [tools]
+    if not isinstance(tools, list):
+        tools = [tools]
+    listed = "".join("\n" + (t if isinstance(t, str) else json.dumps(t, ensure_ascii=False))
+                     for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>{listed}\n</tools>\n\nFor each function call, return a json object with "
+            "function name and arguments within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+            "</tool_call>")
 
 
 def group_turns(messages: list[tuple[str, str]]) -> list[list[dict]]:

@@ -47,9 +47,16 @@ SPECFORGE_TOOLS = {"id": "tool-1", "conversations": [
     {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"},
     {"role": "tool", "tool_call_id": "c2", "content": {"wind": 3}},
     {"role": "assistant", "content": "It is 21 C."},
-    {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "Welcome."}]}
+    {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "Welcome."}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOLS = ('# Tools\n\nYou may call one or more functions to assist with the user query.\n\n'
+         'You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n'
+         '{"type": "function", "function": {"name": "get_weather", "parameters": {}}}\n</tools>'
+         '\n\nFor each function call, return a json object with function name and arguments '
+         'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+         '"arguments": <args-json-object>}\n</tool_call>')
 RESULTS = ('<tool_response>\n{"temp": 21}\n</tool_response>\n'
            '<tool_response>\n{"wind": 3}\n</tool_response>')
 
@@ -66,8 +73,8 @@ RESULTS = ('<tool_response>\n{"temp": 21}\n</tool_response>\n'
     (HUMANEVAL, "prompt", [[user("def f(x):\n")]], {"entry_point": "f",
                                                     "test": "assert f(1) == 1"}),
     (WIZARDLM, "alpaca (Instruction as instruction)", [[user("What is 7 * 8?")]], {}),
-    (SPECFORGE_TOOLS, "sharegpt", [[user("Weather in Paris?"), assistant(CALL), user(RESULTS)],
-                                   [user("Thanks!")]], {}),
+    (SPECFORGE_TOOLS, "sharegpt", [[system(TOOLS), user("Weather in Paris?"), assistant(CALL),
+                                    user(RESULTS)], [user("Thanks!")]], {}),
 ])
 def test_public_dataset_rows_become_the_expected_turns(tmp_path: Path, row: dict, layout: str,
                                                        turns: list, unused: dict) -> None:
@@ -207,13 +214,14 @@ def test_tool_turns_render_and_regenerate_on_the_tiny_model(tiny: Path) -> None:
     row = normalize_row(SPECFORGE_TOOLS).conversations[0].to_json()
     prompt = tokenizer.apply_chat_template(row["turns"][0], tokenize=False,
                                            add_generation_prompt=True)
+    assert prompt.startswith(f"<|im_start|>system\n{TOOLS}<|im_end|>")
     assert f"<|im_start|>assistant\n{CALL}<|im_end|>" in prompt
     assert f"<|im_start|>user\n{RESULTS}<|im_end|>" in prompt
     [sample] = generate(CpuEngine(tiny, batch_size=1, seed=0), tokenizer, [row],
                         max_new_tokens=8)
     roles = [m["role"] for m in sample["messages"]]
-    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
-    assert sample["messages"][1]["content"] == CALL  # context, kept as it was
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert sample["messages"][2]["content"] == CALL  # context, kept as it was
     assert len(sample["turns"]) == 2  # two answers generated, the tool call is not one
 
 
