@@ -35,7 +35,9 @@ def texts_in(value: object) -> Iterator[str]:
 
 
 def has_text(value: object) -> bool:
-    return next(texts_in(value), None) is not None
+    if isinstance(value, str):  # the common case, without a generator
+        return bool(value.strip())
+    return value is not None and next(texts_in(value), None) is not None
 
 
 def unused_fields(data: dict, used: set[str]) -> tuple[str, ...]:

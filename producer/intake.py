@@ -13,9 +13,7 @@ duplicates are found by id (a row without an id has its content hash as id).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -118,9 +116,10 @@ class Intake:
 
     def _earlier_file(self, turns: list[list[dict]], index: int, line: int) -> str | None:
         """Why a conversation is a duplicate of one in an earlier file, or None."""
-        canonical = json.dumps(turns, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        digest = int.from_bytes(hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"),
-                                                digest_size=8).digest())
+        # Python's own 64-bit string hash: cached on each string, salted per process, which is
+        # fine for a registry that lives as long as this one pass.
+        digest = hash(tuple((m["role"], m["content"], len(group)) for group in turns
+                            for m in group))
         first = self._first.setdefault(digest, index << _LINE_BITS | line)
         first_file = first >> _LINE_BITS
         if first_file == index:
