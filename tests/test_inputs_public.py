@@ -78,10 +78,16 @@ RESULTS = ('<tool_response>\n{"temp": 21}\n</tool_response>\n'
 ])
 def test_public_dataset_rows_become_the_expected_turns(tmp_path: Path, row: dict, layout: str,
                                                        turns: list, unused: dict) -> None:
-    intake, items = intake_rows(config(write(tmp_path / "in.jsonl", [row])))
+    name = "in.jsonl.gz" if row is HUMANEVAL else "in.jsonl"  # HumanEval ships gzipped
+    if row is HUMANEVAL:
+        with gzip.open(tmp_path / name, "wt") as handle:
+            handle.write(json.dumps(row) + "\n")
+    else:
+        write(tmp_path / name, [row])
+    intake, items = intake_rows(config(str(tmp_path / name)))
     assert [i.error for i in items] == [None]
     assert items[0].row["turns"] == turns
-    assert intake.layout_summary() == {"in.jsonl": {layout: 1}}
+    assert intake.layout_summary() == {name: {layout: 1}}
     assert {k: v["example"]["value"] for k, v in intake.unused.items()} == unused
     if unused:  # the same rows are rejected with --strict-fields, naming the fields
         _, strict = intake_rows(config(write(tmp_path / "in.jsonl", [row]), strict_fields=True))
@@ -173,6 +179,17 @@ def test_duplicates_across_files_are_rejected_naming_the_first(tmp_path: Path) -
                                               ("c.jsonl.gz", 2), ("c.jsonl.gz", 3)]
     assert errors[0][2].startswith("duplicate of a.jsonl line 2")
     assert sum(i.error is None for i in items) == 4
+
+
+def test_a_parquet_shard_dir_with_history_pairs(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    other = {**ALPACA_HISTORY, "instruction": "And in Italian?", "history": None}
+    write(tmp_path / "data" / "train-00000-of-00002.parquet", [ALPACA_HISTORY])
+    write(tmp_path / "data" / "train-00001-of-00002.parquet", [other])
+    _, items = intake_rows(config(str(tmp_path)))
+    assert [len(i.row["turns"]) for i in items] == [3, 1]
+    assert items[0].row["turns"][1] == [user("And in German?")]
+    assert items[1].row["turns"] == [[system("You translate."), user("And in Italian?")]]
 
 
 def test_saved_dataset_dict_splits_and_duplicates(tmp_path: Path) -> None:
