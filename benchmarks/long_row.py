@@ -4,8 +4,9 @@ Run: ``.venv/bin/python benchmarks/long_row.py [--mb 10] [--whole]``. Writes a J
 one row of ``--mb`` MB of prose beside a few ordinary rows and runs the real
 ``enqueue --dry-run --json`` on it (embedded tiny model) in a child process, twice: with and
 without the huge row, so the difference is what the huge row costs. Both files also hold a row
-long enough to need the tokenizer (and short enough to fit), so both pay its loading. Prints wall seconds and
-peak RSS side by side. ``--whole`` also times tokenizing the row whole, as the check once did.
+long enough to need the tokenizer (and short enough to fit), so both pay its loading. Prints
+wall seconds and peak RSS side by side. ``--whole`` also times tokenizing the row whole, as
+the check once did.
 """
 
 from __future__ import annotations
