@@ -109,9 +109,11 @@ def main() -> None:
               help="Field holding the prompt for --format prompt.")
 @click.option("--prompt-template", envvar="DFLASH_PROMPT_TEMPLATE", default=None,
               help="Build the prompt from the row's fields instead, e.g. "
-                   "'{instruction}\\n\\n{context}' (\\n is a newline).")
+                   "'{instruction}\\n\\n{context}' (\\n is a newline); placeholders name "
+                   "fields only: {field} or {field:spec}.")
 @click.option("--strict-fields", is_flag=True, envvar="DFLASH_STRICT_FIELDS",
-              help="Reject a row with a text field no prompt uses, instead of reporting it.")
+              help="Reject a row with text no prompt uses (a string, or text in a list or "
+                   "object field), instead of reporting it.")
 @click.option("--dry-run", is_flag=True,
               help="Read and validate everything, write nothing, show rows as the model sees "
                    "them.")

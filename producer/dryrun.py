@@ -18,6 +18,8 @@ from common.records import RunConfig
 from producer.enqueue import Tally
 from producer.intake import Intake, RowCheck
 
+ANSWER_PLACEHOLDER = "[the model's answer to turn {}]"
+
 
 @dataclass
 class DryRunReport:
@@ -46,18 +48,25 @@ class DryRunReport:
         if self.examples:
             lines.append("rejected rows:")
             lines += [f"  {where(e)}: {e['reason']}" for e in self.examples]
+            if self.rejected > len(self.examples):
+                lines.append(f"  ... and {self.rejected - len(self.examples)} more")
         for row in self.shown:
             later = "; later turns follow the model's own answers" if row["turns"] > 1 else ""
             lines.append(f"--- {row['id']}: {row['prompt_tokens']} prompt tokens, "
                          f"{row['turns']} turn(s){later}")
             lines.append(row["prompt"].rstrip("\n"))
+            for turn in row["turn_prompts"][1:]:
+                lines.append(f"--- {row['id']} turn {turn['turn']}: {turn['prompt_tokens']} "
+                             "prompt tokens, earlier answers shown as placeholders")
+                lines.append(turn["prompt"].rstrip("\n"))
         return "\n".join(lines)
 
 
 def where(example: dict[str, Any]) -> str:
-    """``line N`` or ``FILE line N`` for a rejected row."""
-    return (f"{example['file']} line {example['line']}" if "file" in example
-            else f"line {example['line']}")
+    """``line N`` or ``FILE line N`` for a rejected row (``(element K)`` in a JSON array)."""
+    line = f"line {example['line']}" + (f" (element {example['element']})"
+                                        if "element" in example else "")
+    return f"{example['file']} {line}" if "file" in example else line
 
 
 def unused_lines(unused: dict[str, dict[str, Any]]) -> list[str]:
@@ -78,7 +87,7 @@ def dry_run(settings: Settings, config: RunConfig, check: RowCheck | None,
     intake, tally = Intake(config, check), Tally()
     tokenizer = None
     good = 0
-    for item in intake.rows():
+    for item in intake.started():
         row, _ = tally.judge(item)
         if row is None:
             continue
@@ -97,7 +106,17 @@ def dry_run(settings: Settings, config: RunConfig, check: RowCheck | None,
 
 
 def rendered(tokenizer: Any, row: dict[str, Any], thinking: bool) -> dict[str, Any]:
-    """The first turn of a row as the target model receives it."""
-    prompt = render_chat(tokenizer, row["turns"][0], thinking)
-    return {"id": row["id"], "turns": len(row["turns"]), "prompt": prompt,
-            "prompt_tokens": len(tokenizer.encode(prompt, add_special_tokens=False))}
+    """Every turn of a row as the target model receives it; the model's own earlier answers
+    are not known before the run, so a placeholder stands in for each."""
+    messages: list[dict[str, Any]] = []
+    turns = []
+    for number, group in enumerate(row["turns"], start=1):
+        if messages:
+            messages.append({"role": "assistant", "content": ANSWER_PLACEHOLDER.format(number - 1)})
+        messages += group
+        prompt = render_chat(tokenizer, messages, thinking)
+        turns.append({"turn": number, "messages": group, "prompt": prompt,
+                      "prompt_tokens": len(tokenizer.encode(prompt, add_special_tokens=False))})
+    first = turns[0]
+    return {"id": row["id"], "turns": len(row["turns"]), "prompt": first["prompt"],
+            "prompt_tokens": first["prompt_tokens"], "turn_prompts": turns}

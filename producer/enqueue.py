@@ -143,7 +143,7 @@ class Tally:
 
 def write_inputs(
     storage: Storage, config: RunConfig, on_shard: Callable[[int], None],
-    check: RowCheck | None = None,
+    check: RowCheck | None = None, intake: Intake | None = None,
 ) -> InputManifest:
     """Stream the input into put-once shards; bad rows go to the rejected area with reasons.
 
@@ -171,8 +171,8 @@ def write_inputs(
         storage.put_once(keys.rejected_input_rows(config.run, chunk), body.encode())
         rejected.clear()
 
-    intake = Intake(config, check)
-    for item in intake.rows():
+    intake = intake or Intake(config, check)
+    for item in intake.started():
         row, bad_row = tally.judge(item)
         if bad_row is not None:
             rejected.append(bad_row)
@@ -201,13 +201,18 @@ def enqueue_run(
     check: RowCheck | None = None,
 ) -> EnqueueReport:
     """Freeze the config, write the input shards unless already written, queue missing shards."""
+    intake = None
+    if read_manifest(storage, config.run) is None:
+        intake = Intake(config, check)
+        intake.started()  # an empty input is refused here, before run.json is written
     config = freeze_run_config(storage, config)
     sender = TaskSender(storage, app, client, config.run)
     report = EnqueueReport(run=config.run)
     manifest = read_manifest(storage, config.run)
     if manifest is None:
         log.info("run %s: reading %s", config.run, ", ".join(config.inputs))
-        manifest = write_inputs(storage, config, on_shard=sender.send, check=check)
+        manifest = write_inputs(storage, config, on_shard=sender.send, check=check,
+                                intake=intake)
         report.wrote_inputs = True
     else:
         for shard in range(manifest.shards):

@@ -6,7 +6,11 @@ A conversation fits when its input messages, rendered with the chat template, pl
 checkpoint such as Qwen3.5/3.6; read by :class:`common.target.TargetShape`). Earlier answers
 are not known yet, so this is a lower bound: a row rejected here would surely be truncated.
 Most rows are accepted by a byte count alone (a token covers at least one byte of text; the
-template adds a bounded overhead per message), so only long rows are tokenized.
+template adds a bounded overhead per message), so only long rows are tokenized, and never whole:
+a row with more characters than the context could hold (the longest token of the vocabulary
+times the tokens left) is rejected by its length alone, and otherwise only a prefix of the
+rendered prompt, about ``PREFIX_CHARS_PER_TOKEN`` characters per token left, is tokenized
+first; the rest only when that prefix fits (text with unusually long tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from common.target import TargetShape
 log = logging.getLogger(__name__)
 
 TEMPLATE_OVERHEAD = 16  # tokens of role markup per message, more than any common template adds
+PREFIX_CHARS_PER_TOKEN = 8  # twice what prose averages, so the prefix is nearly always decisive
+PREFIX_SLACK = 8  # tokens a prefix cut inside a word may add over the same text tokenized whole
 
 
 def context_length(model_dir: Path) -> int | None:
@@ -58,15 +64,40 @@ class ContextCheck:
             return None
         return cls(model_dir, context, min_answer_tokens, thinking)
 
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (byte-level vocabularies: bytes)."""
+        return max(len(token) for token in self.tokenizer.get_vocab())
+
     def __call__(self, row: dict[str, Any]) -> str | None:
         messages = [m for group in row["turns"] for m in group]
         answers = len(row["turns"]) * self.min_answer_tokens
         upper = sum(len(str(m.get("content", "")).encode()) + TEMPLATE_OVERHEAD for m in messages)
         if upper + answers <= self.context:
             return None
+        room = max(self.context - answers, 0)
+        chars = sum(len(str(m.get("content", "")).strip()) for m in messages)
+        if chars > (room + 1) * self.max_token_chars:
+            return (f"prompt too long: {chars} characters cannot fit in the {room} tokens that "
+                    f"the model's context of {self.context} leaves after {answers} for "
+                    f"{len(row['turns'])} answer(s) (a token is at most {self.max_token_chars} "
+                    "characters)")
         text = render_chat(self.tokenizer, messages, self.thinking)
-        prompt = len(self.tokenizer.encode(text, add_special_tokens=False))
+        limit = (room + 1 + PREFIX_SLACK) * PREFIX_CHARS_PER_TOKEN
+        prefix = text[:limit]
+        if len(text) > limit:  # cut where a word starts, so only the last word can differ
+            prefix = prefix[:max(prefix.rfind(" "), prefix.rfind("\n"), limit // 2)]
+        prompt, exact = self._tokens(prefix), len(text) <= limit
+        if not exact and prompt <= room + PREFIX_SLACK:
+            prompt, exact = self._tokens(text), True
+        elif not exact:
+            prompt -= PREFIX_SLACK  # still more than the room: surely too long
         if prompt + answers <= self.context:
             return None
-        return (f"prompt too long: {prompt} tokens + {answers} for {len(row['turns'])} answer(s) "
-                f"of at least {self.min_answer_tokens} > the model's context of {self.context}")
+        least = "" if exact else "at least "
+        return (f"prompt too long: {least}{prompt} tokens + {answers} for {len(row['turns'])} "
+                f"answer(s) of at least {self.min_answer_tokens} > the model's context of "
+                f"{self.context}")
+
+    def _tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))

@@ -20,20 +20,21 @@ layout          row                                                         prom
                 ``text`` (or ``--prompt-field``)
 ==============  ==========================================================  ===================
 
-A ``system`` field beside the turns becomes the system message. ``--prompt-template`` (a
-format string over the row's fields, e.g. ``"{instruction}\\n\\n{context}"``) replaces the
-detection. A non-empty text field that the layout does not use (other than reference answers
-such as ``output``/``response``/``answer`` and plain metadata such as ``category``) is
-reported; with ``strict`` the row is rejected instead, so no prompt text is ever dropped
-silently.
+Fields beside the turns add to them (``producer.extras``): ``system``, ``tools`` and
+``history``. ``--prompt-template`` (a format string over the row's fields, e.g.
+``"{instruction}\\n\\n{context}"``) replaces the detection. A field with text of any type
+(``producer.fields``) that the layout does not use (other than reference answers such as
+``output``/``response``/``answer`` and plain metadata such as ``category``) is reported; with
+``strict`` the row is rejected instead, so no prompt text is ever dropped silently.
 """
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass, field
 
 from common.errors import BadRow, ConfigError
+from producer.extras import history_turns, nonempty, user_turn, with_system, with_tools
+from producer.fields import has_text, match_case, unused_fields
 from producer.rows import (
     ANSWER_FIELDS,
     ID_FIELDS,
@@ -48,16 +49,16 @@ from producer.rows import (
     sample_id,
     type_name,
 )
+from producer.templates import from_template, template_fields
 
 FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "ultrachat", "instances", "dolly",
            "alpaca", "prompt")
 PROMPT_FIELDS = ("prompt", "instruction", "question", "input", "text")
-# Short labels that describe a row rather than ask anything; never reported as unused text.
-METADATA_FIELDS = frozenset({"category", "source", "dataset", "subset", "split", "name", "task",
-                             "task_type", "type", "lang", "language", "license", "url", "model",
-                             "domain", "difficulty", "tags"})
 _CONVERSATION_KEYS = {"messages": "messages", "sharegpt": "conversations", "mt_bench": "turns",
                       "ultrachat": "data", "instances": "instances"}
+# Field names matched case-insensitively when the exact one is absent.
+KNOWN_FIELDS = (*_CONVERSATION_KEYS.values(), *PROMPT_FIELDS, "context", "system", "history",
+                *ID_FIELDS)
 
 Turns = list[list[dict]]
 
@@ -70,6 +71,7 @@ class Normalized:
     conversations: list[Conversation]
     layout: str
     unused: tuple[str, ...] = field(default=())
+    matched: tuple[tuple[str, str], ...] = field(default=())  # (field found, name it matched)
 
 
 def detect_layout(data: dict, prompt_field: str | None) -> str:
@@ -87,43 +89,31 @@ def detect_layout(data: dict, prompt_field: str | None) -> str:
             data.get(name) is not None for name in PROMPT_FIELDS):
         return "prompt"
     keys = ", ".join(sorted(str(k) for k, v in data.items() if v is not None)) or "none"
+    if isinstance(data.get("data"), str):
+        raise not_a_list("data", "alternating user and assistant strings")
     raise BadRow("cannot detect the row format: no messages, conversations, turns, data, "
                  f"instruction or prompt field (found keys: {keys})")
 
 
-def _with_system(turns: Turns, data: dict) -> Turns:
-    """Put the row's ``system`` field first, unless the conversation already has one."""
-    system = data.get("system")
-    if system is None or any(m["role"] == "system" for group in turns for m in group):
-        return turns
-    system = check_text(system, "system")
-    if system.strip():
-        turns[0].insert(0, {"role": "system", "content": system})
-    return turns
-
-
-def _nonempty(value: object, where: str) -> str:
-    text = check_text(value, where)
-    if not text.strip():
-        raise BadRow(f"empty user message in field {where!r}")
-    return text
-
-
-def _user(text: str) -> Turns:
-    return [[{"role": "user", "content": text}]]
-
-
 def _joined(data: dict, first: str, second: str) -> str:
     """``first``, a blank line, then ``second`` when the row has a non-empty one."""
-    text = _nonempty(data.get(first), first)
+    text = nonempty(data.get(first), first)
     extra = data.get(second)
     if extra is not None and check_text(extra, second).strip():
         text = f"{text}\n\n{extra}"
     return text
 
 
+def not_a_list(name: str, what: str) -> BadRow:
+    """The reason for a string where a list of turns belongs (UltraChat's ``data`` as text)."""
+    return BadRow(f"{name} is a string, expected a list of turns ({what}); use --prompt-field "
+                  f"{name} to read it as one prompt")
+
+
 def mt_bench_turns(data: dict) -> Turns:
     questions = data["turns"]
+    if isinstance(questions, str):
+        raise not_a_list("turns", "the user questions")
     if not isinstance(questions, list):
         raise BadRow(f"turns must be a list, got {type_name(questions)}")
     turns = []
@@ -140,6 +130,8 @@ def mt_bench_turns(data: dict) -> Turns:
 def ultrachat_turns(data: dict) -> Turns:
     """Alternating user/assistant strings; the assistant ones are regenerated."""
     items = data["data"]
+    if isinstance(items, str):
+        raise not_a_list("data", "alternating user and assistant strings")
     roles = [("user" if i % 2 == 0 else "assistant", check_text(v, f"data[{i}]"))
              for i, v in enumerate(items)]
     for index, (role, text) in enumerate(roles):
@@ -160,27 +152,6 @@ def prompt_field_of(data: dict, prompt_field: str | None) -> str:
     return found
 
 
-def template_fields(template: str) -> set[str]:
-    """The row fields a ``--prompt-template`` reads."""
-    try:
-        return {name.split(".")[0].split("[")[0]
-                for _, name, _, _ in string.Formatter().parse(template) if name}
-    except ValueError as exc:
-        raise ConfigError(f"bad --prompt-template {template!r}: {exc}") from None
-
-
-def _from_template(data: dict, template: str) -> str:
-    missing = [name for name in sorted(template_fields(template)) if data.get(name) is None]
-    if missing:
-        raise BadRow(f"--prompt-template needs field(s) {', '.join(missing)} "
-                     f"(found keys: {', '.join(map(str, data))})")
-    try:
-        text = template.format_map({k: v for k, v in data.items() if isinstance(k, str)})
-    except (KeyError, IndexError, ValueError, AttributeError) as exc:
-        raise BadRow(f"--prompt-template does not fit this row: {exc!r}") from None
-    return _nonempty(text, "--prompt-template")
-
-
 def _turns(data: dict, layout: str, prompt_field: str | None) -> tuple[list[Turns], set[str]]:
     """The conversations of a row in ``layout`` and the fields they used."""
     if layout == "messages":
@@ -196,17 +167,20 @@ def _turns(data: dict, layout: str, prompt_field: str | None) -> tuple[list[Turn
         return [ultrachat_turns(data)], {"data"}
     if layout == "instances":
         return _instances(data), {"instruction", "instances"}
+    earlier, used = history_turns(data), {"history"}
     if layout == "dolly":
-        return [_user(_joined(data, "instruction", "context"))], {"instruction", "context"}
+        return [earlier + user_turn(_joined(data, "instruction", "context"))], {
+            "instruction", "context", *used}
     if layout == "alpaca" or (layout == "prompt" and prompt_field is None
                               and prompt_field_of(data, None) == "instruction"):
-        return [_user(_joined(data, "instruction", "input"))], {"instruction", "input"}
+        return [earlier + user_turn(_joined(data, "instruction", "input"))], {
+            "instruction", "input", *used}
     name = prompt_field_of(data, prompt_field)
-    return [_user(_nonempty(data[name], name))], {name}
+    return [earlier + user_turn(nonempty(data[name], name))], {name, *used}
 
 
 def _instances(data: dict) -> list[Turns]:
-    instruction = _nonempty(data.get("instruction"), "instruction")
+    instruction = nonempty(data.get("instruction"), "instruction")
     items = data["instances"]
     if not isinstance(items, list) or not items:
         raise BadRow("instances must be a non-empty list")
@@ -218,15 +192,8 @@ def _instances(data: dict) -> list[Turns]:
         text = instruction
         if extra is not None and check_text(extra, f"instances[{index}].input").strip():
             text = f"{instruction}\n\n{extra}"
-        conversations.append(_user(text))
+        conversations.append(user_turn(text))
     return conversations
-
-
-def unused_fields(data: dict, used: set[str]) -> tuple[str, ...]:
-    """Non-empty text fields that no prompt of this row reads."""
-    ignored = used | ANSWER_FIELDS | METADATA_FIELDS | set(ID_FIELDS) | {"system"}
-    return tuple(sorted(k for k, v in data.items() if isinstance(k, str) and k not in ignored
-                        and isinstance(v, str) and v.strip()))
 
 
 def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = None,
@@ -237,33 +204,42 @@ def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = No
     if not isinstance(data, dict):
         raise BadRow(f"row is {'null' if data is None else 'a ' + type_name(data)}, expected "
                      "an object")
+    matched: tuple[tuple[str, str], ...] = ()
     if template is not None:
-        layout, used = "template", template_fields(template)
-        many = [_user(_from_template(data, template))]
+        layout, used = "template", template_fields(template) | {"history"}
+        prompt = nonempty(from_template(data, template), "--prompt-template")
+        many = [history_turns(data) + user_turn(prompt)]
     else:
+        data, matched = match_case(data, (*KNOWN_FIELDS, *([prompt_field] if prompt_field
+                                                           else ())))
         layout = detect_layout(data, prompt_field) if fmt == "auto" else fmt
         key = _CONVERSATION_KEYS.get(layout)
         if key is not None and data.get(key) is None:
             raise BadRow(f"missing field {key!r} for format {layout}")
         many, used = _turns(data, layout, prompt_field)
+    if all([with_system(turns, data) for turns in many]):
+        used = used | {"system"}
+    if has_text(data.get("tools")):
+        for turns in many:
+            with_tools(turns, data["tools"])
+        used = used | {"tools"}
     unused = unused_fields(data, used)
     if unused and strict:
         raise BadRow(f"text field(s) {', '.join(unused)} would be dropped: the {layout} layout "
                      "does not put them in the prompt (use --prompt-template, or leave out "
                      "--strict-fields)")
     found_id, id_field, original = sample_id(data)
-    skip = used | ANSWER_FIELDS | {"id", id_field, "system"}
+    skip = used | ANSWER_FIELDS | {"id", id_field}
     source = jsonable({"id": original, **{k: v for k, v in data.items()
                                           if k not in skip and v is not None}})
     conversations = []
     for index, turns in enumerate(many):
-        turns = _with_system(turns, data)
         if len(many) == 1:
             conversations.append(Conversation(found_id or content_id(turns), turns, source))
         else:
             own = f"{found_id}#{index}" if found_id else content_id(turns)
             conversations.append(Conversation(own, turns, {**source, "instance": index}))
-    return Normalized(conversations, layout, unused)
+    return Normalized(conversations, layout, unused, matched)
 
 
 def normalize(data: object, fmt: str = "auto", prompt_field: str | None = None) -> Conversation:

@@ -3,7 +3,8 @@
 ``enqueue`` calls :func:`iter_records` once per input file (``producer.sources`` expands what
 ``--input`` names into files) and feeds each :class:`RawRecord` to ``producer.layouts``.
 JSONL (plain, ``.gz``, ``.zst``), Parquet and Arrow are streamed, so memory
-stays flat however many rows there are; a ``.json`` array is loaded whole with ``json.load``.
+stays flat however many rows there are; a ``.json`` array is loaded whole
+(``producer.json_rows``: each element with the file line it starts on).
 Problems with one JSONL line come back as a record with ``error`` set; problems with the whole
 file raise :class:`common.errors.InputError` -- at call time for a missing file or an unknown
 extension, during iteration for unreadable content (corrupt Parquet, a broken JSON array,
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from common.errors import InputError
+from producer.json_rows import BOM, located_rows
 
 CHUNK_SIZE = 1 << 20
 PARQUET_BATCH_ROWS = 1024
-BOM = b"\xef\xbb\xbf"
 
 # Longest suffixes first, so ".jsonl.gz" wins over a bare ".gz" check.
 _SUFFIXES: tuple[tuple[str, str, str | None], ...] = (
@@ -41,17 +42,17 @@ _SUFFIXES: tuple[tuple[str, str, str | None], ...] = (
 )
 SUPPORTED_EXTENSIONS = tuple(suffix for suffix, _, _ in _SUFFIXES)
 
-# Keys that mark an object as one conversation rather than a wrapper around a list of rows.
-_ROW_KEYS = frozenset({"messages", "conversations", "turns"})
 
 
 @dataclass(frozen=True, slots=True)
 class RawRecord:
-    """One input row: ``line`` locates it; exactly one of ``data`` and ``error`` is set."""
+    """One input row: ``line`` locates it (``element`` too, in a JSON array); exactly one of
+    ``data`` and ``error`` is set."""
 
     line: int
     data: object | None
     error: str | None
+    element: int | None = None
 
 
 def detect_kind(path: str) -> tuple[str, str | None]:
@@ -109,40 +110,6 @@ def iter_jsonl(chunks: Iterable[bytes]) -> Iterator[RawRecord]:
         record = parse_jsonl_line(number, raw)
         if record is not None:
             yield record
-
-
-def rows_from_json_document(data: object, where: str) -> list[Any]:
-    """Return the row list of a parsed ``.json`` document (an array, or a wrapper object)."""
-    if isinstance(data, list):
-        return data
-    if isinstance(data, dict):
-        if _ROW_KEYS & data.keys():
-            return [data]  # a single conversation saved as one object
-        lists = [value for value in data.values() if isinstance(value, list)]
-        if len(lists) == 1:
-            return lists[0]
-    raise InputError(
-        f"{where}: expected a top-level JSON array of objects (or an object with one list-valued "
-        f'key such as {{"data": [...]}}), got {type(data).__name__}'
-    )
-
-
-def parse_json_document(blob: bytes, where: str) -> list[Any]:
-    """Parse a whole ``.json`` file into its row list, raising InputError with a position."""
-    blob = blob.removeprefix(BOM)
-    try:
-        text = blob.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{where}: invalid UTF-8 at byte {exc.start}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    except RecursionError:
-        raise InputError(f"{where}: invalid JSON: nested too deeply") from None
-    return rows_from_json_document(data, where)
 
 
 def _read_chunks(stream: IO[bytes]) -> Iterator[bytes]:
@@ -219,16 +186,12 @@ def _iter_arrow(source: str, where: str) -> Iterator[RawRecord]:
         raise InputError(f"{where}: cannot read Arrow after row {number}: {exc}") from None
 
 
-
-
 def _iter_json_file(path: str, where: str) -> Iterator[RawRecord]:
-    """Yield one record per element of a ``.json`` array, numbered from 1."""
+    """Yield one record per element of a ``.json`` array, at the file line it starts on."""
     with open(path, "rb") as handle:
         blob = handle.read()
-    rows = parse_json_document(blob, where)
-    del blob
-    for index, row in enumerate(rows, start=1):
-        yield RawRecord(index, row, None)
+    for line, element, row in located_rows(blob, where):
+        yield RawRecord(line, row, None, element)
 
 
 _WHOLE_FILE_READERS = {"json": _iter_json_file, "parquet": _iter_parquet, "arrow": _iter_arrow}

@@ -3,6 +3,16 @@ message parsing and grouping; ``producer.layouts`` uses them for every row layou
 
 Assistant messages are dropped (the target model regenerates them); system and user messages
 are kept and grouped into ``turns``, one group per assistant reply to generate.
+
+Tool use is context, never regenerated: a ``tool`` message (ShareGPT ``observation``) becomes a
+user message ``<tool_response>\n...\n</tool_response>`` (consecutive ones share one message),
+and an assistant message with ``tool_calls`` (ShareGPT ``function_call``) that tool results
+follow is kept as an assistant message whose content ends with one
+``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` per call. That is the text
+Qwen3's chat template renders for them, so any template that renders user and assistant
+messages (the embedded tiny one included, which has no tool branches) shows the same prompt.
+A row's ``tools`` (function definitions, or their JSON text) join the system message the same
+way (:func:`tools_text`).
 """
 
 from __future__ import annotations
@@ -16,11 +26,14 @@ from typing import Any
 
 from common.errors import BadRow
 
-ID_FIELDS = ("id", "question_id", "conversation_id", "uid")
+ID_FIELDS = ("id", "question_id", "conversation_id", "uid", "task_id")
 # Reference answers of instruction datasets: large, and regenerated anyway, so kept out of source.
-ANSWER_FIELDS = frozenset({"output", "response", "answer", "completion", "chosen", "rejected"})
+ANSWER_FIELDS = frozenset({"output", "response", "answer", "completion", "chosen", "rejected",
+                           "reference", "canonical_solution"})
 
-OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+# "call": an assistant tool call (kept as context when its results follow); "tool": a result.
+OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+                "function": "tool"}
 SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
@@ -28,6 +41,9 @@ SHAREGPT_ROLES = {
     "gpt": "assistant",
     "assistant": "assistant",
     "chatgpt": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function_call": "call",
 }
 
 # Lone surrogates survive json.loads ("\ud800") but cannot be encoded as UTF-8 later.
@@ -90,6 +106,9 @@ def parse_messages(
 ) -> list[tuple[str, str]]:
     """Return ``(role, content)`` pairs of a message list, validating types and roles."""
     items = data[field]
+    if isinstance(items, str):
+        raise BadRow(f"{field} is a string, expected a list of messages (objects with a role "
+                     f"and content); use --prompt-field {field} to read it as one prompt")
     if not isinstance(items, list):
         raise BadRow(f"{field} must be a list, got {type_name(items)}")
     messages = []
@@ -106,24 +125,89 @@ def parse_messages(
         if role not in roles:
             raise BadRow(f"unknown role {role!r} in {where}")
         role = roles[role]
-        if role == "assistant":
-            # Dropped unchecked: tool-call replies have null content and are regenerated anyway.
-            messages.append((role, ""))
-            continue
         content_key = next((k for k in content_keys if k in item), content_keys[0])
-        content = check_text(item.get(content_key), f"{where}.{content_key}")
-        if role == "user" and not content.strip():
-            raise BadRow(f"empty user message at {where}")
-        messages.append((role, content))
+        if role == "assistant" and item.get("tool_calls"):
+            role = "call"
+        if role == "call":
+            messages.append((role, tool_call_text(item, item.get(content_key), where)))
+        elif role == "assistant":
+            # Dropped unchecked: regenerated anyway.
+            messages.append((role, ""))
+        elif role == "tool":
+            messages.append((role, _tool_text(item.get(content_key), f"{where}.{content_key}")))
+        else:
+            content = check_text(item.get(content_key), f"{where}.{content_key}")
+            if role == "user" and not content.strip():
+                raise BadRow(f"empty user message at {where}")
+            messages.append((role, content))
     return messages
+
+
+def _tool_text(value: object, where: str) -> str:
+    """A tool result's text: a string as is, structured results as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return check_text(value, where)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def tool_call_text(item: dict, content: object, where: str) -> str:
+    """An assistant tool call as Qwen3's template renders it (see the module docstring)."""
+    parts = [] if content is None else [check_text(content, f"{where}.content")]
+    calls = item.get("tool_calls")
+    if not calls:  # ShareGPT function_call: the value is the call's JSON text
+        return "<tool_call>\n" + "".join(parts).strip() + "\n</tool_call>"
+    if not isinstance(calls, list):
+        raise BadRow(f"{where}.tool_calls must be a list, got {type_name(calls)}")
+    for index, call in enumerate(calls):
+        call = call.get("function", call) if isinstance(call, dict) else call
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise BadRow(f"{where}.tool_calls[{index}] has no function name")
+        arguments = call.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else json.dumps(
+            arguments, ensure_ascii=False)
+        parts.append(f'<tool_call>\n{{"name": "{call["name"]}", "arguments": {arguments}}}'
+                     "\n</tool_call>")
+    return "\n".join(p for p in parts if p)
+
+
+def tools_text(tools: object) -> str:
+    """The ``# Tools`` block Qwen3's template adds to the system message for ``tools``."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            tools = [tools]
+    if not isinstance(tools, list):
+        tools = [tools]
+    listed = "".join("\n" + (t if isinstance(t, str) else json.dumps(t, ensure_ascii=False))
+                     for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>{listed}\n</tools>\n\nFor each function call, return a json object with "
+            "function name and arguments within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+            "</tool_call>")
 
 
 def group_turns(messages: list[tuple[str, str]]) -> list[list[dict]]:
     """Group non-assistant messages so that one reply is generated after each group."""
     turns: list[list[dict]] = []
     group: list[dict] = []
-    for role, content in messages:
-        if role != "assistant":
+    for index, (role, content) in enumerate(messages):
+        after = messages[index + 1][0] if index + 1 < len(messages) else None
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if group and group[-1].get("tool"):
+                group[-1]["content"] += "\n" + block
+            else:
+                group.append({"role": "user", "content": block, "tool": True})
+            continue
+        if role == "call" and after == "tool":
+            group.append({"role": "assistant", "content": content})
+            continue
+        if role not in ("assistant", "call"):
             group.append({"role": role, "content": content})
         elif any(m["role"] == "user" for m in group):
             turns.append(group)
@@ -138,6 +222,8 @@ def group_turns(messages: list[tuple[str, str]]) -> list[list[dict]]:
             turns.append(group)
     if not turns:
         raise BadRow("no user message")
+    for message in (m for group in turns for m in group):
+        message.pop("tool", None)
     return turns
 
 

@@ -106,3 +106,41 @@ def test_dry_run_renders_rows_and_writes_nothing(env, tmp_path: Path,
     assert redis_server.client().dbsize() == 0, "a dry run touched Redis"
     report = json.loads(enqueue(env, "dry", "--input", src, "--dry-run", "--json").stdout)
     assert report["rows"] == 4 and len(report["shown"]) == 3
+
+
+def test_empty_inputs_and_bad_templates_fail_with_one_line(env, tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n")
+    result = enqueue(env, "empty", "--input", str(tmp_path / "empty.jsonl"))
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no rows at all" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(open_storage(env["DFLASH_STORAGE"]).list("runs/empty/")), "a run was made"
+    src = write(tmp_path / "in.jsonl", [{"instruction": "Hi"}])
+    result = enqueue(env, "tmpl", "--input", src, "--prompt-template", "{instruction.__class__}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "placeholder {instruction.__class__} is not allowed" in result.stderr
+
+
+def test_dry_run_reports_what_the_real_run_does(env, tmp_path: Path) -> None:
+    bad = [{"id": f"b{i}", "question": "Q?", "followups": [f"then {i}?"]} for i in range(24)]
+    good = [{"question_id": 1, "turns": ["First question?", "Second question?"]}]
+    src = write(tmp_path / "in.jsonl", [*good, *bad, {"question": ""}])
+    args = ["--input", src, "--strict-fields"]
+    dry = enqueue(env, "same", *args, "--dry-run", "--show", "1")
+    real = enqueue(env, "same", *args)
+    assert dry.returncode == real.returncode == 3, (dry.stderr, real.stderr)
+
+    def rejected(out: str) -> list[str]:
+        return [line for line in out.splitlines() if line.startswith("  line ")
+                or line.startswith("  ... and")]
+
+    assert rejected(dry.stdout) == rejected(real.stdout)
+    assert len(rejected(dry.stdout)) == 21 and rejected(dry.stdout)[-1] == "  ... and 5 more"
+    assert "followups would be dropped" in rejected(dry.stdout)[0]
+    assert "turn 2: " in dry.stdout and "Second question?" in dry.stdout
+    report = json.loads(enqueue(env, "same", *args, "--dry-run", "--json").stdout)
+    [shown] = report["shown"]
+    assert [t["turn"] for t in shown["turn_prompts"]] == [1, 2]
+    assert "Second question?" in shown["turn_prompts"][1]["prompt"]
+    assert "[the model's answer to turn 1]" in shown["turn_prompts"][1]["prompt"]

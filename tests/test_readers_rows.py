@@ -74,9 +74,13 @@ def test_json_array_and_wrapped_object(tmp_path):
     rows = [{"prompt": "a"}, {"prompt": "b"}]
     (tmp_path / "a.json").write_text(json.dumps(rows))
     (tmp_path / "b.json").write_text(json.dumps({"version": 2, "data": rows}))
-    for name in ("a.json", "b.json"):
+    for name in ("a.json", "b.json"):  # one line: every element starts on line 1
         records = list(iter_records(tmp_path / name))
-        assert [(r.line, r.data) for r in records] == [(1, rows[0]), (2, rows[1])]
+        assert [(r.line, r.element, r.data) for r in records] == [(1, 1, rows[0]),
+                                                                  (1, 2, rows[1])]
+    (tmp_path / "p.json").write_text(json.dumps({"version": 2, "data": rows}, indent=2))
+    records = list(iter_records(tmp_path / "p.json"))
+    assert [(r.line, r.element) for r in records] == [(4, 1), (7, 2)]
     (tmp_path / "c.json").write_text('[{"prompt": "a"},\n {"prompt": }]')
     with pytest.raises(InputError, match="invalid JSON at line 2 column 13"):
         list(iter_records(tmp_path / "c.json"))
@@ -231,9 +235,10 @@ def test_grouping_rules(roles, expected):
         ([1], {}, "row is a list, expected an object"),
         (None, {}, "row is null, expected an object"),
         ({"foo": 1, "bar": 2}, {}, "found keys: bar, foo"),
-        ({"messages": "hi"}, {}, "messages must be a list, got str"),
+        ({"messages": "hi"}, {}, "messages is a string, expected a list of messages"),
+        ({"messages": 3}, {}, "messages must be a list, got int"),
         ({"messages": [U, U, user(5)]}, {}, r"messages\[2\].content must be a string, got int"),
-        ({"messages": [U, U, U, {"role": "tool"}]}, {}, r"unknown role 'tool' in messages\[3\]"),
+        ({"messages": [U, U, U, {"role": "robot"}]}, {}, r"unknown role 'robot' in messages\[3\]"),
         ({"messages": ["hi"]}, {}, r"messages\[0\] must be an object, got str"),
         ({"messages": [{"content": "x"}]}, {}, r"messages\[0\] has no 'role'"),
         ({"messages": [system("s"), user("  \n")]}, {}, r"empty user message at messages\[1\]"),
@@ -251,7 +256,8 @@ def test_grouping_rules(roles, expected):
             r"unknown role 'bing' in conversations\[0\]",
         ),
         ({"turns": ["q", ""]}, {}, r"empty user message at turns\[1\]"),
-        ({"turns": "q"}, {}, "turns must be a list, got str"),
+        ({"turns": "q"}, {}, "turns is a string, expected a list of turns"),
+        ({"id": 1, "data": "q"}, {}, "data is a string, expected a list of turns"),
         ({"prompt": 3}, {}, "prompt must be a string, got int"),
         ({"prompt": " "}, {}, "empty user message in field 'prompt'"),
         ({"prompt": "x"}, {"fmt": "messages"}, "missing field 'messages'"),
