@@ -30,6 +30,10 @@ class NotFound(StorageError):
     """The key does not exist in storage."""
 
 
+class StorageRefused(PermanentError):
+    """Storage refused the request for good (S3 4xx: access denied, bad request, no bucket)."""
+
+
 class RunConfigMismatch(PermanentError):
     """A run id is reused with a different frozen configuration."""
 
