@@ -18,13 +18,12 @@ import redis
 from common import keys
 from common.celery_app import STAGES, TRAIN
 from common.config import load_settings
-from common.errors import NotFound
 from common.monitor import pause_from_storage
 from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, ShardCommit, decode_jsonl_zst
 from common.runstore import RunStore
 from common.storage import Storage
-from producer.enqueue import read_manifest, read_run_config
+from producer.enqueue import read_manifest
 
 RATE_WINDOW_S = 120.0
 
@@ -51,9 +50,7 @@ class StatusReader:
     """The last read's state of every generate shard (the dashboard's grid)."""
 
     def read(self) -> dict[str, Any]:
-        config = read_run_config(self.storage, self.run)
-        if config is None:
-            raise NotFound(f"run {self.run!r} not found in {self.storage.root}")
+        config = RunStore(self.storage, self.run).config()  # RunNotFound: one line, exit 1
         manifest = read_manifest(self.storage, self.run)
         part_keys = self._read_commits()
         live = self._live()

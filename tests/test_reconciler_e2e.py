@@ -28,6 +28,11 @@ pytestmark = pytest.mark.e2e
 TTL = 10.0  # long enough for a hidden worker to extract a small shard on a busy 2-core CPU
 
 
+# Short generations of the tiny model fail the gates; downstream stages need accepted samples.
+ANY_SAMPLE = [arg for gate in ("truncated", "thinking", "empty_answer", "leakage", "duplicates")
+              for arg in ("--skip-gate", gate)]
+
+
 def deadline(fault: float, ttls: float) -> float:
     """Seconds left until ``ttls`` lease TTLs after the fault (monotonic clock)."""
     return max(fault + ttls * TTL - time.monotonic(), 0.1)
@@ -36,7 +41,7 @@ def deadline(fault: float, ttls: float) -> float:
 def enqueue(pipeline: Pipeline, tmp_path: Path, run: str, rows: int, shard_size: int) -> None:
     src = _write_jsonl(tmp_path / f"{run}.jsonl", _mt_bench_rows(rows))
     pipeline.cli("enqueue", "--input", src, "--run", run, "--shard-size", str(shard_size),
-                 "--max-new-tokens", "32", "--skip-gate", "truncated", check=True)
+                 "--max-new-tokens", "32", *ANY_SAMPLE, check=True)
 
 
 def consuming(pipeline: Pipeline, worker: str, queue: str, on: bool) -> None:
@@ -133,3 +138,41 @@ def test_a_storage_403_parks_the_shard_with_the_services_reason(pipeline: Pipeli
                                                keys.shard_name(0)))
     assert attempts == 1, f"a permanent refusal was retried ({attempts} deliveries)"
     assert pipeline.status("deny")["state"] == "failed"
+
+
+def test_a_killed_trainer_s_shard_is_queued_again_within_two_lease_ttls(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    from common.celery_app import TRAIN
+    from common.drafter_store import read_ledger
+    from tests.test_train_e2e import TRAIN_ENV
+
+    ttl = float(pipeline.env["DFLASH_LEASE_TTL"])
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    client = redis_client(pipeline)
+    slow = {**TRAIN_ENV, "DFLASH_TRAIN_ROWS_PER_STEP": "1"}
+    victim = pipeline.start_worker("victim", kind="train", **slow,
+                                   DFLASH_TEST_FAULT="train.forward=sleep:1")
+    pipeline.start_worker("gen")  # stays up: its reconciler heals the trainer's shard
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(4))
+    pipeline.cli("enqueue", "--input", src, "--run", "tk", "--shard-size", "2", "--mode",
+                 "online", "--max-new-tokens", "32", *ANY_SAMPLE,
+                 "--heldout-min", "0", "--heldout-fraction", "0", check=True)
+    lease = TRAIN.lease_key("tk", 0)
+    token = wait_until(lambda: client.get(lease), 300, "the trainer to lease a shard")
+    shard = keys.lease_shard(token)
+    assert shard is not None, f"the run lease {token!r} does not name its shard"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    fault = time.monotonic()
+    assert shard not in read_ledger(storage, "tk").done, "the shard finished before the kill"
+
+    def queued_again() -> bool:
+        return ("tk", shard) in (queued_in(client, TRAIN.queue) or set())
+
+    wait_until(queued_again, max(fault + 2 * ttl - time.monotonic(), 0.1),
+               f"shard {shard} queued again within two lease TTLs of the kill")
+    healed = time.monotonic() - fault
+    pipeline.start_worker("rescuer", kind="train", **TRAIN_ENV)
+    wait_until(lambda: sorted(read_ledger(storage, "tk").done) == [0, 1], 300,
+               "both shards trained by the rescuer")
+    print(f"\ntrainer kill -9 -> its shard queued again: {healed:.1f}s (lease TTL {ttl:.0f}s)")

@@ -16,8 +16,9 @@ from typing import Any
 import redis
 
 from common import keys
-from common.errors import NotFound
+from common.errors import NotFound, RunNotFound
 from common.records import RunConfig
+from common.runstore import RunStore
 from common.storage import Storage
 from producer.report import token_stats
 from producer.status import StatusReader
@@ -52,7 +53,7 @@ class Views:
 
     def view(self, run: str) -> RunView:
         if not keys.valid_run_id(run):
-            raise NotFound(f"invalid run id {run!r}")
+            raise RunNotFound(f"invalid run id {run!r}")
         with self._lock:
             if run not in self.runs:
                 self.runs[run] = RunView(StatusReader(self.storage, self.client, run),
@@ -74,7 +75,7 @@ class Views:
         for run in self.run_ids():
             try:
                 status = self.status(run)
-            except NotFound:
+            except (NotFound, RunNotFound):
                 continue
             config = RunConfig.from_json(json.loads(self.storage.get(keys.run_config(run))))
             samples, shards = status["samples"], status["shards"]
@@ -106,7 +107,7 @@ class Views:
         with view.lock:
             if view.status.storage.exists(keys.run_config(run)):
                 return view.series.read()
-        raise NotFound(f"run {run!r} not found in {self.storage.root}")
+        raise RunStore(self.storage, run).missing()
 
     def shards(self, run: str) -> dict[str, Any]:
         """Every generate shard's state for the grid, from the same read as ``status``:
