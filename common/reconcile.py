@@ -141,10 +141,13 @@ def _trained(storage: Storage, run: str) -> set[int]:
 
 @dataclass(frozen=True)
 class Flags:
-    """``resume``'s flags: ``force`` ignores queued markers, ``parked`` re-queues parked shards."""
+    """``resume``'s flags: ``force`` ignores queued markers, ``parked`` re-queues parked shards,
+    ``leases`` False queues a leased shard too, as ``resume`` always did (its worker may be
+    dead already; if not, the lease turns the duplicate away)."""
 
     force: bool = False
     parked: bool = False
+    leases: bool = True
 
 
 def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
@@ -163,9 +166,10 @@ def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
     sent = []
     for spec in STAGES:
         due, view = plan.due.get(spec.name, set()), views[spec.name]
-        held = view.live if flags.force else view.owned
-        skip = set(held) | (set() if flags.parked else set(view.parked))
-        if spec.name in plan.upstream:
+        skip = (set(view.live) if flags.leases else set()) | (
+            set() if flags.force else set(view.queued)) | (
+            set() if flags.parked else set(view.parked))
+        if spec.name in plan.upstream and flags.leases:
             skip |= views[plan.upstream[spec.name]].live
         for shard in sorted(due - skip):
             why = ("its worker was lost" if shard in view.running else

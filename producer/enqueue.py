@@ -209,7 +209,7 @@ def resume_run(
         # enqueue died while reading the input: finish that first, exactly as enqueue would.
         return enqueue_run(storage, app, client, config, check_for(config))
     client.sadd(keys.redis_runs(), run)
-    flags = Flags(force=force, parked=True)
+    flags = Flags(force=force, parked=True, leases=False)
     done = reconcile(storage, app, client, lease_ttl, runs=[run], flags=flags,
                      wait_s=max(2 * lease_ttl, 10.0) + 5)
     sent = (done or {}).get(run) or []
