@@ -10,7 +10,8 @@ claims a message that was not sent. A marker is ``<kind> <epoch>``:
   is too long to scan. A marker whose message was lost (a deleted queue, Redis's last second of
   AOF) so ages out in one TTL once its queue is short.
 - ``retry T``: a countdown retry is due at T; the worker holding it (Celery keeps ETA messages
-  out of the queue, unacked) starts it then. Trusted until T plus one TTL.
+  out of the queue, unacked) starts it then. Trusted until T plus one TTL, and in a one-per-run
+  stage (train) while the run's lease is live.
 - ``started T``: a delivery began at T and has not taken its lease yet (storage reads before
   the claim). Trusted for two TTLs.
 
@@ -103,13 +104,16 @@ class Marker:
         except ValueError:
             return cls(QUEUED, 0.0)  # an older "1": only the queue itself can vouch for it
 
-    def holds(self, now: float, lease_ttl: float, in_queue: bool | None) -> bool:
+    def holds(self, now: float, lease_ttl: float, in_queue: bool | None,
+              run_lease_live: bool = False) -> bool:
         """Whether a message (or a starting delivery) still stands behind this marker.
 
         ``in_queue``: the message was seen in the queue, not seen, or None (queue not read).
+        ``run_lease_live``: a one-per-run stage's lease is held, so a retry waiting for it is
+        due only once its trainer lets go (its worker's pool may be busy with that very shard).
         """
         if self.kind == RETRY:
-            return now < self.at + lease_ttl
+            return now < self.at + lease_ttl or run_lease_live
         if self.kind == STARTED:
             return now < self.at + 2 * lease_ttl
         return now < self.at + lease_ttl or in_queue is not False

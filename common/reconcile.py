@@ -85,7 +85,7 @@ def read_stage(client: redis.Redis, spec: StageSpec, run: str, lease_ttl: float,
     for name, value in queued.items():
         shard, mark = _shard(name), Marker.parse(value)
         seen = None if in_queue is None else (run, shard) in in_queue
-        if mark is not None and mark.holds(now, lease_ttl, seen):
+        if mark is not None and mark.holds(now, lease_ttl, seen, spec.one_per_run and bool(live)):
             held.add(shard)
             if mark.kind == "retry":
                 retrying.add(shard)
@@ -103,10 +103,11 @@ class RunPlan:
     run: str
     due: dict[str, set[int]] = field(default_factory=dict)
     upstream: dict[str, str] = field(default_factory=dict)
+    paused: bool = False
 
     @property
     def finished(self) -> bool:
-        return not any(self.due.values())
+        return not self.paused and not any(self.due.values())
 
 
 def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
@@ -115,9 +116,9 @@ def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
     config, manifest = store.config_or_none(), store.manifest()
     if config is None or manifest is None:
         return None
-    plan = RunPlan(run)
+    plan = RunPlan(run, paused=bool(client.exists(keys.redis_paused(run))))
     generated = store.committed("generate")
-    if not client.exists(keys.redis_paused(run)):  # a paused run starts nothing new
+    if not plan.paused:  # a paused run generates nothing new; `resume --accept-gates` lifts it
         plan.due[GENERATE.name] = set(range(manifest.shards)) - generated
     if config.mode == "online":
         plan.due[TRAIN.name] = generated - _trained(storage, run)

@@ -113,11 +113,13 @@ def test_two_reconcilers_at_once_never_queue_a_shard_twice(env) -> None:
 
 def test_a_run_lease_covers_only_the_shard_it_names(env) -> None:
     storage, client, app = env
-    make_run(storage, client, "t", shards=2, generated={0, 1}, mode="online")
+    make_run(storage, client, "t", shards=3, generated={0, 1, 2}, mode="online")
+    # Shard 2 waits for the run lease: its retry is overdue, but the trainer is busy.
+    client.hset(TRAIN.keys("t").queued, keys.shard_name(2), marker(RETRY, time.time() - 60))
     with Lease(client, TRAIN.lease_key("t", 0), keys.lease_owner("trainer", "1", 0), ttl=30):
         assert reconcile(storage, app, client, TTL) == {"t": [("train", 1)]}
     # Its trainer gone (the lease released or expired), the untrained shard is due again.
-    assert reconcile(storage, app, client, TTL) == {"t": [("train", 0)]}
+    assert reconcile(storage, app, client, TTL) == {"t": [("train", 0), ("train", 2)]}
     assert reconcile(storage, app, client, TTL) == {"t": []}
 
 

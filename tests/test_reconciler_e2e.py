@@ -161,6 +161,8 @@ def test_a_killed_trainer_s_shard_is_queued_again_within_two_lease_ttls(
     token = wait_until(lambda: client.get(lease), 300, "the trainer to lease a shard")
     shard = keys.lease_shard(token)
     assert shard is not None, f"the run lease {token!r} does not name its shard"
+    wait_until(lambda: client.hget(TRAIN.keys("tk").metrics, "step"), 300,
+               "a first training step (the trainer is mid-shard)")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
     fault = time.monotonic()

@@ -232,10 +232,11 @@ class DataParallelTrainer:
             self.group.send([("self",), *messages])
             return self.train_part(parts[0], skipped, 1.0, started)
 
-    def _forward(self, part: Part, share: float) -> tuple[Any, torch.Tensor, torch.Tensor,
-                                                          torch.Tensor]:
-        """This rank's own work of a step, no collective in it: features, packing, forward."""
+    def _prepare(self, part: Part, share: float) -> tuple[Any, torch.Tensor]:
+        """This rank's rows as a packed batch on its device, and their loss weight."""
         t = self.trainer
+        inject("train.forward")
+        inject(f"train.forward.rank{self.group.rank}")
         rows = [r for r, _ in part]
         if all(isinstance(r, FeaturedRow) for r in rows):
             featured = [FeaturedRow(r.row, r.features.to(t.device)) for r in rows]
@@ -244,10 +245,19 @@ class DataParallelTrainer:
         batch = pack_rows([f.row for f in featured], [f.features for f in featured],
                           [a for _, a in part], t.block_size,
                           t.drafter.config.mask_token_id).to(t.device)
-        weight = t.weights[batch.valid.nonzero()[:, 1]].sum() * share
-        t.drafter.train()
-        loss, per_slot = t.forward(batch)
-        return batch, weight, loss, per_slot
+        return batch, t.weights[batch.valid.nonzero()[:, 1]].sum() * share
+
+    def _own(self, work: Callable[[], Any]) -> Any:
+        """Run work without collectives in it; every rank then learns whether any rank failed."""
+        failure, result = None, None
+        try:
+            result = work()
+        except Exception as err:  # shared with the group before anyone leaves the step
+            log.exception("rank %d: run %s: step %d failed", self.group.rank, self.run,
+                          self.trainer.steps + 1)
+            failure = f"rank {self.group.rank}: {err!r}"
+        self.group.agree(failure)
+        return result
 
     def train_part(self, part: Part, skipped: int, share: float,
                    started: float | None = None) -> StepMetrics:
@@ -257,16 +267,12 @@ class DataParallelTrainer:
         """
         started = time.perf_counter() if started is None else started
         t = self.trainer
-        failure = None
-        try:
-            inject("train.forward")
-            inject(f"train.forward.rank{self.group.rank}")
-            batch, weight, loss, per_slot = self._forward(part, share)
-        except Exception as err:  # shared below, before the first collective of the step
-            log.exception("rank %d: run %s: step %d failed", self.group.rank, self.run,
-                          t.steps + 1)
-            failure = f"rank {self.group.rank}: {err!r}"
-        self.group.agree(failure)
+        batch, weight = self._own(lambda: self._prepare(part, share))
+        t.drafter.train()
+        if self.group.sharded:  # FSDP2's forward gathers parameters: a collective of the group
+            loss, per_slot = t.forward(batch)
+        else:
+            loss, per_slot = self._own(lambda: t.forward(batch))
         total = weight.detach().clone()
         dist.all_reduce(total)
         scale = weight / total
