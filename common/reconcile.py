@@ -12,6 +12,7 @@ Duplicate deliveries stay harmless: the lease keeps them apart and commits are p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -193,18 +194,21 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
     """One pass over ``runs`` (default: every active run) under the reconciler lock.
 
     ``wait_s`` None: skip the pass if another process holds the lock (the periodic workers);
-    else wait that long for it (``resume``). Returns what each run queued, None if skipped.
+    else wait that long for it (``resume``). The lock lives one lease TTL and is renewed before
+    each run, so a holder killed mid-pass delays the next pass by one TTL at most. Returns what
+    each run queued, None if skipped.
     """
-    lock = client.lock(keys.redis_reconciler(), timeout=max(2 * lease_ttl, 10.0),
+    lock = client.lock(keys.redis_reconciler(), timeout=lease_ttl,
                        blocking=wait_s is not None, blocking_timeout=wait_s,
                        thread_local=False)
     if not lock.acquire():
         return None
+    done = {}
     try:
         waiting = waiting_messages(client)
         chosen = sorted(client.smembers(keys.redis_runs())) if runs is None else list(runs)
-        done = {}
         for run in chosen:
+            lock.reacquire()  # LockError: the pass outlived its lock; another one took over
             try:
                 sent = reconcile_run(storage, app, client, run, lease_ttl, waiting, flags)
             except DflashError as err:  # one run's storage trouble does not stop the others
@@ -212,12 +216,12 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
                 continue
             if sent is not None:
                 done[run] = sent
-        return done
+    except redis.exceptions.LockError as err:
+        log.warning("reconciler pass cut short: %s", err)
     finally:
-        try:
+        with contextlib.suppress(redis.exceptions.LockError):
             lock.release()
-        except redis.exceptions.LockError:
-            log.warning("reconciler pass outlived its lock (%.0fs)", max(2 * lease_ttl, 10.0))
+    return done
 
 
 def _shard(name: str) -> int:
