@@ -30,6 +30,7 @@ from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, publish_downstream,
 
 log = logging.getLogger(__name__)
 
+
 @app.task(name=TASK_GENERATE, bind=True, max_retries=None)
 def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
     """Celery entry point: the shard-stage skeleton around :func:`process_shard`."""
