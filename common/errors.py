@@ -30,6 +30,11 @@ class NotFound(StorageError):
     """The key does not exist in storage."""
 
 
+class StorageRefused(PermanentError, StorageError):
+    """Storage refused the request for good (S3 4xx: access denied, bad request, no bucket):
+    permanent (the shard parks at once), yet still a ``StorageError`` to code that reads on."""
+
+
 class RunConfigMismatch(PermanentError):
     """A run id is reused with a different frozen configuration."""
 
@@ -87,4 +92,10 @@ class NotLossless(DflashError):
 
 
 class GroupLost(TransientError):
-    """A rank of the data-parallel training group failed: the group stops, the shard is retried."""
+    """A collective of the data-parallel training group failed (a rank died, the network broke):
+    the group stops, the shard is retried."""
+
+
+class RankFailed(PermanentError):
+    """A rank's own work failed (out of memory, a bug, bad data): the shard parks, its reason
+    kept."""

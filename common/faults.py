@@ -2,14 +2,16 @@
 
 ``DFLASH_TEST_FAULT="hidden.forward=CUDA out of memory"`` makes :func:`inject` raise
 ``RuntimeError("CUDA out of memory")`` at that point; ``export.file=sleep:0.5`` makes it wait
-half a second instead, so that a test can kill a process mid-way (several ``point=message``
-pairs may be given, separated by ``;``). Unset in every real deployment: then :func:`inject`
+half a second instead, so that a test can kill a process mid-way, and ``generate.hand_off=kill``
+makes the process ``kill -9`` itself there (several ``point=message`` pairs may be given,
+separated by ``;``). Unset in every real deployment: then :func:`inject`
 costs one dict lookup.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from functools import cache
 
@@ -27,6 +29,8 @@ def inject(point: str) -> None:
     message = _faults().get(point)
     if message is None:
         return
+    if message == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if message.startswith("sleep:"):
         time.sleep(float(message.removeprefix("sleep:")))
         return

@@ -169,6 +169,23 @@ def lease_token(owner: str, ttl_ms: int) -> str:
     return f"{owner} {ttl_ms}"
 
 
+def lease_owner(worker: str, tag: str, shard: int) -> str:
+    """A delivery's owner id; it names the shard, so a run-wide lease says which shard it covers."""
+    return f"{worker}:{tag}:{shard_name(shard)}"
+
+
+def lease_shard(token: str | None) -> int | None:
+    """The shard a lease token's owner covers (see :func:`lease_owner`), else None."""
+    owner = (token or "").rpartition(" ")[0]
+    match = re.search(r":shard-(\d+)$", owner)
+    return int(match.group(1)) if match else None
+
+
+def redis_reconciler() -> str:
+    """Lock electing the one worker that runs the reconciler pass (``common.reconcile``)."""
+    return "dflash:reconciler"
+
+
 def lease_is_live(token: str | None, pttl_ms: int) -> bool:
     """Whether a lease was renewed lately: a worker that missed two beats is presumed dead."""
     if not token or pttl_ms <= 0:
@@ -184,8 +201,8 @@ def lease_is_live(token: str | None, pttl_ms: int) -> bool:
 class StageKeys:
     """One stage's registries for one run, as rq keeps one key per registry.
 
-    ``queued``: shard -> ``1`` while a task sits in the queue, or ``retry <epoch>`` while a retry
-    waits for its countdown (keeps ``resume`` idempotent). ``running``: shard -> owner while a
+    ``queued``: shard -> ``queued|retry|started <epoch>`` while a task message (or a starting
+    delivery) stands for it (:mod:`common.dispatch`). ``running``: shard -> owner while a
     worker holds it (a shard here without a live lease lost its worker: it is healed).
     ``attempts``: shard -> deliveries started (the delivery cap counts these). ``parked``:
     shard -> reason. ``lease:shard-N`` (or ``lease:run`` for one-per-run stages): the lease.

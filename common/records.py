@@ -24,6 +24,7 @@ class RunState(StrEnum):
     ENQUEUING = "enqueuing"
     PENDING = "pending"
     RUNNING = "running"
+    STALLED = "stalled"
     PAUSED = "paused"
     DONE = "done"
     FAILED = "failed"

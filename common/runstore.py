@@ -39,8 +39,12 @@ class RunStore:
     def config(self) -> RunConfig:
         config = self.config_or_none()
         if config is None:
-            raise RunNotFound(f"run {self.run!r} not found in {self.storage.root} (no run.json)")
+            raise self.missing()
         return config
+
+    def missing(self) -> RunNotFound:
+        """The one error every command and the dashboard give for a run that is not there."""
+        return RunNotFound(f"run {self.run!r} not found in {self.storage.root} (no run.json)")
 
     def manifest(self) -> InputManifest | None:
         """The inputs manifest; None while enqueue has not finished reading the input."""

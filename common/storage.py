@@ -9,6 +9,7 @@ standard chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles, instance 
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import shutil
@@ -20,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError, NotFound, StorageError
+from common.errors import ConfigError, NotFound, StorageError, StorageRefused
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +174,11 @@ class S3Storage(Storage):
                 self.client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
                 return True
             except ClientError as exc:
-                code = _status(exc)
-                if code == 412:
+                outcome = _s3_outcome(exc)
+                if outcome is _Outcome.EXISTS:
                     return False
-                if code != 409:  # 409: a concurrent conditional write is in flight; retry
-                    raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
+                if outcome is not _Outcome.CONFLICT:
+                    raise _s3_error(exc, f"cannot write {self.root}{key}") from exc
                 time.sleep(min(0.1 * 2**attempt, 2.0))
             except BotoCoreError as exc:
                 raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
@@ -192,7 +193,9 @@ class S3Storage(Storage):
 
         try:
             self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data)
-        except (BotoCoreError, ClientError) as exc:
+        except ClientError as exc:
+            raise _s3_error(exc, f"cannot write {self.root}{key}") from exc
+        except BotoCoreError as exc:
             raise StorageError(f"cannot write {self.root}{key}: {exc}") from exc
 
     def get(self, key: str) -> bytes:
@@ -201,9 +204,7 @@ class S3Storage(Storage):
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read()
         except ClientError as exc:
-            if _status(exc) == 404 or _code(exc) == "NoSuchKey":
-                raise NotFound(key) from exc
-            raise StorageError(f"cannot read {self.root}{key}: {exc}") from exc
+            raise _s3_error(exc, f"cannot read {self.root}{key}", key) from exc
         except BotoCoreError as exc:
             raise StorageError(f"cannot read {self.root}{key}: {exc}") from exc
 
@@ -214,9 +215,9 @@ class S3Storage(Storage):
             self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
             return True
         except ClientError as exc:
-            if _status(exc) == 404:
+            if _s3_outcome(exc) is _Outcome.MISSING:
                 return False
-            raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
+            raise _s3_error(exc, f"cannot stat {self.root}{key}") from exc
         except BotoCoreError as exc:
             raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
 
@@ -227,9 +228,7 @@ class S3Storage(Storage):
             return self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)[
                 "ContentLength"]
         except ClientError as exc:
-            if _status(exc) == 404:
-                raise NotFound(key) from exc
-            raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
+            raise _s3_error(exc, f"cannot stat {self.root}{key}", key) from exc
         except BotoCoreError as exc:
             raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
 
@@ -243,8 +242,51 @@ class S3Storage(Storage):
             for page in pages:
                 for obj in page.get("Contents", ()):
                     yield obj["Key"][len(self.prefix) :]
-        except (ClientError, BotoCoreError) as exc:
+        except ClientError as exc:
+            raise _s3_error(exc, f"cannot list {self.root}{prefix}") from exc
+        except BotoCoreError as exc:
             raise StorageError(f"cannot list {self.root}{prefix}: {exc}") from exc
+
+
+class _Outcome(enum.Enum):
+    """What an S3 error means to the pipeline."""
+
+    MISSING = "missing"        # the key is not there (NotFound, or False from exists)
+    EXISTS = "exists"          # a put-once found the key written already
+    CONFLICT = "conflict"      # a concurrent conditional write: try again at once
+    TRANSIENT = "transient"    # throttling, 5xx, a timeout: retried, then parked at the cap
+    REFUSED = "refused"        # any other 4xx: no retry can fix it, park with the message
+
+
+# The one table from an S3 error to its outcome: by error code first, then by HTTP status.
+_S3_CODES = {"NoSuchKey": _Outcome.MISSING, "NotFound": _Outcome.MISSING,
+             "NoSuchBucket": _Outcome.REFUSED,
+             "PreconditionFailed": _Outcome.EXISTS, "ConditionalRequestConflict":
+             _Outcome.CONFLICT, "SlowDown": _Outcome.TRANSIENT, "Throttling": _Outcome.TRANSIENT,
+             "RequestTimeout": _Outcome.TRANSIENT, "RequestTimeTooSkewed": _Outcome.TRANSIENT}
+_S3_STATUS = {404: _Outcome.MISSING, 412: _Outcome.EXISTS, 409: _Outcome.CONFLICT,
+              408: _Outcome.TRANSIENT, 429: _Outcome.TRANSIENT}
+
+
+def _s3_outcome(exc: Exception) -> _Outcome:
+    code, status = _code(exc), _status(exc)
+    if code in _S3_CODES:
+        return _S3_CODES[code]
+    if status in _S3_STATUS:
+        return _S3_STATUS[status]
+    return _Outcome.REFUSED if status is not None and 400 <= status < 500 else _Outcome.TRANSIENT
+
+
+def _s3_error(exc: Exception, doing: str, key: str | None = None) -> StorageError | StorageRefused:
+    """The named error for an S3 error, with the service's own message."""
+    outcome = _s3_outcome(exc)
+    if outcome is _Outcome.MISSING and key is not None:
+        return NotFound(key)
+    error = getattr(exc, "response", {}).get("Error", {})
+    said = f"{error.get('Code', _status(exc))}: {error.get('Message') or exc}"
+    if outcome is _Outcome.REFUSED:
+        return StorageRefused(f"{doing}: {said}")
+    return StorageError(f"{doing}: {said}")
 
 
 def _status(exc: Exception) -> int | None:

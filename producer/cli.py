@@ -229,7 +229,8 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
                        f"{lifted['max_reject_rate']:.0%} over {lifted['pause_after']} samples"
                        + (", rejections so far accepted)" if accept_gates else ")"))
     report = resume_run(storage, app, client, run, force=force,
-                        check_for=lambda c: context_check(settings, c))
+                        check_for=lambda c: context_check(settings, c),
+                        lease_ttl=settings.lease_ttl)
     print_enqueue_report(report, storage, as_json)
 
 

@@ -17,16 +17,11 @@ import redis
 from celery import Celery
 
 from common import keys
-from common.celery_app import (
-    QUEUE_GENERATE,
-    QUEUE_HIDDEN,
-    QUEUE_TRAIN,
-    TASK_GENERATE,
-    TASK_HIDDEN,
-    TASK_TRAIN,
-)
+from common.celery_app import GENERATE
+from common.dispatch import publish_shard
 from common.errors import BadRow
-from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
+from common.reconcile import Flags, reconcile
+from common.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
 from common.runstore import RunStore
 from common.splits import HeldoutPicker
 from common.storage import Storage
@@ -78,40 +73,24 @@ def read_manifest(storage: Storage, run: str) -> InputManifest | None:
     return RunStore(storage, run).manifest()
 
 
-def send_shard(app: Celery, client: redis.Redis, run: str, queue: str, task_name: str,
-               shard: int, force: bool = False) -> bool:
-    """Queue one shard for a stage (the stage is named as its queue) unless already queued."""
-    names, field_name = keys.StageKeys(run, queue), keys.shard_name(shard)
-    # The marker makes a repeated resume idempotent; the worker clears it when it starts.
-    if not client.hsetnx(names.queued, field_name, "1") and not force:
-        return False
-    if client.hdel(names.parked, field_name):
-        # Re-queuing a parked shard is the user's decision to try again: a fresh count.
-        client.hdel(names.attempts, field_name)
-    app.send_task(task_name, args=[ShardTask(run, shard).to_json()], queue=queue)
-    return True
-
-
 class TaskSender:
     """Queues ``generate`` tasks, skipping shards that are committed or already queued."""
 
     def __init__(self, storage: Storage, app: Celery, client: redis.Redis, run: str) -> None:
         self.storage, self.app, self.client, self.run = storage, app, client, run
-        self.committed = {
-            keys.shard_of(k)
-            for k in storage.list(keys.generated_prefix(run))
-            if k.endswith("/_COMMIT.json")
-        }
+        self.committed = RunStore(storage, run).committed("generate")
         self.enqueued = 0
-        client.sadd(keys.redis_runs(), run)  # where live workers look for shards to heal
+        client.sadd(keys.redis_runs(), run)  # where the reconciler looks for shards to heal
 
-    def send(self, shard: int, force: bool = False) -> bool:
-        if shard in self.committed:
+    def send(self, shard: int) -> bool:
+        names, field_name = GENERATE.keys(self.run), keys.shard_name(shard)
+        # The marker makes a repeated enqueue idempotent; the worker clears it when it starts.
+        if shard in self.committed or self.client.hexists(names.queued, field_name):
             return False
-        sent = send_shard(self.app, self.client, self.run, QUEUE_GENERATE, TASK_GENERATE, shard,
-                          force)
-        self.enqueued += sent
-        return sent
+        fresh = bool(self.client.hexists(names.parked, field_name))
+        publish_shard(self.app, self.client, GENERATE, self.run, shard, fresh=fresh)
+        self.enqueued += 1
+        return True
 
 
 @dataclass
@@ -223,46 +202,30 @@ def enqueue_run(
 def resume_run(
     storage: Storage, app: Celery, client: redis.Redis, run: str, force: bool = False,
     check_for: Callable[[RunConfig], RowCheck | None] = lambda config: None,
+    lease_ttl: float = 60.0,
 ) -> EnqueueReport:
-    """Re-queue every shard without a commit, from storage alone."""
+    """One reconciler pass over the run, parked shards included: storage alone says what is due.
+
+    ``force`` queues shards even if a task for them is queued already (their marker is ignored).
+    """
     store = RunStore(storage, run)
     config, manifest = store.config(), store.manifest()
     if manifest is None:
         # enqueue died while reading the input: finish that first, exactly as enqueue would.
         return enqueue_run(storage, app, client, config, check_for(config))
-    sender = TaskSender(storage, app, client, run)
-    for shard in range(manifest.shards):
-        sender.send(shard, force=force)
-    report = _fill(EnqueueReport(run=run), manifest, sender)
-    report.downstream = send_downstream(storage, app, client, config, sender.committed, force)
+    client.sadd(keys.redis_runs(), run)
+    flags = Flags(force=force, parked=True, leases=False)
+    done = reconcile(storage, app, client, lease_ttl, runs=[run], flags=flags,
+                     wait_s=max(2 * lease_ttl, 10.0) + 5)
+    sent = (done or {}).get(run) or []
+    report = EnqueueReport(run=run)
+    report.shards, report.rows, report.rejected = manifest.shards, manifest.rows, manifest.rejected
+    report.enqueued = sum(stage == GENERATE.name for stage, _ in sent)
+    report.downstream = len(sent) - report.enqueued
+    report.committed = len(store.committed("generate"))
+    report.examples, report.layouts, report.unused = (manifest.examples, manifest.layouts,
+                                                      manifest.unused)
     return report
-
-
-def send_downstream(storage: Storage, app: Celery, client: redis.Redis, config: RunConfig,
-                    committed: set[int | None], force: bool = False) -> int:
-    """Queue the downstream tasks a crash may have lost; returns how many were sent.
-
-    Online runs: ``train`` for committed shards missing from the drafter's ledger. Offline
-    runs: ``hidden`` for committed shards without hidden states, and (dflash layout) ``train``
-    for shards whose stored hidden states the ledger has not seen.
-    """
-    from common.drafter_store import trained_shards
-
-    generated = {s for s in committed if s is not None}
-    trained = trained_shards(storage, config.run)
-    if config.mode == "online":
-        return _send(app, client, config.run, QUEUE_TRAIN, TASK_TRAIN, generated - trained, force)
-    hidden = RunStore(storage, config.run).committed("hidden")
-    sent = _send(app, client, config.run, QUEUE_HIDDEN, TASK_HIDDEN, generated - hidden, force)
-    if config.layout == "dflash" and trained:  # offline training only once a trainer ran
-        sent += _send(app, client, config.run, QUEUE_TRAIN, TASK_TRAIN, hidden - trained, force)
-    return sent
-
-
-def _send(app: Celery, client: redis.Redis, run: str, stage: str, task_name: str,
-          shards: set[int], force: bool) -> int:
-    return sum(send_shard(app, client, run, stage, task_name, shard, force)
-               for shard in sorted(shards))
 
 
 def _fill(report: EnqueueReport, manifest: InputManifest, sender: TaskSender) -> EnqueueReport:

@@ -24,6 +24,7 @@ from common.config import Settings
 from common.errors import ConfigError, NotFound
 from common.monitor import pause_from_storage
 from common.records import decode_jsonl_zst
+from common.runstore import RunStore
 from common.storage import Storage, open_storage
 from producer.report_figure import bin_of, render_png
 
@@ -130,10 +131,10 @@ def _read_json(storage: Storage, key: str) -> Any:
 
 
 def build_report(storage: Storage, run: str) -> dict[str, Any]:
-    """The report of a run, streaming its parts; raises NotFound for an unknown run."""
+    """The report of a run, streaming its parts; raises RunNotFound for an unknown run."""
     config = _read_json(storage, keys.run_config(run))
     if not isinstance(config, dict):
-        raise NotFound(f"run {run!r} not found in {storage.root} (no {keys.run_config(run)})")
+        raise RunStore(storage, run).missing()
     manifest = _read_json(storage, keys.inputs_manifest(run))
     manifest = manifest if isinstance(manifest, dict) else {}
     tally, parts = _Tally(), 0

@@ -16,14 +16,14 @@ from typing import Any
 import redis
 
 from common import keys
-from common.celery_app import STAGES, TRAIN, StageSpec
-from common.errors import NotFound
-from common.keys import lease_is_live
+from common.celery_app import STAGES, TRAIN
+from common.config import load_settings
 from common.monitor import pause_from_storage
+from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, ShardCommit, decode_jsonl_zst
 from common.runstore import RunStore
 from common.storage import Storage
-from producer.enqueue import read_manifest, read_run_config
+from producer.enqueue import read_manifest
 
 RATE_WINDOW_S = 120.0
 
@@ -45,11 +45,12 @@ class StatusReader:
     run: str
     commits: dict[int, ShardCommit] = field(default_factory=dict)
     parts: dict[str, StoredPart] = field(default_factory=dict)
+    lease_ttl: float = field(default_factory=lambda: load_settings().lease_ttl)
+    grid: dict[int, str] = field(default_factory=dict)
+    """The last read's state of every generate shard (the dashboard's grid)."""
 
     def read(self) -> dict[str, Any]:
-        config = read_run_config(self.storage, self.run)
-        if config is None:
-            raise NotFound(f"run {self.run!r} not found in {self.storage.root}")
+        config = RunStore(self.storage, self.run).config()  # RunNotFound: one line, exit 1
         manifest = read_manifest(self.storage, self.run)
         part_keys = self._read_commits()
         live = self._live()
@@ -68,7 +69,8 @@ class StatusReader:
         rows = manifest.rows - manifest.rejected if manifest else None
         remaining = None if rows is None else max(rows - done - partial, 0)
         state = _state(manifest is not None, total, committed, shards["parked"] or 0,
-                       shards["running"] or 0, done + partial)
+                       shards["running"] or 0, done + partial,
+                       _owned_anywhere(live) if up else None)
         pause = live["pause"] if ready else pause_from_storage(self.storage, self.run)
         if pause and state not in (RunState.DONE, RunState.FAILED):
             state = RunState.PAUSED
@@ -130,22 +132,18 @@ class StatusReader:
         """Generate-stage shard counts; the Redis-side ones are None when Redis is down."""
         counts: dict[str, Any] = {"total": total, "committed": committed,
                                   "uncommitted": max(total - committed, 0)}
+        self.grid = {shard: shard_state(shard, set(self.commits),
+                                        live["stages"]["generate"] if live else None)
+                     for shard in range(total)}
         if live is None:
-            return {**counts, "running": None, "healing": None, "retrying": None,
-                    "parked": None, "pending": None}
-        stage, done = live["stages"]["generate"], set(self.commits)
-        running, healing = stage["live"] - done, stage["healing"] - done
-        retrying = stage["retrying"] - done - running - healing
-        parked = set(stage["parked"]) - done
-        busy = len(running) + len(healing) + len(retrying) + len(parked)
-        return {**counts, "running": len(running), "healing": len(healing),
-                "retrying": len(retrying), "parked": len(parked),
-                "pending": max(total - committed - busy, 0)}
+            return {**counts, **dict.fromkeys(GRID_STATES, None)}
+        return {**counts, **{state: sum(v == state for v in self.grid.values())
+                             for state in GRID_STATES}}
 
     def _downstream(self, config: Any, live: dict[str, Any] | None) -> dict[str, Any]:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
         stage = "train" if config.mode == "online" else "hidden"
-        parked = len(live["stages"][stage]["parked"]) if live is not None else None
+        parked = len(live["stages"][stage].parked) if live is not None else None
         if config.mode != "online":
             done = RunStore(self.storage, self.run).committed("hidden")
             return {"mode": "offline", "stage": "hidden", "committed": len(done),
@@ -198,7 +196,9 @@ class StatusReader:
     def _live(self) -> dict[str, Any] | None:
         """Redis-side numbers; None when Redis is unreachable."""
         try:
-            stages = {spec.name: self._stage(spec) for spec in STAGES}
+            waiting = waiting_messages(self.client)
+            stages = {spec.name: read_stage(self.client, spec, self.run, self.lease_ttl, waiting)
+                      for spec in STAGES}
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(keys.redis_partial(self.run))
             pipe.lrange(keys.redis_rate(self.run), 0, -1)
@@ -215,7 +215,7 @@ class StatusReader:
             "stages": stages,
             "parked": [{"stage": stage, "shard": s, "reason": r}
                        for stage, info in stages.items()
-                       for s, r in sorted(info["parked"].items())
+                       for s, r in sorted(info.parked.items())
                        if stage != "generate" or s not in self.commits],
             "partial": {_shard(k): int(v) for k, v in partial.items()},
             "tokens_per_s": tokens_per_s,
@@ -226,29 +226,6 @@ class StatusReader:
             "pause": json.loads(pause) if pause else None,
             "train": train,
         }
-
-    def _stage(self, spec: StageSpec) -> dict[str, Any]:
-        """One stage's shards: live leases, lost ones being healed, retries waiting, parked."""
-        names = spec.keys(self.run)
-        leases = list(self.client.scan_iter(names.lease_pattern, count=1000))
-        pipe = self.client.pipeline(transaction=False)
-        for key in leases:
-            pipe.get(key)
-            pipe.pttl(key)
-        pipe.hgetall(names.running)
-        pipe.hgetall(names.queued)
-        pipe.hgetall(names.parked)
-        *lease_info, running, queued, parked = pipe.execute()
-        alive = {key for key, token, pttl in zip(leases, lease_info[::2], lease_info[1::2],
-                                                 strict=True) if lease_is_live(token, pttl)}
-        live, healing = set(), set()
-        for name, _owner in running.items():
-            shard = _shard(name)
-            (live if spec.lease_key(self.run, shard) in alive else healing).add(shard)
-        return {"live": live, "healing": healing,
-                "retrying": {_shard(k) for k, v in queued.items() if v.startswith("retry")},
-                "parked": {_shard(k): v for k, v in parked.items()}}
-
 
 @dataclass(frozen=True)
 class StoredProgress:
@@ -280,14 +257,43 @@ def _rates(events: list[str]) -> tuple[float, float]:
     return sum(e[1] for e in recent) / span, sum(e[2] for e in recent) / span
 
 
+GRID_STATES = ("running", "healing", "retrying", "pending", "parked")
+
+
+def shard_state(shard: int, committed: set[int], view: StageView | None) -> str:
+    """One generate shard's state, as the grid shows it and ``status`` counts it."""
+    if shard in committed:
+        return "committed"
+    if view is None:
+        return "unknown"
+    if shard in view.parked:
+        return "parked"
+    if shard in view.live:
+        return "running"
+    if shard in view.healing:
+        return "healing"
+    if shard in view.retrying:
+        return "retrying"
+    return "pending"
+
+
+def _owned_anywhere(live: dict[str, Any]) -> bool:
+    """Whether any stage of the run has a live lease or a queued message behind a marker."""
+    return any(view.owned for view in live["stages"].values())
+
+
 def _state(enqueued: bool, total: int, committed: int, parked: int, running: int,
-           progressed: int) -> RunState:
+           progressed: int, owned: bool | None) -> RunState:
+    """``stalled``: work left, yet no live lease and no queued message (no worker will move it
+    until one starts, or the reconciler of a live one queues it again)."""
     if not enqueued:
         return RunState.ENQUEUING
     if committed == total:
         return RunState.DONE
     if committed + parked == total:
         return RunState.FAILED
+    if owned is False:
+        return RunState.STALLED
     if running or progressed:
         return RunState.RUNNING
     return RunState.PENDING

@@ -84,3 +84,12 @@ def test_redis_killed_during_resume_then_status(env, redis_server: RedisServer,
     text = subprocess.run([sys.executable, "-m", "producer.cli", "status", "--run", "r"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert text.returncode == 1 and "REDIS UNREACHABLE" in text.stdout, text.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["resume"], ["report"]])
+def test_a_missing_run_is_one_not_found_line_everywhere(env, command: list[str]) -> None:
+    proc = cli(env, *command, "--run", "nope")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err, (out, err)
+    assert [line for line in err.splitlines() if line.startswith("error:")] == \
+        [f"error: run 'nope' not found in {env['DFLASH_STORAGE']} (no run.json)"], err

@@ -124,7 +124,7 @@ def test_kill9_mid_shard_then_resume_regenerates_only_missing(
     pipeline.start_worker("rescuer")
     report = json.loads(pipeline.cli("resume", "--run", "k9", "--json", check=True).stdout)
     pipeline.wait_done("k9")
-    # The rescuer's healer may have queued a shard the killed worker held before resume did.
+    # The rescuer's reconciler may have queued a shard the killed worker held before resume did.
     healed = (pipeline.log_dir / "rescuer.log").read_text().count("queued again")
     assert report["enqueued"] + healed == 2
 

@@ -1,7 +1,8 @@
 """Nothing silently stops: killed workers heal without `resume`, unexpected errors park.
 
 Real Redis, real Celery worker processes, moto's S3 server and the CPU model; the visibility
-timeout stays at its default (6 h), so only the healer can bring a killed worker's shard back.
+timeout stays at its default (6 h), so only the reconciler can bring a killed worker's shard
+back.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def test_killed_generate_worker_heals_without_resume(pipeline: Pipeline, tmp_pat
     victim.wait(timeout=60)
     assert not storage.exists(keys.generated_commit("heal", 0)), "shard 0 finished before the kill"
     kept = stored_ids(storage, "heal")
+    # Work left, no live worker, nothing queued: status says so instead of "running".
+    ttl = float(pipeline.env["DFLASH_LEASE_TTL"])
+    wait_until(lambda: pipeline.status("heal")["state"] == "stalled", 3 * ttl + 30,
+               "status to call the run stalled")
 
     pipeline.start_worker("rescuer", "--concurrency", "2")  # no resume from here on
     wait_until(lambda: (owner_of(client, GENERATE, "heal", 0) or "").startswith("rescuer@"),
@@ -114,7 +119,7 @@ def test_killed_hidden_worker_heals_without_resume(pipeline: Pipeline, tmp_path:
 
 
 def healer_logs(pipeline: Pipeline) -> str:
-    """Every live worker heals, whatever its stage: the line may be in any worker's log."""
+    """Any live worker's reconciler heals, whatever its stage: the line may be in any log."""
     return "".join(log.read_text() for log in pipeline.log_dir.glob("*.log"))
 
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from common.errors import ConfigError, NotFound, StorageError
+from common.errors import ConfigError, NotFound, PermanentError, StorageError, StorageRefused
 from common.storage import LocalStorage, Storage, open_storage
 
 
@@ -76,3 +76,29 @@ def test_s3_errors_surface_as_storage_errors(s3_storage: str) -> None:
     missing = open_storage("s3://bucket-that-does-not-exist/p")
     with pytest.raises(StorageError):
         missing.put_once("k", b"x")
+
+
+@pytest.mark.parametrize(("status", "code", "expected"), [
+    (403, "AccessDenied", StorageRefused), (400, "InvalidRequest", StorageRefused),
+    (404, "NoSuchBucket", StorageRefused), (404, "NoSuchKey", NotFound),
+    (500, "InternalError", StorageError), (503, "SlowDown", StorageError),
+])
+def test_the_s3_error_table(status: int, code: str, expected: type) -> None:
+    from botocore.exceptions import ClientError
+
+    from common.storage import _s3_error
+
+    error = ClientError({"Error": {"Code": code, "Message": f"said {code}"},
+                         "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    found = _s3_error(error, "cannot read s3://b/k", "k")
+    assert type(found) is expected
+    assert expected is NotFound or f"{code}: said {code}" in str(found)
+    assert isinstance(found, PermanentError) == (expected is StorageRefused)
+
+
+def test_a_missing_bucket_is_refused_with_the_services_message(s3_storage: str) -> None:
+    missing = open_storage("s3://bucket-that-does-not-exist/p")
+    with pytest.raises(StorageRefused, match="NoSuchBucket"):
+        missing.get("k")
+    with pytest.raises(StorageRefused, match="NoSuchBucket"):
+        list(missing.list("runs/"))

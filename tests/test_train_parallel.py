@@ -155,6 +155,30 @@ def test_a_group_survives_kill9_of_a_rank(pipeline: Pipeline, tmp_path: Path,
     assert "tok/s on 2 ranks, 1 host(s)" in text, text
 
 
+@pytest.mark.e2e
+def test_a_rank_s_own_failure_parks_the_shard_on_its_first_delivery(pipeline: Pipeline,
+                                                                    tmp_path: Path) -> None:
+    """Not a lost group: the ranks agree on rank 1's OOM, stay in step, and the shard parks."""
+    from common import keys
+    from common.celery_app import TRAIN
+    from tests.test_healing_e2e import OOM, parked, redis_client
+
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(4))
+    group = pipeline.start_worker("trainer", "--nproc-per-node", "2", kind="train", **TRAIN_ENV,
+                                  DFLASH_TEST_FAULT=f"train.forward.rank1={OOM}")
+    pipeline.start_worker("gen")
+    pipeline.cli("enqueue", "--input", src, "--run", "dpf", "--shard-size", "2", "--mode",
+                 "online", "--max-new-tokens", "128", "--heldout-min", "0",
+                 "--heldout-fraction", "0", check=True)
+    found = wait_until(lambda: len(parked(pipeline, "dpf", "train")) == 2
+                       and parked(pipeline, "dpf", "train"), 300, "both train shards parked")
+    assert all("rank 1" in p["reason"] and OOM in p["reason"] for p in found), found
+    assert "GroupLost" not in "".join(p["reason"] for p in found)
+    attempts = redis_client(pipeline).hgetall(TRAIN.keys("dpf").attempts)
+    assert {attempts[keys.shard_name(s)] for s in (0, 1)} == {"1"}, attempts
+    assert group.poll() is None, "the group stopped: the ranks fell out of step"
+
+
 @pytest.mark.parametrize(("options", "error"), [
     (["--nproc-per-node", "2", "--gpu", "0"], "--gpu names one GPU"),
     (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),

@@ -12,7 +12,7 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from common.celery_app import app
 from common.errors import DflashError
-from workers import healer  # noqa: F401 - starts with the worker
+from workers import reconciler  # noqa: F401 - starts with the worker
 from workers.context import get_context, warm_engine
 from workers.generate import metrics
 from workers.generate import task as generate_task  # noqa: F401 - registers the task

@@ -9,7 +9,10 @@ its work inside ``with delivery.claim() as lease:``::
         return run_delivery(self, HIDDEN, payload, process_hidden)
 
 Every stage keeps the same Redis registries (:class:`common.keys.StageKeys`), so ``status``,
-``resume`` and the healer (:mod:`workers.healer`) treat generate, hidden and train alike.
+``resume`` and the reconciler (:mod:`common.reconcile`) treat generate, hidden and train alike.
+A delivery counts itself before it reads anything, so the delivery cap parks a shard whatever
+fails; the hand-off to the next stage is a step here, run after a commit and also when a
+redelivery finds the shard committed, before the lease is let go.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +30,8 @@ from celery import Task
 from kombu.exceptions import OperationalError
 
 from common import keys
-from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
+from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec, app
+from common.dispatch import RETRY, STARTED, marker, publish_shard
 from common.errors import (
     LeaseBusy,
     LeaseLost,
@@ -37,6 +41,7 @@ from common.errors import (
     StorageError,
     TransientError,
 )
+from common.faults import inject
 from common.records import ShardTask, TaskOutcome, dumps
 from workers.context import WorkerContext, get_context
 from workers.lease import Lease
@@ -66,11 +71,6 @@ return 0
 """
 
 
-def retry_marker(at: float) -> str:
-    """The ``queued`` value of a shard whose retry is due at ``at`` (epoch seconds)."""
-    return f"retry {at:.0f}"
-
-
 @dataclass
 class Delivery:
     """One delivery of one shard to one stage: its bookkeeping in the stage's registries."""
@@ -80,9 +80,11 @@ class Delivery:
     task: ShardTask
     worker: str
     owner: str = field(init=False)
+    _held: ExitStack = field(init=False, default_factory=ExitStack)
+    _claimed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        self.owner = f"{self.worker}:{uuid.uuid4().hex[:8]}"
+        self.owner = keys.lease_owner(self.worker, uuid.uuid4().hex[:8], self.task.shard)
 
     @property
     def keys(self) -> keys.StageKeys:
@@ -96,38 +98,61 @@ class Delivery:
     def what(self) -> str:
         return f"run {self.task.run} shard {self.task.shard} ({self.spec.name})"
 
+    def begin(self) -> None:
+        """Count the delivery before anything is read: the cap then holds whatever fails."""
+        pipe = self.ctx.redis.pipeline(transaction=True)
+        pipe.hincrby(self.keys.attempts, self.field)
+        pipe.hset(self.keys.queued, self.field, marker(STARTED, time.time()))
+        pipe.sadd(keys.redis_runs(), self.task.run)
+        attempts = int(pipe.execute()[0])
+        if attempts > self.ctx.settings.max_deliveries:
+            raise DeliveryCapReached(f"started {attempts - 1} times without committing "
+                                     "(worker killed or lost each time)")
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """The delivery's scope: the lease taken by :meth:`claim` is released only on exit, after
+        the hand-off; a failure leaves the shard marked for redelivery."""
+        try:
+            with self._held:
+                try:
+                    yield
+                except BaseException as exc:
+                    if self._claimed:  # LeaseLost: the bookkeeping belongs to the new owner
+                        self._settle(marker(RETRY, time.time())
+                                     if not isinstance(exc, LeaseLost) else "")
+                    raise
+        finally:
+            self._claimed = False
+
     @contextmanager
     def claim(self) -> Iterator[Lease]:
-        """Hold the lease and count the delivery; a failure leaves the shard for redelivery."""
+        """Hold the lease (until the delivery ends) and show the shard running."""
         lease_key = self.spec.lease_key(self.task.run, self.task.shard)
-        with Lease(self.ctx.redis, lease_key, self.owner, self.ctx.settings.lease_ttl) as lease:
-            try:
-                attempts = self._start()
-                if attempts > self.ctx.settings.max_deliveries:
-                    raise DeliveryCapReached(f"started {attempts - 1} times without committing "
-                                             "(worker killed or lost each time)")
-                yield lease
-            except BaseException as exc:
-                # LeaseLost: the shard's bookkeeping now belongs to the new owner.
-                self._settle(retry_marker(time.time()) if not isinstance(exc, LeaseLost)
-                             else "")
-                raise
-            self._settle("")
-            self.forget_attempts()
+        lease = self._held.enter_context(
+            Lease(self.ctx.redis, lease_key, self.owner, self.ctx.settings.lease_ttl))
+        self._start()
+        self._claimed = True
+        yield lease
 
-    def _start(self) -> int:
+    def finish(self) -> None:
+        """The shard is done here (and handed off): forget its running entry and attempts."""
+        if self._claimed:
+            self._settle("")
+            self._claimed = False
+        self.forget_attempts()
+
+    def _start(self) -> None:
         pipe = self.ctx.redis.pipeline(transaction=True)
         pipe.hdel(self.keys.queued, self.field)
-        pipe.hincrby(self.keys.attempts, self.field)
         pipe.hset(self.keys.running, self.field, self.owner)
-        pipe.sadd(keys.redis_runs(), self.task.run)
-        return int(pipe.execute()[1])
+        pipe.execute()
 
     def _settle(self, mark: str) -> None:
         try:
             self.ctx.redis.eval(_SETTLE, 2, self.keys.running, self.keys.queued, self.field,
                                 self.owner, mark)
-        except redis.RedisError as err:  # the healer requeues it once Redis is back
+        except redis.RedisError as err:  # the reconciler requeues it once Redis is back
             log.warning("%s: bookkeeping not updated: %s", self.what, err)
 
     def attempts(self) -> int:
@@ -158,10 +183,10 @@ class Delivery:
             log.warning("%s: queued marker not cleared: %s", self.what, err)
 
     def retry(self, celery_task: Task, countdown: float) -> None:
-        """Publish the retry (waiting out a broker restart); the healer knows when it is due."""
+        """Publish the retry (waiting out a broker restart); the marker says when it is due."""
         try:
             self.ctx.redis.hset(self.keys.queued, self.field,
-                                retry_marker(time.time() + countdown))
+                                marker(RETRY, time.time() + countdown))
         except redis.RedisError as err:
             log.warning("%s: retry marker not set: %s", self.what, err)
         retry_later(celery_task, countdown, self.task)
@@ -188,17 +213,27 @@ class Delivery:
 
 
 Process = Callable[[Delivery], TaskOutcome]
+HandOff = Callable[[Delivery], None]
+_DONE = (TaskOutcome.COMMITTED, TaskOutcome.ALREADY_COMMITTED)
 
 
 def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
-                 process: Process) -> dict[str, Any]:
-    """Run ``process`` on one delivery and decide what happens to the shard if it fails."""
+                 process: Process, hand_off: HandOff | None = None) -> dict[str, Any]:
+    """Run one delivery: count it, ``process`` it, hand the shard off if it is (or was) committed,
+    and decide what happens to the shard if any step fails."""
     task = ShardTask.from_json(payload)
     ctx = get_context()
     delivery = Delivery(ctx, spec, task, celery_task.request.hostname or spec.name)
     what = delivery.what
     try:
-        outcome = process(delivery)
+        with delivery.holding():
+            delivery.begin()
+            outcome = process(delivery)
+            if outcome in _DONE and hand_off is not None:
+                inject(f"{spec.name}.hand_off")
+                hand_off(delivery)  # inside the lease: the reconciler leaves the shard to us
+            if outcome in _DONE:
+                delivery.finish()
     except ShuttingDown as stop:
         log.info("%s: %s; requeued", what, stop)
         delivery.give_back_attempt()
@@ -206,11 +241,10 @@ def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
     except RunPaused as paused:
         # Acked, not retried: `resume --accept-gates` queues the shard again.
         log.warning("%s: %s; stopped", what, paused)
-        delivery.give_back_attempt()
-        delivery.unqueue()
         outcome = TaskOutcome.PAUSED
     except LeaseBusy as busy:
         log.info("%s: %s; retrying later", what, busy)
+        delivery.give_back_attempt()  # waiting for a live owner is not the shard's failure
         delivery.retry(celery_task, lease_wait(ctx.settings.lease_ttl))
     except LeaseLost as lost:
         log.warning("%s: %s; left to its new owner", what, lost)
@@ -228,6 +262,16 @@ def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
     except Exception as exc:  # a bug or an OOM does not fix itself by retrying: park the shard
         log.exception("%s: unexpected error", what)
         outcome = delivery.park(f"unexpected error: {exc!r}")
-    if outcome is TaskOutcome.ALREADY_COMMITTED:
+    if outcome is TaskOutcome.PAUSED:
+        delivery.give_back_attempt()
+    if outcome in (TaskOutcome.ALREADY_COMMITTED, TaskOutcome.PAUSED):
         delivery.unqueue()
     return {"run": task.run, "shard": task.shard, "stage": spec.name, "outcome": outcome}
+
+
+def publish_downstream(delivery: Delivery, spec: StageSpec, done: bool) -> None:
+    """Hand a committed shard to the next stage unless it is done there or already queued."""
+    ctx, task = delivery.ctx, delivery.task
+    if done or ctx.redis.hexists(spec.keys(task.run).queued, keys.shard_name(task.shard)):
+        return
+    publish_shard(app, ctx.redis, spec, task.run, task.shard)

@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from common import keys
-from common.errors import DflashError, NotFound
+from common.errors import DflashError, NotFound, RunNotFound
 from producer.ui.views import Views
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Our errors as JSON: an unknown run is a 404, storage trouble a 503."""
     try:
         return await handler(request)
-    except NotFound as exc:
+    except (NotFound, RunNotFound) as exc:
         return _json({"error": str(exc)}, 404)
     except (DflashError, OSError) as exc:
         log.warning("%s: %s", request.path, exc)

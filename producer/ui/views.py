@@ -16,9 +16,9 @@ from typing import Any
 import redis
 
 from common import keys
-from common.celery_app import GENERATE
-from common.errors import NotFound
+from common.errors import NotFound, RunNotFound
 from common.records import RunConfig
+from common.runstore import RunStore
 from common.storage import Storage
 from producer.report import token_stats
 from producer.status import StatusReader
@@ -53,7 +53,7 @@ class Views:
 
     def view(self, run: str) -> RunView:
         if not keys.valid_run_id(run):
-            raise NotFound(f"invalid run id {run!r}")
+            raise RunNotFound(f"invalid run id {run!r}")
         with self._lock:
             if run not in self.runs:
                 self.runs[run] = RunView(StatusReader(self.storage, self.client, run),
@@ -75,7 +75,7 @@ class Views:
         for run in self.run_ids():
             try:
                 status = self.status(run)
-            except NotFound:
+            except (NotFound, RunNotFound):
                 continue
             config = RunConfig.from_json(json.loads(self.storage.get(keys.run_config(run))))
             samples, shards = status["samples"], status["shards"]
@@ -107,35 +107,19 @@ class Views:
         with view.lock:
             if view.status.storage.exists(keys.run_config(run)):
                 return view.series.read()
-        raise NotFound(f"run {run!r} not found in {self.storage.root}")
+        raise RunStore(self.storage, run).missing()
 
     def shards(self, run: str) -> dict[str, Any]:
-        """Every generate shard's state for the grid: committed, running, parked or pending."""
+        """Every generate shard's state for the grid, from the same read as ``status``:
+        committed, running, healing, retrying, pending or parked (unknown without Redis)."""
         status = self.recent_status(run)
         view = self.view(run)
-        committed = set(view.status.commits)
-        running: set[int] | None = None
-        try:
-            running = {int(name.rsplit("-", 1)[-1])
-                       for name in self.client.hkeys(GENERATE.keys(run).running)}
-        except redis.RedisError:
-            pass
         parked = {p["shard"]: p["reason"] for p in status["parked"] or []
                   if p["stage"] == "generate"}
-        grid = []
-        for shard in range(status["shards"]["total"]):
-            if shard in committed:
-                state = "committed"
-            elif shard in parked:
-                state = "parked"
-            elif running is None:
-                state = "unknown"
-            elif shard in running:
-                state = "running"
-            else:
-                state = "pending"
-            grid.append({"shard": shard, "state": state, "reason": parked.get(shard)})
-        return {"run": run, "shards": grid, "redis": running is not None}
+        with view.lock:
+            grid = [{"shard": shard, "state": state, "reason": parked.get(shard)}
+                    for shard, state in sorted(view.status.grid.items())]
+        return {"run": run, "shards": grid, "redis": status["redis"]["reachable"]}
 
     def gates(self, run: str) -> dict[str, Any]:
         """The run monitor's supervised-token histogram and examples per reason (Redis)."""

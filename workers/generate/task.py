@@ -1,7 +1,8 @@
-"""The ``generate`` task: lease a shard, regenerate what is missing, write parts, commit, hand off.
+"""The ``generate`` task: lease a shard, regenerate what is missing, write parts, commit.
 
 Run a worker with ``dflash-pipeline worker generate`` (one per GPU). A shard can be delivered
-any number of times: finished parts are never regenerated and the commit is written once.
+any number of times: finished parts are never regenerated and the commit is written once. The
+skeleton hands the committed shard off (:func:`hand_off`), on a redelivery too.
 """
 
 from __future__ import annotations
@@ -25,17 +26,15 @@ from workers.context import WorkerContext
 from workers.generate import metrics
 from workers.generate.parts import PartBuffer, ShardParts
 from workers.generate.regeneration import Job, ShardCounters, regenerate
-from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, run_delivery
+from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
 
 log = logging.getLogger(__name__)
-
-_HANDOFF_RETRY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 1, "interval_max": 5}
 
 
 @app.task(name=TASK_GENERATE, bind=True, max_retries=None)
 def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
     """Celery entry point: the shard-stage skeleton around :func:`process_shard`."""
-    return run_delivery(self, GENERATE, payload, process_shard)
+    return run_delivery(self, GENERATE, payload, process_shard, hand_off)
 
 
 def process_shard(delivery: Delivery) -> TaskOutcome:
@@ -85,7 +84,6 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
         commit = parts.commit([row["id"] for row in rows], worker)
         log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
         metrics.COMMITS.labels(task.run).inc()
-        hand_off(ctx, config, task)
         forget_progress(ctx, task)
     return TaskOutcome.COMMITTED
 
@@ -102,12 +100,15 @@ def load_input_shard(ctx: WorkerContext, task: ShardTask) -> list[dict[str, Any]
     return decode_jsonl_zst(ctx.storage.get(keys.input_shard(task.run, task.shard)))
 
 
-def hand_off(ctx: WorkerContext, config: RunConfig, task: ShardTask) -> None:
+def hand_off(delivery: Delivery) -> None:
     """Queue the committed shard downstream: hidden states (offline) or training (online)."""
-    stage = TRAIN if config.mode == "online" else HIDDEN
-    ctx.redis.hset(stage.keys(task.run).queued, keys.shard_name(task.shard), 1)
-    app.send_task(stage.task_name, args=[task.to_json()], queue=stage.queue, retry=True,
-                  retry_policy=_HANDOFF_RETRY)
+    ctx, task = delivery.ctx, delivery.task
+    config = RunStore(ctx.storage, task.run).config()
+    if config.mode == "online":  # the trainer skips a shard its ledger has already
+        publish_downstream(delivery, TRAIN, done=False)
+    else:
+        publish_downstream(delivery, HIDDEN,
+                           done=ctx.storage.exists(keys.hidden_commit(task.run, task.shard)))
 
 
 class Progress:

@@ -25,7 +25,7 @@ from common.records import RunConfig, TaskOutcome
 from common.runstore import RunStore
 from workers.context import WorkerContext
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches
-from workers.stage import HIDDEN, TRAIN, Delivery, run_delivery
+from workers.stage import HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ _extractor_lock = threading.Lock()
 @app.task(name=TASK_HIDDEN, bind=True, max_retries=None)
 def hidden_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
     """Celery entry point: the shard-stage skeleton around :func:`process_hidden`."""
-    return run_delivery(self, HIDDEN, payload, process_hidden)
+    return run_delivery(self, HIDDEN, payload, process_hidden, hand_off)
 
 
 def process_hidden(delivery: Delivery) -> TaskOutcome:
@@ -67,12 +67,13 @@ def process_hidden(delivery: Delivery) -> TaskOutcome:
         log.info("run %s shard %d: hidden states of %d rows (%d tokens, %.0f tok/s, padding "
                  "%.1f%%) in %d parts", task.run, task.shard, index.records, index.tokens,
                  index.tokens / elapsed, 100 * padding.waste, len(index.parts))
-        if config.layout == "dflash":
-            # A drafter trainer, if one runs for this run, learns from the stored features.
-            ctx.redis.hset(TRAIN.keys(task.run).queued,
-                           keys.shard_name(task.shard), 1)
-            app.send_task(TRAIN.task_name, args=[task.to_json()], queue=TRAIN.queue)
     return TaskOutcome.COMMITTED
+
+
+def hand_off(delivery: Delivery) -> None:
+    """A drafter trainer, if one runs for this run, learns from the stored features."""
+    if RunStore(delivery.ctx.storage, delivery.task.run).config().layout == "dflash":
+        publish_downstream(delivery, TRAIN, done=False)
 
 
 def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:

@@ -30,7 +30,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from common.config import load_settings
-from common.errors import GroupLost, NothingToTrain
+from common.errors import GroupLost, NothingToTrain, RankFailed
+from common.faults import inject
 from common.trainrows import TrainingRow
 from workers.train.drafter.blocks import pack_rows, sample_anchors
 from workers.train.drafter.features import FeaturedRow, with_target_features
@@ -69,15 +70,29 @@ class Group:
 
     @contextmanager
     def in_step(self, what: str) -> Iterator[None]:
-        """Collectives of the whole group: a failure leaves the ranks out of step, so it ends
-        the group (this rank stops; the launcher stops the others) and the shard is retried."""
+        """Collectives of the whole group. A failure the ranks agreed on (:meth:`agree`) leaves
+        them in step: the shard parks. Any other leaves them out of step, so it ends the group
+        (this rank stops; the launcher stops the others): a collective's failure is retried
+        (``GroupLost``), this rank's own parks the shard with its reason."""
         try:
             yield
+        except RankFailed:
+            raise
         except Exception as err:
             self.broken = True
             os.kill(os.getpid(), signal.SIGTERM)
-            raise GroupLost(f"{what} failed on rank {self.rank} ({err!r}); the group stops"
-                            ) from err
+            if collective_failure(err):
+                raise GroupLost(f"{what} failed on rank {self.rank} ({err!r}); the group stops"
+                                ) from err
+            raise RankFailed(f"{what} failed on rank {self.rank}: {err!r}") from err
+
+    def agree(self, failure: str | None) -> None:
+        """Every rank: share this rank's failure (or None); raise ``RankFailed`` on all if any."""
+        reasons: list[Any] = [None] * self.world
+        dist.all_gather_object(reasons, failure, group=self.control)
+        failed = [reason for reason in reasons if reason]
+        if failed:
+            raise RankFailed("; ".join(failed))
 
     def stop(self) -> None:
         """Rank 0, leaving: release the others (unless a failure already ended the group)."""
@@ -99,6 +114,17 @@ class Group:
 
 
 _group: Group | None = None
+
+
+def collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` is the group's (a peer gone, a broken transport), not this rank's own."""
+    return isinstance(err, dist.DistError) or (
+        isinstance(err, RuntimeError) and any(word in str(err) for word in _COLLECTIVE_WORDS))
+
+
+# What gloo and NCCL put in the RuntimeErrors they raise when a peer or the transport fails.
+_COLLECTIVE_WORDS = ("gloo", "NCCL", "Connection closed by peer", "Connection reset by peer",
+                     "Timed out waiting", "ProcessGroup")
 
 
 def init_group() -> Group:
@@ -206,14 +232,11 @@ class DataParallelTrainer:
             self.group.send([("self",), *messages])
             return self.train_part(parts[0], skipped, 1.0, started)
 
-    def train_part(self, part: Part, skipped: int, share: float,
-                   started: float | None = None) -> StepMetrics:
-        """Every rank: forward and backward on its part, then the group's optimizer step.
-
-        ``share`` 0 marks a stand-in row of a rank that got none (fewer rows than ranks).
-        """
-        started = time.perf_counter() if started is None else started
+    def _prepare(self, part: Part, share: float) -> tuple[Any, torch.Tensor]:
+        """This rank's rows as a packed batch on its device, and their loss weight."""
         t = self.trainer
+        inject("train.forward")
+        inject(f"train.forward.rank{self.group.rank}")
         rows = [r for r, _ in part]
         if all(isinstance(r, FeaturedRow) for r in rows):
             featured = [FeaturedRow(r.row, r.features.to(t.device)) for r in rows]
@@ -222,11 +245,36 @@ class DataParallelTrainer:
         batch = pack_rows([f.row for f in featured], [f.features for f in featured],
                           [a for _, a in part], t.block_size,
                           t.drafter.config.mask_token_id).to(t.device)
-        weight = t.weights[batch.valid.nonzero()[:, 1]].sum() * share
+        return batch, t.weights[batch.valid.nonzero()[:, 1]].sum() * share
+
+    def _own(self, work: Callable[[], Any]) -> Any:
+        """Run work without collectives in it; every rank then learns whether any rank failed."""
+        failure, result = None, None
+        try:
+            result = work()
+        except Exception as err:  # shared with the group before anyone leaves the step
+            log.exception("rank %d: run %s: step %d failed", self.group.rank, self.run,
+                          self.trainer.steps + 1)
+            failure = f"rank {self.group.rank}: {err!r}"
+        self.group.agree(failure)
+        return result
+
+    def train_part(self, part: Part, skipped: int, share: float,
+                   started: float | None = None) -> StepMetrics:
+        """Every rank: forward and backward on its part, then the group's optimizer step.
+
+        ``share`` 0 marks a stand-in row of a rank that got none (fewer rows than ranks).
+        """
+        started = time.perf_counter() if started is None else started
+        t = self.trainer
+        batch, weight = self._own(lambda: self._prepare(part, share))
+        t.drafter.train()
+        if self.group.sharded:  # FSDP2's forward gathers parameters: a collective of the group
+            loss, per_slot = t.forward(batch)
+        else:
+            loss, per_slot = self._own(lambda: t.forward(batch))
         total = weight.detach().clone()
         dist.all_reduce(total)
-        t.drafter.train()
-        loss, per_slot = t.forward(batch)
         scale = weight / total
         # DDP averages gradients over ranks; times world, they sum to the global batch's.
         (loss * scale * self.group.world).backward()
@@ -275,4 +323,7 @@ def follow(group: Group) -> None:
         elif kind == "state":
             trainers[run].state_dict()
         else:
-            trainers[run].train_part(*args)
+            try:
+                trainers[run].train_part(*args)
+            except RankFailed as failed:  # the group agreed: rank 0 parks the shard
+                log.warning("rank %d: run %s: step abandoned: %s", group.rank, run, failed)

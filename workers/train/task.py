@@ -146,7 +146,8 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any],
     distributed = isinstance(session.trainer, DataParallelTrainer)  # its ranks featurize
     if not distributed and not all(isinstance(r, FeaturedRow) for r in rows):
         featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
-    inject("train.forward")
+    if not distributed:  # a group's ranks inject it inside their own step
+        inject("train.forward")
     try:
         metrics = session.trainer.step(featured)
     except NothingToTrain as skip:

@@ -1,0 +1,53 @@
+"""The worker side of the reconciler: every worker process offers to run the pass.
+
+Every half lease TTL each worker tries the reconciler lock (:func:`common.reconcile.reconcile`,
+non-blocking): the one that gets it runs the pass, the others skip it. A killed worker's shard
+(its lease expired), a lost hand-off or a lost message is so queued again within about two
+lease TTLs, whatever Celery's visibility timeout, as long as any worker of any stage lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.signals import worker_ready
+from kombu.exceptions import OperationalError
+
+from common.celery_app import app as celery_app
+from common.errors import DflashError
+from common.reconcile import reconcile
+from common.storage import Storage
+from workers.context import get_context
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler(threading.Thread):
+    """The worker's reconciler thread; stops when ``stopping`` is set."""
+
+    def __init__(self, storage: Storage, client: redis.Redis, app: Celery, lease_ttl: float,
+                 stopping: threading.Event) -> None:
+        super().__init__(name="reconciler", daemon=True)
+        self.storage, self.client, self.app = storage, client, app
+        self.lease_ttl, self.stopping = lease_ttl, stopping
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.lease_ttl / 2):
+            try:
+                reconcile(self.storage, self.app, self.client, self.lease_ttl)
+            except (redis.RedisError, OperationalError, DflashError) as err:
+                log.warning("reconciler pass skipped: %s", err)
+
+
+@worker_ready.connect
+def start_reconciler(**_: Any) -> Reconciler:
+    """Start this worker process's reconciler thread once Celery says ready (every stage)."""
+    context = get_context()
+    thread = Reconciler(context.storage, context.redis, celery_app, context.settings.lease_ttl,
+                        context.stopping)
+    thread.start()
+    return thread
