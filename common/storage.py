@@ -260,7 +260,9 @@ def s3_client():  # noqa: ANN201
     import boto3
     from botocore.config import Config
 
-    config = Config(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10)
+    # Readers fetch with a pool of up to 16 threads (common.commit_cache): one connection each.
+    config = Config(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10,
+                    max_pool_connections=32)
     return boto3.client("s3", config=config)
 
 
