@@ -19,7 +19,7 @@ import redis
 
 from common import keys
 from common.commit_cache import THREADS, RunListing, fetch
-from common.partstats import SampleStat
+from common.partstats import EXAMPLE_FIELDS, SampleStat
 from common.records import decode_jsonl_zst
 from common.run_summary import RunSummary, answer_order, shard_summary
 from common.storage import Storage
@@ -113,7 +113,8 @@ def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, ac
         pipe.rpush(keys.redis_gate_window(run), *map(str, window[first:first + CHUNK]))
     for reason in total.examples:
         pipe.rpush(keys.redis_gate_examples(run, reason),
-                   *(json.dumps(view) for view in total.newest_examples(reason)))
+                   *(json.dumps({k: view[k] for k in EXAMPLE_FIELDS})
+                     for view in total.newest_examples(reason)))
     if total.partial:
         pipe.hset(keys.redis_partial(run), mapping={keys.shard_name(s): n
                                                     for s, n in total.partial.items()})

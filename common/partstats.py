@@ -57,6 +57,9 @@ class Judgement:
                    quality.get("answer_hash"), None if quality["passed"] else example(sample))
 
 
+EXAMPLE_FIELDS = ("id", "reasons", "details", "answer")  # the order the monitor stores them in
+
+
 def example(sample: dict[str, Any]) -> dict[str, Any]:
     """A short, readable view of a rejected sample for status and pause records."""
     answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
