@@ -97,9 +97,10 @@ def run_step(step: str, old: bool, url: str, broker: str, out: Path) -> list[lis
         from producer.cli import main
 
         os.environ["DFLASH_STORAGE"] = url
-        with contextlib.redirect_stdout(io.StringIO()):
-            timed("", lambda: main(["resume", "--run", RUN, "--json"], standalone_mode=False),
-                  reads)
+        with contextlib.redirect_stdout(io.StringIO()):  # the second finds everything queued
+            for label in ("first", "again"):
+                timed(label, lambda: main(["resume", "--run", RUN, "--json"],
+                                          standalone_mode=False), reads)
     elif step == "dashboard":
         asyncio.run(_dashboard(storage, client, reads))
     elif step == "report":
@@ -134,11 +135,19 @@ async def _dashboard(storage: Any, client: Any, reads: list[list[Any]]) -> None:
                               REQUESTS[0] - before])
 
 
+def peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM: per address space, so not the parent's before exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     step, path, url, broker, latency, out = sys.argv[1:7]
     install_counters(float(latency))
     reads = run_step(step, path == "old", url, broker, Path(out))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mib()
     print(json.dumps({"reads": reads, "rss_mib": rss}))
 
 

@@ -7,13 +7,14 @@ a run has thousands of commits) and come back in the order asked, a bounded wind
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from common import keys
 from common.records import ShardCommit
@@ -91,7 +92,7 @@ def read_commits(storage: Storage, names: Iterable[str],
                  threads: int = THREADS) -> Iterator[ShardCommit]:
     """The commits at ``names``, in that order, read concurrently."""
     for _, data in fetch(storage, names, threads):
-        yield ShardCommit.from_json(json.loads(data))
+        yield ShardCommit.from_json(orjson.loads(data))
 
 
 @dataclass

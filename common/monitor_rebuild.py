@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import redis
 
 from common import keys
@@ -31,8 +32,9 @@ CHUNK = 5_000
 # Owner of an answer: the earliest judged sample; a side hash keeps each owner's order key.
 _CLAIM = """
 for i = 1, #ARGV, 3 do
-  local old = redis.call('HGET', KEYS[2], ARGV[i])
-  if not old or ARGV[i + 2] < old then
+  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  elseif ARGV[i + 2] < redis.call('HGET', KEYS[2], ARGV[i]) then
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
     redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
   end
@@ -47,7 +49,7 @@ def shard_summaries(storage: Storage, run: str, listing: RunListing,
     fallback = []
     shards = {key: shard for shard, key in listing.commits.items()}
     for key, data in fetch(storage, sorted(shards), threads):
-        summary = json.loads(data).get("summary")
+        summary = orjson.loads(data).get("summary")
         if summary:
             yield shards[key], summary, True
         else:
