@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.seed_run import RUN, write_run  # noqa: E402
+from benchmarks.seed_run import RUN, Layout, write_run  # noqa: E402
 from common import keys  # noqa: E402
 from common.celery_app import GENERATE  # noqa: E402
 from common.storage import LocalStorage  # noqa: E402
@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--old-timeout", type=float, default=240.0)
     parser.add_argument("--only", choices=("local", "s3"), default=None)
     parser.add_argument("--steps", default="", help="comma-separated steps (default: all)")
+    parser.add_argument("--reuse", default="", help="a local run this script wrote before "
+                        "(same --samples and --shard-size): measure it instead of writing one")
     args = parser.parse_args()
     from moto.server import ThreadedMotoServer
 
@@ -116,14 +118,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="seed-scale-") as tmp:
         work = Path(tmp)
         started = time.perf_counter()
+        local = Path(args.reuse) if args.reuse else work / "local"
         fsync, os.fsync = os.fsync, lambda fd: None  # setup only: not what is measured
         try:
-            layout = write_run(LocalStorage(str(work / "local")), args.samples, args.shard_size)
+            layout = (Layout.of(args.samples, args.shard_size) if args.reuse else
+                      write_run(LocalStorage(str(local)), args.samples, args.shard_size))
         finally:
             os.fsync = fsync
-        size = sum(p.stat().st_size for p in (work / "local").rglob("*") if p.is_file())
+        size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
         print(f"run: {args.samples} samples, {layout.shards} shards of {args.shard_size}, "
-              f"{size / 2**20:.0f} MiB, written through the project's writers in "
+              f"{size / 2**20:.0f} MiB, written through the project's writers "
+              f"({args.reuse or 'now'}) in "
               f"{time.perf_counter() - started:.0f} s", flush=True)
         port = free_port()
         redis_proc = start_redis(work / "redis", port)
@@ -139,13 +144,12 @@ def main() -> None:
         env = dict(os.environ, **AWS, AWS_ENDPOINT_URL=endpoint, PYTHONPATH=str(ROOT),
                    DFLASH_BROKER_URL=broker)
         try:
-            where_list = [("local", str(work / "local"), 0.0), ("s3", "s3://seed/data",
-                                                                 args.latency_ms)]
+            where_list = [("local", str(local), 0.0), ("s3", "s3://seed/data", args.latency_ms)]
             if args.only:
                 where_list = [w for w in where_list if w[0] == args.only]
             if any(w[0] == "s3" for w in where_list):
                 started = time.perf_counter()
-                count = upload(work / "local", "seed", endpoint)
+                count = upload(local, "seed", endpoint)
                 print(f"copied {count} objects into moto S3 in "
                       f"{time.perf_counter() - started:.0f} s; S3 latency shim: "
                       f"{args.latency_ms:.0f} ms per request", flush=True)
