@@ -76,7 +76,8 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
     started = time.monotonic()
     answers, order = keys.redis_answers(run), keys.redis_answers_order(run)
     stale = list(client.scan_iter(keys.redis_gate_examples(run, "*"), count=1000))
-    client.delete(keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
+    # UNLINK: a run's answers hash has a million fields; DEL would block Redis while it frees
+    client.unlink(keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
                   answers, order, keys.redis_paused(run), keys.redis_partial(run), *stale)
     claim = client.register_script(_CLAIM)
     total = RunSummary()
@@ -94,7 +95,7 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
             heartbeat()
             pipe, queued = client.pipeline(transaction=False), 0
     pipe.execute()
-    client.delete(order)
+    client.unlink(order)
     _write_state(client, run, total, size, accepted_at, last_resume, pause)
     log.info("run %s: quality monitor rebuilt from %d judged samples (summaries) in %.1fs",
              run, total.judged, time.monotonic() - started)
