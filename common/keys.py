@@ -288,6 +288,11 @@ def redis_answers(run: str) -> str:
     return f"dflash:{run}:answers"
 
 
+def redis_answers_order(run: str) -> str:
+    """Hash answer hash -> its owner's judgement order, only while the monitor is rebuilt."""
+    return f"dflash:{run}:answers:order"
+
+
 def redis_paused(run: str) -> str:
     """JSON {reason, examples, at} while the run is paused by its quality gates."""
     return f"dflash:{run}:paused"

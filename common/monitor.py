@@ -6,7 +6,8 @@ that many samples, once so many are rejected that the rate at ``pause_after`` mu
 the run is **paused**: workers start no new shard and stop in-flight shards at their next part.
 ``dflash-pipeline resume --run RUN --accept-gates`` (or new thresholds) continues. Pause and
 resume decisions are also written to storage (``runs/<run>/gates/``), so that when Redis lost
-the monitor's state one worker rebuilds it from the run's parts (reading them all once).
+the monitor's state one worker rebuilds it from the commits' summaries (and the parts of
+uncommitted shards: :mod:`common.monitor_rebuild`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +26,13 @@ import redis
 from common import keys
 from common.errors import RunPaused
 from common.gates import GateConfig, mark_duplicate
-from common.records import decode_jsonl_zst, dumps
+from common.partstats import example
+from common.records import dumps
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
 
 EXAMPLES = 3
-REBUILD_CHUNK = 10_000
 REBUILD_WAIT_S = 600.0
 Samples = list[dict[str, Any]]
 
@@ -40,14 +42,6 @@ def stamp() -> str:
     now = time.time()
     return (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}"
             f"-{uuid.uuid4().hex[:6]}")
-
-
-def example(sample: dict[str, Any]) -> dict[str, Any]:
-    """A short, readable view of a rejected sample for status and pause records."""
-    answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
-    quality = sample["quality"]
-    return {"id": sample["id"], "reasons": quality["reasons"], "details": quality["details"][:3],
-            "answer": (answers[-1].get("content", "") if answers else "")[:200]}
 
 
 def pause_reason(window: list[int], since: int, max_rate: float, size: int) -> str | None:
@@ -107,15 +101,15 @@ class RunMonitor:
             return
         lock = keys.redis_gate_rebuild(self.run)
         if self.client.set(lock, "1", nx=True, ex=int(REBUILD_WAIT_S)):
-            try:
-                rebuild(self.client, self.storage, self.run, self.gates)
+            try:  # the lock is renewed as the rebuild goes, so no second worker starts one
+                rebuild(self.client, self.storage, self.run, self.gates,
+                        lambda: self.client.expire(lock, int(REBUILD_WAIT_S)))
             finally:
                 self.client.delete(lock)
             return
-        deadline = time.monotonic() + REBUILD_WAIT_S
         while not self.client.hexists(keys.redis_gates(self.run), "ready"):
-            if time.monotonic() > deadline or not self.client.exists(lock):
-                return rebuild(self.client, self.storage, self.run, self.gates)
+            if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
+                return self.ensure_ready()
             time.sleep(0.2)
 
     def claim_answers(self, samples: Samples) -> None:
@@ -144,7 +138,7 @@ class RunMonitor:
             return self.paused()
         limits = self.thresholds()
         pipe = self.client.pipeline(transaction=False)
-        _count(pipe, self.run, samples, limits.pause_after)
+        count_samples(pipe, self.run, samples, limits.pause_after)
         pipe.lrange(keys.redis_gate_window(self.run), 0, -1)
         pipe.hget(keys.redis_gates(self.run), "since")
         pipe.get(keys.redis_paused(self.run))
@@ -178,7 +172,7 @@ class RunMonitor:
         return self.paused() or record
 
 
-def _count(pipe: Any, run: str, samples: Samples, window: int) -> None:
+def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
     """Queue the counter updates of ``samples`` on a Redis pipeline."""
     if not samples:
         return
@@ -219,94 +213,26 @@ def pause_from_storage(storage: Storage, run: str) -> dict[str, Any] | None:
     return events[-1][1] if events and events[-1][0] == "pause" else None
 
 
-def judged_samples(storage: Storage, run: str) -> tuple[Samples, dict[int, int]]:
-    """Every stored sample once, slimmed to what the monitor counts, in the order the gates
-    judged them (part write time, then accepted before rejected as :meth:`RunMonitor.record`
-    counts a part); and the samples already in parts of each uncommitted shard."""
-    committed: set[int] = set()
-    part_keys = []
-    for prefix in (keys.generated_prefix(run), keys.rejected_prefix(run)):
-        for key in storage.list(prefix):
-            shard = keys.shard_of(key)
-            if key.endswith("/_COMMIT.json") and shard is not None:
-                committed.add(shard)
-            elif keys.part_number(key) is not None and shard is not None:
-                part_keys.append(key)
-    judged = []
-    for key in sorted(part_keys):
-        for sample in decode_jsonl_zst(storage.get(key)):
-            if "quality" in sample:
-                quality = sample["quality"]
-                order = (quality.get("judged_at", 0.0), not quality["passed"], len(judged))
-                judged.append((order, keys.shard_of(key), _slim(sample)))
-    judged.sort(key=lambda entry: entry[0])
-    seen: set[str] = set()
-    samples: Samples = []
-    partial: Counter[int] = Counter()
-    for _, shard, sample in judged:
-        if sample["id"] not in seen:
-            seen.add(sample["id"])
-            samples.append(sample)
-            if shard not in committed:
-                partial[shard] += 1
-    return samples, dict(partial)
+def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,
+            heartbeat: Callable[[], None] = lambda: None) -> None:
+    """Recompute the monitor's Redis state from commit summaries and uncommitted parts."""
+    from common.monitor_rebuild import rebuild_from_summaries
+
+    events, last, size, accepted_at = resume_state(storage, run, gates)
+    rebuild_from_summaries(client, storage, run, size=size, accepted_at=accepted_at,
+                           last_resume=last, heartbeat=heartbeat,
+                           pause=events[-1][1] if events and events[-1][0] == "pause" else None)
 
 
-def _slim(sample: dict[str, Any]) -> dict[str, Any]:
-    """What counting needs of a sample; the last answer only for rejected ones (examples)."""
-    quality = sample["quality"]
-    slim = {"id": sample["id"], "quality": {k: quality[k] for k in
-                                            ("passed", "reasons", "supervised_tokens")}}
-    slim["quality"]["answer_hash"] = quality.get("answer_hash")
-    if not quality["passed"]:
-        slim["quality"]["details"] = quality.get("details", [])[:3]
-        answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
-        last = (answers[-1].get("content") or "")[:200] if answers else ""
-        slim["messages"] = [{"role": "assistant", "content": last}]
-    return slim
-
-
-def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig) -> None:
-    """Recompute the monitor's Redis state from the run's parts and gate events."""
-    started = time.monotonic()
+def resume_state(storage: Storage, run: str, gates: GateConfig) -> tuple[
+        list[tuple[str, dict[str, Any]]], dict[str, Any], int, int]:
+    """Gate events, the last resume, the window size and the count at the last acceptance."""
     events = gate_events(storage, run)
     resumes = [record for kind, record in events if kind == "resume"]
     last = resumes[-1] if resumes else {}
     size = int(last.get("pause_after") or gates.pause_after)
     accepted_at = max((int(r.get("checked", 0)) for r in resumes if r.get("accepted")), default=0)
-    samples, partial = judged_samples(storage, run)
-    names = [keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
-             keys.redis_answers(run), keys.redis_paused(run), keys.redis_partial(run),
-             *(keys.redis_gate_examples(run, r) for r in _reasons(samples))]
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(*names)
-    for first in range(0, len(samples), REBUILD_CHUNK):  # in judgement order, list kept short
-        _count(pipe, run, samples[first:first + REBUILD_CHUNK], size)
-    for sample in samples:
-        if sample["quality"]["passed"] and sample["quality"]["answer_hash"]:
-            pipe.hsetnx(keys.redis_answers(run), sample["quality"]["answer_hash"], sample["id"])
-    if partial:
-        pipe.hset(keys.redis_partial(run), mapping={keys.shard_name(s): n
-                                                    for s, n in partial.items()})
-    since = max(len(samples) - accepted_at, 0)
-    pipe.hset(keys.redis_gates(run), "since", since)
-    if since == 0:
-        pipe.delete(keys.redis_gate_window(run))
-    elif since < size:  # the window only holds samples judged since the last acceptance
-        pipe.ltrim(keys.redis_gate_window(run), 0, since - 1)
-    for field_name in ("max_reject_rate", "pause_after"):
-        if last.get(field_name) is not None:
-            pipe.hset(keys.redis_gates(run), field_name, last[field_name])
-    if events and events[-1][0] == "pause":
-        pipe.set(keys.redis_paused(run), json.dumps(events[-1][1]))
-    pipe.hset(keys.redis_gates(run), "ready", 1)
-    pipe.execute()
-    log.info("run %s: quality monitor rebuilt from %d stored samples in %.1fs", run, len(samples),
-             time.monotonic() - started)
-
-
-def _reasons(samples: Samples) -> set[str]:
-    return {r for s in samples for r in s["quality"]["reasons"]}
+    return events, last, size, accepted_at
 
 
 def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateConfig, *,

@@ -26,6 +26,7 @@ class SampleStat:
     worker: str = ""
     at: float | None = None
     wall_s: float | None = None
+    judgement: Judgement | None = None  # what the run monitor counts (None: never judged)
 
     @classmethod
     def of(cls, sample: dict[str, Any]) -> SampleStat:
@@ -35,7 +36,37 @@ class SampleStat:
         return cls(sample["id"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                    sample.get("finish_reason", "stop"), tuple(quality.get("reasons", ())),
                    str(written.get("worker", "")), written.get("at", quality.get("judged_at")),
-                   written.get("wall_s"))
+                   written.get("wall_s"), Judgement.of(sample) if "quality" in sample else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A sample's gate verdict as the run monitor counts it; an example view if rejected."""
+
+    passed: bool
+    judged_at: float
+    supervised_tokens: tuple[int, ...]
+    answer_hash: str | None
+    example: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, sample: dict[str, Any]) -> Judgement:
+        quality = sample["quality"]
+        return cls(bool(quality["passed"]), float(quality.get("judged_at") or 0.0),
+                   tuple(int(t) for t in quality.get("supervised_tokens", ())),
+                   quality.get("answer_hash"), None if quality["passed"] else example(sample))
+
+
+EXAMPLE_FIELDS = ("id", "reasons", "details", "answer")  # the order the monitor stores them in
+
+
+def example(sample: dict[str, Any]) -> dict[str, Any]:
+    """A short, readable view of a rejected sample for status and pause records."""
+    answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
+    quality = sample["quality"]
+    last = (answers[-1].get("content") or "") if answers else ""
+    return {"id": sample["id"], "reasons": list(quality["reasons"]),
+            "details": list(quality.get("details", []))[:3], "answer": str(last)[:200]}
 
 
 def written_stamp(worker: str, at: float, wall_s: float) -> dict[str, Any]:

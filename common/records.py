@@ -178,6 +178,8 @@ class ShardCommit:
     ``rejected_ids`` failed a gate and live under ``rejected/`` with their reasons.
     ``part_stats``: per part key, its worker, write time, wall time, samples, rejections and
     tokens (:mod:`common.partstats`; empty in commits written before it existed).
+    ``summary``: what the run monitor counts of the shard (:mod:`common.run_summary`; empty in
+    older commits, whose parts are read instead).
     """
 
     run: str
@@ -189,6 +191,7 @@ class ShardCommit:
     worker: str
     rejected_ids: list[str] = field(default_factory=list)
     part_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
 
     @property

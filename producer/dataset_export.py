@@ -14,6 +14,7 @@ are produced for the rest) and a finished one writes nothing the second time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -27,7 +28,9 @@ from typing import Any
 
 import click
 
+from common import keys
 from common.cli import common_options
+from common.commit_cache import fetch, read_commits
 from common.config import Settings
 from common.errors import ConfigError
 from common.faults import inject
@@ -119,7 +122,8 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
                     options.run, len(committed), manifest.shards if manifest else "?")
     report.shards = committed
     held = manifest.heldout_ids if manifest is not None and manifest.heldout else None
-    commits = [store.commit(shard) for shard in committed]
+    commits = list(read_commits(source, [keys.generated_commit(options.run, shard)
+                                         for shard in committed]))
     order = planned(commits, options)
     counts = Counter(split_of(i, options, held) for _, ids in order for i in ids)
     files = {split: max(1, math.ceil(n / options.shard_rows)) for split, n in counts.items()}
@@ -167,12 +171,15 @@ def _finished(out: Storage, options: ExportOptions, committed: list[int]
 
 def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
              progress: Any) -> Iterator[dict[str, Any]]:
-    """The canonical samples in the planned order, reading each shard's parts once."""
-    for commit, ids in order:
+    """The canonical samples in the planned order, reading each shard's parts once (a bounded
+    pool reads ahead, in order)."""
+    plan = [(commit, ids, sorted({commit.part_of[i] for i in ids})) for commit, ids in order]
+    fetched = fetch(storage, [part for _, _, parts in plan for part in parts])
+    for commit, ids, parts in plan:
         wanted = set(ids)
         found: dict[str, dict[str, Any]] = {}
-        for part in sorted({commit.part_of[i] for i in ids}):
-            for sample in decode_jsonl_zst(storage.get(part)):
+        for part, data in itertools.islice(fetched, len(parts)):
+            for sample in decode_jsonl_zst(data):
                 if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
                     found[sample["id"]] = sample
         for sample_id in ids:

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from common import keys
+from common.commit_cache import fetch
 from common.config import Settings
 from common.errors import ConfigError, NotFound
 from common.monitor import pause_from_storage
@@ -138,14 +139,14 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
     manifest = _read_json(storage, keys.inputs_manifest(run))
     manifest = manifest if isinstance(manifest, dict) else {}
     tally, parts = _Tally(), 0
-    for rejected in (False, True):
-        prefix = (keys.rejected_prefix if rejected else keys.generated_prefix)(run)
-        for key in storage.list(prefix):  # key order; skips commits and rejected input rows
-            if keys.part_number(key) is None or keys.shard_of(key) is None:
-                continue
-            parts += 1
-            for record in decode_jsonl_zst(storage.get(key)):
-                tally.add(record, rejected)
+    rejected_area = keys.rejected_prefix(run)
+    names = [key for prefix in (keys.generated_prefix(run), rejected_area)
+             for key in storage.list(prefix)  # key order; skips commits, rejected input rows
+             if keys.part_number(key) is not None and keys.shard_of(key) is not None]
+    for key, data in fetch(storage, names):  # read ahead by a bounded pool, in order
+        parts += 1
+        for record in decode_jsonl_zst(data):
+            tally.add(record, key.startswith(rejected_area))
     log.debug("run %s: read %d parts, %d samples", run, parts, len(tally.seen))
     total = tally.accepted + tally.rejected
     dups = sorted(tally.dups.items(), key=lambda item: (-item[1][0], item[0]))[:MAX_DUP_GROUPS]

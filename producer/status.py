@@ -17,10 +17,11 @@ import redis
 
 from common import keys
 from common.celery_app import STAGES, TRAIN
+from common.commit_cache import CommitCache, CommitDigest, RunListing, fetch
 from common.config import load_settings
 from common.monitor import pause_from_storage
 from common.reconcile import StageView, read_stage, waiting_messages
-from common.records import RunState, ShardCommit, decode_jsonl_zst
+from common.records import RunState, decode_jsonl_zst
 from common.runstore import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
@@ -43,7 +44,7 @@ class StatusReader:
     storage: Storage
     client: redis.Redis
     run: str
-    commits: dict[int, ShardCommit] = field(default_factory=dict)
+    commits: dict[int, CommitDigest] = field(default_factory=dict)
     parts: dict[str, StoredPart] = field(default_factory=dict)
     lease_ttl: float = field(default_factory=lambda: load_settings().lease_ttl)
     grid: dict[int, str] = field(default_factory=dict)
@@ -99,30 +100,24 @@ class StatusReader:
         }
 
     def _read_commits(self) -> list[str]:
-        """Read new commits; returns the generated part keys (for storage-side progress)."""
-        part_keys = []
-        for key in self.storage.list(keys.generated_prefix(self.run)):
-            shard = keys.shard_of(key)
-            if key.endswith("/_COMMIT.json") and shard is not None and shard not in self.commits:
-                self.commits[shard] = RunStore(self.storage, self.run).commit(shard)
-            elif keys.part_number(key) is not None:
-                part_keys.append(key)
-        return part_keys
+        """Read new commits (concurrently); returns the generated part keys (for progress)."""
+        listing = RunListing.of(self.storage, self.run, rejected=False)
+        CommitCache(self.storage, self.run, digests=self.commits).update(listing)
+        return [key for part_keys in listing.parts.values() for key in part_keys]
 
     def _stored_progress(self, generated_parts: list[str]) -> StoredProgress:
         """Samples and rejections in the parts of uncommitted shards, read from storage."""
         keys_ = generated_parts + [k for k in self.storage.list(keys.rejected_prefix(self.run))
                                    if keys.part_number(k) is not None]
+        keys_ = [key for key in keys_ if keys.shard_of(key) not in self.commits]
+        for key, data in fetch(self.storage, [k for k in keys_ if k not in self.parts]):
+            samples = decode_jsonl_zst(data)
+            self.parts[key] = StoredPart(frozenset(s["id"] for s in samples),
+                                         sum(not s.get("quality", {}).get("passed", True)
+                                             for s in samples))
         ids: set[str] = set()
         rejected = 0
         for key in keys_:
-            if keys.shard_of(key) in self.commits:
-                continue
-            if key not in self.parts:
-                samples = decode_jsonl_zst(self.storage.get(key))
-                self.parts[key] = StoredPart(frozenset(s["id"] for s in samples),
-                                             sum(not s.get("quality", {}).get("passed", True)
-                                                 for s in samples))
             part = self.parts[key]
             rejected += part.rejected if not part.ids <= ids else 0
             ids |= part.ids
@@ -181,7 +176,7 @@ class StatusReader:
                           "rate": round(bad / len(outcomes), 4)}
         else:
             checked = sum(c.samples for c in self.commits.values())
-            rejected = sum(len(c.rejected_ids) for c in self.commits.values())
+            rejected = sum(c.rejected for c in self.commits.values())
             if stored is not None:
                 checked, rejected = checked + stored.samples, rejected + stored.rejected
             reasons = {}

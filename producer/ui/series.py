@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import keys
+from common.commit_cache import CommitCache, CommitDigest, RunListing, fetch
 from common.errors import NotFound
 from common.partstats import SampleStat, part_stats
-from common.records import ShardCommit, decode_jsonl_zst
+from common.records import decode_jsonl_zst
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -45,39 +46,24 @@ class SeriesReader:
     def _entries(self) -> list[dict[str, Any]]:
         """One entry per part: shard, worker, at, wall_s, samples, rejected, tokens."""
         generated = keys.generated_prefix(self.run)
-        found: dict[int, list[str]] = defaultdict(list)
-        for prefix in (generated, keys.rejected_prefix(self.run)):
-            for key in self.storage.list(prefix):
-                shard = keys.shard_of(key)
-                if shard is None or shard in self.committed:
-                    continue
-                if key.endswith("/_COMMIT.json") and key.startswith(generated):
-                    self.committed[shard] = self._commit_entries(key, shard)
-                elif keys.part_number(key) is not None:
-                    found[shard].append(key)
+        listing = RunListing.of(self.storage, self.run)
+        new = RunListing({s: k for s, k in listing.commits.items() if s not in self.committed},
+                         {})
+        for shard, digest in CommitCache(self.storage, self.run).update(new).items():
+            self.committed[shard] = _commit_entries(digest)
         for key in [k for k in self.parts if keys.shard_of(k) in self.committed]:
             del self.parts[key]  # the commit's summary replaces what the parts said
         entries = [e for shard_entries in self.committed.values() for e in shard_entries]
+        found = listing.uncommitted_parts()
+        missing = [key for part_keys in found.values() for key in part_keys
+                   if key not in self.parts]
+        for key, data in fetch(self.storage, missing):
+            self.parts[key] = [SampleStat.of(s) for s in decode_jsonl_zst(data)]
         for shard, part_keys in found.items():
-            if shard in self.committed:
-                continue
-            for key in part_keys:
-                if key not in self.parts:
-                    self.parts[key] = [SampleStat.of(s)
-                                       for s in decode_jsonl_zst(self.storage.get(key))]
             known = {k: self.parts[k] for k in part_keys}
             entries += [{"shard": shard, **stats}
                         for stats in part_stats(known, generated).values()]
         return entries
-
-    def _commit_entries(self, key: str, shard: int) -> list[dict[str, Any]]:
-        commit = ShardCommit.from_json(json.loads(self.storage.get(key)))
-        if commit.part_stats:
-            return [{"shard": shard, **stats} for stats in commit.part_stats.values()]
-        return [{"shard": shard, "worker": commit.worker, "at": commit.committed_at,
-                 "wall_s": None, "samples": commit.samples,
-                 "rejected": len(commit.rejected_ids),
-                 "tokens": commit.stats.get("completion_tokens", 0)}]
 
     def _train(self) -> dict[str, list[Any]]:
         """Numeric metrics of every drafter checkpoint over steps (the newest per step)."""
@@ -100,6 +86,14 @@ class SeriesReader:
         names = sorted({name for values in by_step.values() for name in values})
         steps = sorted(by_step)
         return {"step": steps, **{name: [by_step[s].get(name) for s in steps] for name in names}}
+
+
+def _commit_entries(commit: CommitDigest) -> list[dict[str, Any]]:
+    if commit.part_stats:
+        return [{"shard": commit.shard, **stats} for stats in commit.part_stats.values()]
+    return [{"shard": commit.shard, "worker": commit.worker, "at": commit.committed_at,
+             "wall_s": None, "samples": commit.samples, "rejected": commit.rejected,
+             "tokens": commit.stats.get("completion_tokens", 0)}]
 
 
 def _number(raw: Any) -> float | None:

@@ -20,6 +20,7 @@ from common import keys
 from common.errors import StorageError
 from common.partstats import SampleStat, part_stats, written_stamp
 from common.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.run_summary import shard_summary
 from common.runstore import RunStore
 from common.storage import Storage
 
@@ -102,6 +103,7 @@ class ShardParts:
             rejected_ids=[i for i in expected if not part_of[i].startswith(generated)],
             part_of=part_of, stats=_stats(list(chosen.values())), worker=worker,
             part_stats=part_stats(self.known, generated, worker),
+            summary=shard_summary(self.known),
         )
         key, data = keys.generated_commit(self.task.run, self.task.shard), dumps(commit.to_json())
         if self.storage.put_once(key, data) or self._own_write(key, data):

@@ -1,0 +1,133 @@
+"""Rebuild the run monitor's Redis state from commit summaries, in bounded memory and writes.
+
+One listing pass finds the commits and the parts of uncommitted shards; commits are read
+concurrently and only their ``summary`` is kept long enough to add it up (older commits, and
+uncommitted shards, are summarised from their parts). Redis gets the state in pipelines of at
+most :data:`CHUNK` commands, so neither this process nor Redis holds the run at once; the
+``ready`` flag, set last, is what lets workers go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import redis
+
+from common import keys
+from common.commit_cache import THREADS, RunListing, fetch
+from common.partstats import EXAMPLE_FIELDS, SampleStat
+from common.records import decode_jsonl_zst
+from common.run_summary import RunSummary, answer_order, shard_summary
+from common.storage import Storage
+
+log = logging.getLogger(__name__)
+
+CHUNK = 5_000
+
+# Owner of an answer: the earliest judged sample; a side hash keeps each owner's order key.
+_CLAIM = """
+for i = 1, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  elseif ARGV[i + 2] < redis.call('HGET', KEYS[2], ARGV[i]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+  end
+end
+return 0
+"""
+
+
+def shard_summaries(storage: Storage, run: str, listing: RunListing,
+                    threads: int = THREADS) -> Iterator[tuple[int, dict[str, Any], bool]]:
+    """``(shard, summary, committed)`` for every shard with a commit or a part."""
+    fallback = []
+    shards = {key: shard for shard, key in listing.commits.items()}
+    for key, data in fetch(storage, sorted(shards), threads):
+        summary = orjson.loads(data).get("summary")
+        if summary:
+            yield shards[key], summary, True
+        else:
+            fallback.append(shards[key])
+    if fallback:
+        log.info("run %s: %d commits predate summaries; reading their parts", run, len(fallback))
+    for shard in fallback:
+        yield shard, _from_parts(storage, listing.parts.get(shard, []), threads), True
+    for shard, part_keys in sorted(listing.uncommitted_parts().items()):
+        yield shard, _from_parts(storage, part_keys, threads), False
+
+
+def _from_parts(storage: Storage, part_keys: list[str], threads: int) -> dict[str, Any]:
+    known = {key: [SampleStat.of(s) for s in decode_jsonl_zst(data)]
+             for key, data in fetch(storage, part_keys, threads)}
+    return shard_summary(known)
+
+
+def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, size: int,
+                           accepted_at: int, last_resume: dict[str, Any],
+                           pause: dict[str, Any] | None,
+                           heartbeat: Callable[[], None] = lambda: None) -> int:
+    """Write the monitor's state for ``run``; returns the number of judged samples."""
+    started = time.monotonic()
+    answers, order = keys.redis_answers(run), keys.redis_answers_order(run)
+    stale = list(client.scan_iter(keys.redis_gate_examples(run, "*"), count=1000))
+    # UNLINK: a run's answers hash has a million fields; DEL would block Redis while it frees
+    client.unlink(keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
+                  answers, order, keys.redis_paused(run), keys.redis_partial(run), *stale)
+    claim = client.register_script(_CLAIM)
+    total = RunSummary()
+    pipe, queued = client.pipeline(transaction=False), 0
+    for shard, summary, committed in shard_summaries(storage, run, RunListing.of(storage, run)):
+        total.add(shard, summary, committed)
+        entries = summary["answers"]
+        for first in range(0, len(entries), CHUNK // 3):
+            argv = [x for e in entries[first:first + CHUNK // 3]
+                    for x in (e[0], e[1], answer_order(shard, e))]
+            claim(keys=[answers, order], args=argv, client=pipe)
+            queued += len(argv) // 3
+        if queued >= CHUNK:
+            pipe.execute()
+            heartbeat()
+            pipe, queued = client.pipeline(transaction=False), 0
+    pipe.execute()
+    client.unlink(order)
+    _write_state(client, run, total, size, accepted_at, last_resume, pause)
+    log.info("run %s: quality monitor rebuilt from %d judged samples (summaries) in %.1fs",
+             run, total.judged, time.monotonic() - started)
+    return total.judged
+
+
+def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, accepted_at: int,
+                 last_resume: dict[str, Any], pause: dict[str, Any] | None) -> None:
+    """Counters, histogram, window and examples in chunks; ``ready`` in the last write."""
+    gates = keys.redis_gates(run)
+    since = max(total.judged - accepted_at, 0)
+    window = total.window(min(size, since))
+    pipe = client.pipeline(transaction=False)
+    hist = [(str(t), n) for t, n in sorted(total.hist.items())]
+    for first in range(0, len(hist), CHUNK):
+        pipe.hset(keys.redis_gate_hist(run), mapping=dict(hist[first:first + CHUNK]))
+    for first in range(0, len(window), CHUNK):
+        pipe.rpush(keys.redis_gate_window(run), *map(str, window[first:first + CHUNK]))
+    for reason in total.examples:
+        pipe.rpush(keys.redis_gate_examples(run, reason),
+                   *(json.dumps({k: view[k] for k in EXAMPLE_FIELDS})
+                     for view in total.newest_examples(reason)))
+    if total.partial:
+        pipe.hset(keys.redis_partial(run), mapping={keys.shard_name(s): n
+                                                    for s, n in total.partial.items()})
+    counters: dict[str, Any] = {"checked": total.judged, "rejected": total.rejected,
+                                "since": since,
+                                **{f"reason:{r}": n for r, n in total.reasons.items()}}
+    counters.update({name: last_resume[name] for name in ("max_reject_rate", "pause_after")
+                     if last_resume.get(name) is not None})
+    pipe.hset(gates, mapping=counters)
+    if pause is not None:
+        pipe.set(keys.redis_paused(run), json.dumps(pause))
+    pipe.hset(gates, "ready", 1)
+    pipe.execute()
