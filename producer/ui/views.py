@@ -147,20 +147,22 @@ class Views:
         config = RunConfig.from_json(json.loads(self.storage.get(keys.run_config(run))))
         hist: Counter[int] = Counter()
         examples: dict[str, list[dict[str, Any]]] = {}
-        window, source = status["gates"]["window"], "live"
+        window, source, reachable = status["gates"]["window"], "live", True
         try:
-            if not status["redis"]["monitor_ready"]:
-                raise LookupError("no live run monitor")
-            hist.update({int(k): int(v) for k, v in
-                         self.client.hgetall(keys.redis_gate_hist(run)).items()})
-            for reason in status["gates"]["reasons"]:
-                raw = self.client.lrange(keys.redis_gate_examples(run, reason), 0, 2)
-                examples[reason] = [json.loads(x) for x in raw]
-        except (redis.RedisError, LookupError):
+            if status["redis"]["monitor_ready"]:
+                hist.update({int(k): int(v) for k, v in
+                             self.client.hgetall(keys.redis_gate_hist(run)).items()})
+                for reason in status["gates"]["reasons"]:
+                    raw = self.client.lrange(keys.redis_gate_examples(run, reason), 0, 2)
+                    examples[reason] = [json.loads(x) for x in raw]
+            else:
+                reachable, source = status["redis"]["reachable"], "storage"
+        except redis.RedisError:
+            reachable, source = False, "storage"
+        if source == "storage":
             stored = self.view(run).gate_source.read(config.gates)
-            hist, examples, window, source = (stored.histogram, stored.examples, stored.window,
-                                              "storage")
-        return {"run": run, "redis": status["redis"]["reachable"], "source": source,
+            hist, examples, window = stored.histogram, stored.examples, stored.window
+        return {"run": run, "redis": reachable, "source": source,
                 "supervised_tokens": token_stats(hist), "window": window,
                 "min_supervised_tokens": config.gates.min_supervised_tokens,
                 "max_reject_rate": config.gates.max_reject_rate,
