@@ -267,6 +267,10 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
               help="Generation only: an offline run, no drafter training, eval or export.")
 @setting_option("model", help="Target model: the embedded tiny-qwen3, another embedded model "
                               "or a local HF directory.")
+@click.option("--eval-prompts", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Held-out prompts the final acceptance-length eval decodes.")
+@click.option("--eval-max-new-tokens", type=click.IntRange(min=1), default=128,
+              show_default=True, help="Token budget per prompt of the final eval.")
 def demo(**options: Any) -> None:
     """Run the whole product locally: Redis, a generate worker and a train worker side by side,
     Flower, the dashboard; then measure the drafter and export the dataset and the drafter."""

@@ -99,12 +99,12 @@ SHORT_TRAIN = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_EVAL_STEPS": 
 
 def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
                                                            tmp_path: Path) -> None:
-    """The demo's full path on 16 questions: 8 held out, 4 shards trained, all exported."""
+    """The demo's full path on 8 questions: 4 held out, 2 shards trained, all exported."""
     import pyarrow.parquet as pq
 
     from common.drafter_store import read_ledger
 
-    questions = MT_BENCH.read_text().splitlines()[:16]
+    questions = MT_BENCH.read_text().splitlines()[:8]
     (tmp_path / "in.jsonl").write_text("\n".join(questions) + "\n")
     out = tmp_path / "demo"
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1",
@@ -117,16 +117,16 @@ def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = result.stdout
-    assert "16 samples committed" in text
+    assert "8 samples committed" in text
     measured = re.search(r"acceptance length tau ([\d.]+) \(pooled [\d.]+\) with drafter step "
                          r"(\d+) on (\d+) held-out prompts.*; lossless (\d+)/(\d+)", text)
     assert measured, text[-3000:]
     tau, step, prompts, exact, checked = measured.groups()
-    assert float(tau) >= 1.0 and int(prompts) == int(checked) == 4 and exact == checked
+    assert float(tau) >= 1.0 and 0 < int(prompts) == int(checked) <= 4 and exact == checked
 
     storage = open_storage(str(out / "storage"))
     run = "mt-bench-demo"
-    assert sorted(read_ledger(storage, run).done) == [0, 1, 2, 3]   # every shard trained on
+    assert sorted(read_ledger(storage, run).done) == [0, 1]   # every shard trained on
     trainer_log = (out / "logs" / "trainer.log").read_text()
     assert "acceptance length tau" in trainer_log                    # measured while training
     # The live record the dashboard's Downstream panel shows: the final step, a measured tau.
@@ -135,7 +135,7 @@ def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
         env={**env, "DFLASH_STORAGE": str(out / "storage")}, cwd=ROOT, capture_output=True,
         text=True, timeout=120).stdout)
     down = status["downstream"]
-    assert down["mode"] == "online" and down["committed"] == 4
+    assert down["mode"] == "online" and down["committed"] == 2
     assert int(down["train"]["step"]) == int(step) and down["tau"] >= 1.0
 
     dataset = out / "export" / "dataset"
@@ -145,7 +145,7 @@ def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
               for name in ("train", "heldout")}
     shown = re.search(r"\(Parquet, train (\d+), heldout (\d+) samples", text)
     assert shown and splits == {"train": int(shown[1]), "heldout": int(shown[2])}
-    assert 0 < splits["heldout"] <= 8 and splits["train"] > 0  # accepted samples only
+    assert 0 < splits["heldout"] <= 4 and splits["train"] > 0  # accepted samples only
     drafter = out / "export" / "drafter"
     assert f"drafter: {drafter}" in text
     config = json.loads((drafter / "config.json").read_text())
