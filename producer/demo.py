@@ -12,6 +12,7 @@ the lossless count and the paths, and stops what it started. ``--quick`` runs ge
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
@@ -32,12 +33,22 @@ from common.errors import ConfigError
 from common.records import RunState
 
 STARTUP_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """A child's preexec_fn: SIGTERM it when the demo dies, even by SIGKILL (Linux), so that
+    no worker or Redis the demo started outlives it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the demo's own cleanup still stops them
+        pass
 
 
 def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -50,7 +61,7 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
          "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
          "--maxmemory-policy", "noeviction", "--logfile", str(data_dir / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
     )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -79,7 +90,8 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
 def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
 
 
 def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -139,7 +139,10 @@ def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str
 
 def _command(exe: list[str], env: dict[str, str], *args: str) -> dict[str, Any]:
     """Run one of the product's commands with ``--json``; its object, or one clear error."""
-    done = subprocess.run([*exe, *args], env=env, capture_output=True, text=True)
+    from producer.demo import _die_with_parent
+
+    done = subprocess.run([*exe, *args], env=env, capture_output=True, text=True,
+                          preexec_fn=_die_with_parent)
     try:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):

@@ -22,6 +22,7 @@ from tests.ui_support import write_prompts
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(1800)  # the whole demo, trainer included, on 2 busy cores
 def test_demo_starts_the_dashboard_and_prints_its_url(model_cache: Path, tmp_path: Path) -> None:
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1",
            **SHORT_TRAIN}
