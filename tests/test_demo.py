@@ -144,8 +144,10 @@ def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
     splits = {name: sum(pq.read_table(f).num_rows
                         for f in (dataset / "data").glob(f"{name}-*.parquet"))
               for name in ("train", "heldout")}
-    shown = re.search(r"\(Parquet, train (\d+), heldout (\d+) samples", text)
-    assert shown and splits == {"train": int(shown[1]), "heldout": int(shown[2])}
+    shown = re.search(r"\(Parquet, ([\w ,]+) samples;", text)
+    assert shown, text[-2000:]
+    assert splits == {name: int(n) for name, n in
+                      (part.split() for part in shown[1].split(", "))}
     assert 0 < splits["heldout"] <= 4 and splits["train"] > 0  # accepted samples only
     drafter = out / "export" / "drafter"
     assert f"drafter: {drafter}" in text
