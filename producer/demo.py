@@ -131,6 +131,8 @@ def run_demo(options: DemoOptions) -> int:
     from producer.enqueue import enqueue_run
     from producer.status import StatusReader
 
+    if hasattr(sys.stdout, "reconfigure"):  # piped into tee or a file: each line as it comes
+        sys.stdout.reconfigure(line_buffering=True)
     out_dir = Path(options.out).resolve()
     run, logs = options.run, out_dir / "logs"
     with ExitStack() as stack:
