@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python benchmarks/pipeline_vs_direct.py [--rows 2048] [--shards 8] [--cap 64]
 [--rounds 3]``. Each round runs the direct client, then the pipeline (enqueue + one generate
-worker) on the same rows; the figures are medians over the rounds:
+worker with its default settings: no ``--concurrency``) on the same rows; the figures are
+medians over the rounds:
 
 (a) throughput ratio pipeline / direct (target >= 0.98), the pipeline timed from its first
     request to its last commit (the enqueue command's start-up is printed beside it);
@@ -184,8 +185,8 @@ def main() -> None:
                    DFLASH_STORAGE=str(work / "storage"), DFLASH_PART_SAMPLES="64")
         worker = subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "worker", "generate", "--engine", "sglang",
-             "--engine-url", url, "--max-in-flight", str(args.cap), "--concurrency", "2",
-             "--loglevel", "INFO"], env=env, cwd=ROOT,
+             "--engine-url", url, "--max-in-flight", str(args.cap), "--loglevel", "INFO"],
+            env=env, cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=open(work / "worker.log", "w"),  # noqa: SIM115
             preexec_fn=pin(CLIENT_CPUS))
         (work / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -269,15 +269,22 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
 @click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
 @click.option("--ui/--no-ui", default=True, show_default=True, help="Start the run dashboard.")
 @click.option("--ui-port", type=int, default=8700, show_default=True, help="Dashboard port.")
+@click.option("--quick", is_flag=True,
+              help="Generation only: an offline run, no drafter training, eval or export.")
 @setting_option("model", help="Target: tiny-qwen3 (dense) or tiny-qwen3.5 (hybrid, Qwen3.6's "
                 "shape), the embedded CPU models, or a local model directory.")
+@click.option("--eval-prompts", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Held-out prompts the final acceptance-length eval decodes.")
+@click.option("--eval-max-new-tokens", type=click.IntRange(min=1), default=128,
+              show_default=True, help="Token budget per prompt of the final eval.")
 def demo(**options: Any) -> None:
-    """Run the whole generate stage locally: Redis, a CPU worker, Flower, the dashboard."""
-    from producer.demo import run_demo
+    """Run the whole product locally: Redis, a generate worker and a train worker side by side,
+    Flower, the dashboard; then measure the drafter and export the dataset and the drafter."""
+    from producer.demo import DemoOptions, run_demo
 
     setup_logging(False)
     try:
-        code = run_demo(**options)
+        code = run_demo(DemoOptions(**options))
     except DflashError as exc:
         click.echo(f"error: {exc}", err=True)
         code = EXIT_FAILURE

@@ -1,13 +1,18 @@
-"""``dflash-pipeline demo``: the whole generate stage on one machine, nothing to configure.
+"""``dflash-pipeline demo``: the whole product on one machine, nothing to configure.
 
-Starts a throwaway ``redis-server`` (AOF on) on a free port, one CPU generate worker, Flower and
-the run dashboard (``dflash-pipeline ui``, same user and password as Flower), enqueues the 80
-MT-Bench questions, shows live progress until every shard is committed, then stops what it
-started. Storage is a local directory under ``--out``.
+Starts a throwaway ``redis-server`` (AOF on) on a free port, one CPU generate worker, a train
+worker beside it, Flower and the run dashboard (``dflash-pipeline ui``, same user and password
+as Flower), and enqueues the 80 MT-Bench questions as an online run with a held-out split: the
+drafter trains on each shard as soon as it is committed while the rest is still generated, and
+its real acceptance length is measured on held-out prompts while training and at the end
+(:mod:`producer.demo_train`). Then it exports the dataset (Parquet) and the drafter, prints tau,
+the lossless count and the paths, and stops what it started. ``--quick`` runs generation alone
+(an offline run, no trainer). Storage is a local directory under ``--out``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
@@ -17,6 +22,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -27,12 +33,22 @@ from common.errors import ConfigError
 from common.records import RunState
 
 STARTUP_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """A child's preexec_fn: SIGTERM it when the demo dies, even by SIGKILL (Linux), so that
+    no worker or Redis the demo started outlives it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the demo's own cleanup still stops them
+        pass
 
 
 def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -45,7 +61,7 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
          "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
          "--maxmemory-policy", "noeviction", "--logfile", str(data_dir / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
     )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -74,7 +90,8 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
 def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
-        return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
 
 
 def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -82,51 +99,80 @@ def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
         raise ConfigError(f"the worker exited with code {proc.returncode}; see {log_path}")
 
 
-def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_tokens: int,
-             flower: bool, flower_port: int, ui: bool = True, ui_port: int = 8700,
-             model: str | None = None) -> int:
-    """Returns the process exit code: 0 when every shard committed."""
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``dflash-pipeline demo`` was asked for."""
+
+    input_path: str
+    out: str
+    run: str
+    shard_size: int
+    max_new_tokens: int
+    flower: bool
+    flower_port: int
+    ui: bool = True
+    ui_port: int = 8700
+    quick: bool = False
+    model: str | None = None
+    eval_prompts: int = 16
+    eval_max_new_tokens: int = 128
+
+
+def run_demo(options: DemoOptions) -> int:
+    """Returns the process exit code: 0 when every shard committed (and, unless ``quick``, was
+    trained on, measured losslessly and exported)."""
     from producer.commands import (
         build_run_config,
         context_check,
         print_enqueue_report,
         render_status,
-        watch_progress,
     )
+    from producer.demo_train import THREAD_ENV, TRAIN, finish_training, watch_demo
     from producer.enqueue import enqueue_run
     from producer.status import StatusReader
 
-    out_dir = Path(out).resolve()
+    if hasattr(sys.stdout, "reconfigure"):  # piped into tee or a file: each line as it comes
+        sys.stdout.reconfigure(line_buffering=True)
+    out_dir = Path(options.out).resolve()
+    run, logs = options.run, out_dir / "logs"
     with ExitStack() as stack:
         port = free_port()
         redis_proc = start_redis(out_dir / "redis", port)
         stack.callback(_stop, redis_proc)
         url = f"redis://127.0.0.1:{port}/0"
-        settings = load_settings(broker_url=url, storage=str(out_dir / "storage"), model=model)
+        settings = load_settings(broker_url=url, storage=str(out_dir / "storage"),
+                                 model=options.model)
         env = dict(os.environ, DFLASH_BROKER_URL=url, DFLASH_STORAGE=settings.storage,
                    DFLASH_CACHE_DIR=str(settings.cache_dir), DFLASH_MODEL=settings.model)
-        config = build_run_config(settings, run=run, input_path=input_path, fmt="auto",
-                                  prompt_field=None, shard_size=shard_size, limit=None,
-                                  max_new_tokens=max_new_tokens, temperature=0.7, top_p=0.95,
-                                  top_k=50, thinking=True)
+        online = not options.quick
+        config = build_run_config(settings, run=run, input_path=options.input_path, fmt="auto",
+                                  prompt_field=None, shard_size=options.shard_size, limit=None,
+                                  max_new_tokens=options.max_new_tokens, temperature=0.7,
+                                  top_p=0.95, top_k=50, thinking=True,
+                                  mode="online" if online else "offline")
         exe = [sys.executable, "-m", "producer.cli"]
-        worker = _spawn([*exe, "worker", "generate"], env, out_dir / "logs" / "worker.log")
-        stack.callback(_stop, worker)
+        worker_env = {**THREAD_ENV, **env} if online else env
+        workers = {"worker": _spawn([*exe, "worker", "generate"], worker_env,
+                                    logs / "worker.log")}
+        stack.callback(_stop, workers["worker"])
+        if online:
+            workers["trainer"] = _spawn([*exe, "worker", "train"], TRAIN.worker_env(env),
+                                        logs / "trainer.log")
+            stack.callback(_stop, workers["trainer"])
         password = secrets.token_urlsafe(9)
-        if flower:
+        if options.flower:
             proc = _spawn([sys.executable, "-m", "celery", "-A", "common.celery_app", "flower",
-                           f"--port={flower_port}", "--address=127.0.0.1",
-                           f"--basic-auth=dflash:{password}"], env, out_dir / "logs" / "flower.log")
+                           f"--port={options.flower_port}", "--address=127.0.0.1",
+                           f"--basic-auth=dflash:{password}"], env, logs / "flower.log")
             stack.callback(_stop, proc)
-            click.echo(f"Flower: http://127.0.0.1:{flower_port}  (user dflash, password "
+            click.echo(f"Flower: http://127.0.0.1:{options.flower_port}  (user dflash, password "
                        f"{password})")
-        if ui:
-            proc = _spawn([*exe, "ui", "--port", str(ui_port)],
-                          {**env, "DFLASH_UI_AUTH": f"dflash:{password}"},
-                          out_dir / "logs" / "ui.log")
+        if options.ui:
+            proc = _spawn([*exe, "ui", "--port", str(options.ui_port)],
+                          {**env, "DFLASH_UI_AUTH": f"dflash:{password}"}, logs / "ui.log")
             stack.callback(_stop, proc)
-            click.echo(f"Dashboard: http://127.0.0.1:{ui_port}/runs/{run}  (user dflash, "
-                       f"password {password})")
+            click.echo(f"Dashboard: http://127.0.0.1:{options.ui_port}/runs/{run}  (user "
+                       f"dflash, password {password})")
         from common.celery_app import make_app
         from common.storage import open_storage
 
@@ -136,22 +182,35 @@ def run_demo(input_path: str, out: str, run: str, shard_size: int, max_new_token
         report = enqueue_run(storage, make_app(settings), client, config,
                              context_check(settings, config))
         print_enqueue_report(report, storage, as_json=False)
-        click.echo(f"worker log: {out_dir / 'logs' / 'worker.log'}")
-        status = watch_progress(StatusReader(storage, client, run), interval=1.0,
-                                check=lambda: _alive(worker, out_dir / "logs" / "worker.log"))
-        wall = time.monotonic() - started
-    done, gates = status["samples"]["done"], status["gates"]
-    click.echo(f"\n{done} samples committed {wall:.0f}s after enqueue "
-               f"({done / wall:.2f} samples/s, {status['tokens']['generated']} tokens)")
-    reasons = "".join(f", {r} {n}" for r, n in gates["reasons"].items())
-    click.echo(f"quality gates: {gates['rejected']}/{gates['checked']} rejected "
-               f"({gates['rate']:.1%}){reasons}")
-    if status["state"] == RunState.PAUSED:
-        click.echo(render_status(status))
+        click.echo("logs: " + ", ".join(str(logs / f"{name}.log") for name in workers))
+
+        def check() -> None:
+            for name, proc in workers.items():
+                _alive(proc, logs / f"{name}.log")
+
+        watched = watch_demo(StatusReader(storage, client, run), online, check, started)
+        status = watched.status
+        click.echo(generation_summary(status, watched.generated_s))
+        if status["state"] == RunState.PAUSED:
+            click.echo(render_status(status))
+        if status["state"] != RunState.DONE:
+            return 1
+        code = (finish_training(exe, env, out_dir, run, options.eval_prompts,
+                                 options.eval_max_new_tokens) if online else 0)
     click.echo(f"results: {settings.storage}/runs/{run}/generated/  "
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
     click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run}")
     click.echo(f"report:  DFLASH_STORAGE={settings.storage} dflash-pipeline report --run {run}")
     click.echo(f"dashboard: DFLASH_STORAGE={settings.storage} dflash-pipeline ui  (then "
                f"http://127.0.0.1:8700/runs/{run})")
-    return 0 if status["state"] == RunState.DONE else 1
+    click.echo(f"demo finished in {time.monotonic() - started:.0f}s after enqueue")
+    return code
+
+
+def generation_summary(status: dict, wall: float) -> str:
+    """Samples, rate and the quality gates' verdict, as the demo prints them."""
+    done, gates = status["samples"]["done"], status["gates"]
+    reasons = "".join(f", {r} {n}" for r, n in gates["reasons"].items())
+    return (f"\n{done} samples committed {wall:.0f}s after enqueue ({done / wall:.2f} samples/s, "
+            f"{status['tokens']['generated']} tokens)\nquality gates: {gates['rejected']}/"
+            f"{gates['checked']} rejected ({gates['rate']:.1%}){reasons}")

@@ -15,6 +15,9 @@ from common.cli import setting_option
 from common.config import Settings, env_name
 
 LOGLEVEL = "INFO"
+# One held shard leaves the engine part idle while its last requests drain; a second one keeps
+# it full (simulator, 64 in flight: 0.81 of the cap with one shard, above 0.97 with two).
+SGLANG_SHARDS = 2
 
 
 def gpu_option(queue: str) -> Callable[[Callable[..., Any]], Any]:
@@ -48,8 +51,11 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
 
     @worker.command("generate")
     @gpu_option("generate")
-    @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-                  envvar="DFLASH_CONCURRENCY", help="Shards held at once (they share one engine).")
+    @click.option("--concurrency", type=click.IntRange(min=1), default=None,
+                  envvar="DFLASH_CONCURRENCY",
+                  help="Shards held at once (they share one engine) [default: 2 with --engine "
+                       "sglang, so the next shard fills the engine while one drains; 1 with the "
+                       "CPU engine].")
     @setting_option("engine", type=click.Choice(["cpu", "sglang"]), help="Generation engine.")
     @setting_option("engine_url",
                     help="Use this running SGLang-protocol server instead of starting one.")
@@ -64,10 +70,14 @@ def worker_group(common_options: Callable[[Callable[..., Any]], Callable[..., An
                     help="Requests kept in flight per engine, shared by held shards.")
     @node_options("generate")
     @common_options
-    def worker_generate(settings: Settings, gpu: int | None, concurrency: int, name: str | None,
-                        loglevel: str, **overrides: Any) -> None:
+    def worker_generate(settings: Settings, gpu: int | None, concurrency: int | None,
+                        name: str | None, loglevel: str, **overrides: Any) -> None:
         """Run a Celery worker on queue `generate` with its engine (CPU model or SGLang server)."""
         from producer.commands import exec_worker
+
+        if concurrency is None:
+            engine = overrides.get("engine") or settings.engine
+            concurrency = SGLANG_SHARDS if engine == "sglang" else 1
 
         exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
                     loglevel=loglevel, overrides=overrides)

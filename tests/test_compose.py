@@ -97,3 +97,24 @@ def test_the_trainer_runs_one_rank_per_listed_gpu(compose: dict) -> None:
         out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
                              check=True).stdout.split()
         assert out == ["dflash-pipeline", "worker", "train", "--nproc-per-node", ranks]
+
+
+def test_generate_workers_hold_two_shards_by_default(compose: dict,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next shard keeps the engine full while one drains: the default with SGLang, and
+    what every compose generate service says."""
+    import os
+
+    for name, service in compose["services"].items():
+        if name.startswith("generate-gpu"):
+            assert service["environment"]["DFLASH_CONCURRENCY"] == "${DFLASH_CONCURRENCY:-2}"
+            assert _argv(service)[_argv(service).index("--engine") + 1] == "sglang", name
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: execs.append(argv))
+    monkeypatch.delenv("DFLASH_CONCURRENCY", raising=False)
+    runner = CliRunner()
+    for args, shards in ((["--engine", "sglang"], "2"), ([], "1"),
+                         (["--engine", "sglang", "--concurrency", "3"], "3")):
+        result = runner.invoke(main, ["worker", "generate", *args])
+        assert result.exit_code == 0, result.output
+        assert execs[-1][execs[-1].index("-c") + 1] == shards, args

@@ -1,9 +1,12 @@
-"""The README's demo, run as a user would: 80 MT-Bench questions, every turn regenerated."""
+"""The README's demo, run as a user would: the quick one (80 MT-Bench questions, every turn
+regenerated) and the whole product on fewer questions (generation and training side by side, the
+acceptance length measured, the dataset and the drafter exported)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +21,13 @@ from tests.conftest import MT_BENCH, ROOT
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Path) -> None:
+def test_quick_demo_commits_all_80_mt_bench_questions(model_cache: Path,
+                                                      tmp_path: Path) -> None:
     out = tmp_path / "demo"
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--no-ui", "--out",
-         str(out),
-         "--max-new-tokens", "128"],
+        [sys.executable, "-m", "producer.cli", "demo", "--quick", "--no-flower", "--no-ui",
+         "--out", str(out), "--max-new-tokens", "128"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -81,10 +84,73 @@ def test_demo_commits_all_80_mt_bench_questions(model_cache: Path, tmp_path: Pat
     assert data["supervised_tokens"]["min"] is not None
 
     rerun = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--no-ui", "--out",
-         str(out),
-         "--max-new-tokens", "128"],
+        [sys.executable, "-m", "producer.cli", "demo", "--quick", "--no-flower", "--no-ui",
+         "--out", str(out), "--max-new-tokens", "128"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "0 queued now" in rerun.stdout
+
+
+# The trainer's own eval kept short; the demo's other settings are its own.
+SHORT_TRAIN = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_EVAL_STEPS": "2",
+               "DFLASH_TRAIN_EVAL_PROMPTS": "1", "DFLASH_TRAIN_EVAL_MAX_NEW_TOKENS": "8"}
+
+
+@pytest.mark.timeout(1800)  # the whole product end to end; minutes on 2 busy cores
+def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
+                                                           tmp_path: Path) -> None:
+    """The demo's full path on 8 questions: 4 held out, 2 shards trained, all exported."""
+    import pyarrow.parquet as pq
+
+    from common.drafter_store import read_ledger
+
+    questions = MT_BENCH.read_text().splitlines()[:8]
+    (tmp_path / "in.jsonl").write_text("\n".join(questions) + "\n")
+    out = tmp_path / "demo"
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1",
+           **SHORT_TRAIN}
+    result = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--no-ui", "--out",
+         str(out), "--input", str(tmp_path / "in.jsonl"), "--shard-size", "4",
+         "--max-new-tokens", "64", "--eval-prompts", "2", "--eval-max-new-tokens", "16"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1700,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = result.stdout
+    assert "8 samples committed" in text
+    measured = re.search(r"acceptance length tau ([\d.]+) \(pooled [\d.]+\) with drafter step "
+                         r"(\d+) on (\d+) held-out prompts.*; lossless (\d+)/(\d+)", text)
+    assert measured, text[-3000:]
+    tau, step, prompts, exact, checked = measured.groups()
+    assert float(tau) >= 1.0 and int(prompts) == int(checked) == 2 and exact == checked
+
+    storage = open_storage(str(out / "storage"))
+    run = "mt-bench-demo"
+    assert sorted(read_ledger(storage, run).done) == [0, 1]   # every shard trained on
+    trainer_log = (out / "logs" / "trainer.log").read_text()
+    assert "acceptance length tau" in trainer_log                    # measured while training
+    # The live record the dashboard's Downstream panel shows: the final step, a measured tau.
+    status = json.loads(subprocess.run(
+        [sys.executable, "-m", "producer.cli", "status", "--run", run, "--json"],
+        env={**env, "DFLASH_STORAGE": str(out / "storage")}, cwd=ROOT, capture_output=True,
+        text=True, timeout=120).stdout)
+    down = status["downstream"]
+    assert down["mode"] == "online" and down["committed"] == 2
+    assert int(down["train"]["step"]) == int(step) and down["tau"] >= 1.0
+
+    dataset = out / "export" / "dataset"
+    assert f"dataset: {dataset}" in text
+    splits = {name: sum(pq.read_table(f).num_rows
+                        for f in (dataset / "data").glob(f"{name}-*.parquet"))
+              for name in ("train", "heldout")}
+    shown = re.search(r"\(Parquet, ([\w ,]+) samples;", text)
+    assert shown, text[-2000:]
+    assert splits == {name: int(n) for name, n in
+                      (part.split() for part in shown[1].split(", "))}
+    assert 0 < splits["heldout"] <= 4 and splits["train"] > 0  # accepted samples only
+    drafter = out / "export" / "drafter"
+    assert f"drafter: {drafter}" in text
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert (drafter / "model.safetensors").stat().st_size > 0

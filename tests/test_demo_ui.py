@@ -1,4 +1,5 @@
-"""The demo prints the dashboard's URL (beside Flower's) and serves the run there."""
+"""The demo prints the dashboard's URL (beside Flower's) and serves the run there, its
+Downstream figures following the trainer while the demo runs."""
 
 from __future__ import annotations
 
@@ -15,20 +16,24 @@ import pytest
 
 from producer.demo import free_port
 from tests.conftest import ROOT, wait_until
+from tests.test_demo import SHORT_TRAIN
 from tests.ui_support import write_prompts
 
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(1800)  # the whole demo, trainer included, on 2 busy cores
 def test_demo_starts_the_dashboard_and_prints_its_url(model_cache: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1",
+           **SHORT_TRAIN}
     port = free_port()
     log = tmp_path / "demo.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out",
-             str(tmp_path / "demo"), "--input", write_prompts(tmp_path / "in.jsonl", 4),
-             "--shard-size", "2", "--max-new-tokens", "16", "--ui-port", str(port)],
+             str(tmp_path / "demo"), "--input", write_prompts(tmp_path / "in.jsonl", 8),
+             "--shard-size", "2", "--max-new-tokens", "48", "--ui-port", str(port),
+             "--eval-prompts", "2", "--eval-max-new-tokens", "16"],
             env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         line = wait_until(lambda: re.search(r"Dashboard: (http://\S+)  \(user (\w+), password "
@@ -49,7 +54,11 @@ def test_demo_starts_the_dashboard_and_prints_its_url(model_cache: Path, tmp_pat
                 return None
         assert wait_until(status, 60, "the dashboard to serve the demo run")["run"] == \
             "mt-bench-demo"
-        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        # The Downstream panel's figures: the online run's trainer, live (not "hidden 0 / N").
+        down = wait_until(lambda: (s := status()) and s["downstream"]["train"].get("step")
+                          and s["downstream"], 600, "the dashboard to show a training step")
+        assert down["mode"] == "online" and down["stage"] == "train"
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

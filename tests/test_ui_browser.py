@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import console_errors, ensure_chromium
-from tests.conftest import Pipeline, wait_until
+from tests.conftest import Pipeline, RedisServer, wait_until
 from tests.test_quality_e2e import degenerate_engine
 from tests.ui_support import Dashboard, running_ui, simulated_worker, write_prompts
 
@@ -108,8 +108,29 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
         assert console_errors(browser) == []
 
 
+def _bars(driver: object) -> dict[str, int]:
+    """The histogram as drawn: label -> count, re-read from the page each call."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return {b.text.split()[0]: int(b.text.split()[-1]) for b in
+                driver.find_elements("css selector", "#histogram .hbar")}
+    except StaleElementReferenceException:  # redrawn under us: read again
+        return {}
+
+
+def _example_ids(driver: object) -> list[str]:
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return [e.text for e in driver.find_elements("css selector", "#examples li b")]
+    except StaleElementReferenceException:
+        return []
+
+
 def test_paused_run_shows_the_banner_with_the_resume_command(
-        pipeline: Pipeline, model_cache: Path, tmp_path: Path, browser: object) -> None:
+        pipeline: Pipeline, redis_server: RedisServer, model_cache: Path, tmp_path: Path,
+        browser: object) -> None:
     with degenerate_engine(pipeline, model_cache, 0.87), \
             running_ui(pipeline.env, tmp_path / "ui.log") as ui:
         pipeline.cli("enqueue", "--input", write_prompts(tmp_path / "in.jsonl", 160), "--run",
@@ -130,5 +151,33 @@ def test_paused_run_shows_the_banner_with_the_resume_command(
         assert six and "below" in six[0].find_element("css selector", ".fill").get_attribute(
             "class")
         assert len(browser.find_elements("css selector", "#examples li")) >= 3
+        assert _text(browser, "histogram-source").startswith("live")
         _shot(browser, tmp_path, "paused")
+        assert console_errors(browser) == [], json.dumps(console_errors(browser))
+
+        # After the run, Redis gone: the gate panels come from storage, the same figures.
+        pipeline.stop_all()
+        live = ui.json("/api/runs/seed/gates")
+        assert live["source"] == "live" and live["window"]["rejected"] > 0
+        wait_until(lambda: sum(_bars(browser).values()) == sum(
+            b["count"] for b in live["supervised_tokens"]["histogram"]), ONE_REFRESH_S,
+            "the page to draw the whole live histogram")
+        drawn_live = _bars(browser)
+        redis_server.kill()
+        stored = ui.json("/api/runs/seed/gates")
+        assert stored["source"] == "storage" and stored["redis"] is False
+        assert stored["supervised_tokens"] == live["supervised_tokens"]
+        assert stored["window"] == live["window"]
+        assert {r: len(e) for r, e in stored["examples"].items()} == \
+            {r: len(e) for r, e in live["examples"].items()}
+        wait_until(lambda: _text(browser, "histogram-source").startswith("from storage"),
+                   ONE_REFRESH_S, "the histogram to say it comes from storage")
+        assert "Redis unreachable" in _text(browser, "examples-source")
+        wait_until(lambda: _bars(browser) == drawn_live, ONE_REFRESH_S,
+                   "the same histogram drawn from storage")
+        shown = {x["id"] for listed in stored["examples"].values() for x in listed}
+        wait_until(lambda: set(_example_ids(browser)) == shown and shown, ONE_REFRESH_S,
+                   "the stored examples on the page")
+        assert "rolling window" in _text(browser, "gate-window")
+        _shot(browser, tmp_path, "redis-gone")
         assert console_errors(browser) == [], json.dumps(console_errors(browser))

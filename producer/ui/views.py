@@ -22,6 +22,7 @@ from common.runstore import RunStore
 from common.storage import Storage
 from producer.report import token_stats
 from producer.status import StatusReader
+from producer.ui.gate_source import GateSource
 from producer.ui.series import SeriesReader
 
 RUNS_TTL_S = 15.0
@@ -39,6 +40,7 @@ class RunView:
 
     status: StatusReader
     series: SeriesReader
+    gate_source: GateSource
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: tuple[float, dict[str, Any]] | None = None
 
@@ -57,7 +59,8 @@ class Views:
         with self._lock:
             if run not in self.runs:
                 self.runs[run] = RunView(StatusReader(self.storage, self.client, run),
-                                         SeriesReader(self.storage, run))
+                                         SeriesReader(self.storage, run),
+                                         GateSource(self.storage, run))
             return self.runs[run]
 
     def run_ids(self) -> list[str]:
@@ -122,21 +125,29 @@ class Views:
         return {"run": run, "shards": grid, "redis": status["redis"]["reachable"]}
 
     def gates(self, run: str) -> dict[str, Any]:
-        """The run monitor's supervised-token histogram and examples per reason (Redis)."""
+        """The supervised-token histogram, examples per reason and rolling window: the live run
+        monitor's (Redis), else the same figures rebuilt from storage; ``source`` says which."""
         status = self.recent_status(run)
         config = RunConfig.from_json(json.loads(self.storage.get(keys.run_config(run))))
         hist: Counter[int] = Counter()
         examples: dict[str, list[dict[str, Any]]] = {}
-        reachable = True
+        window, source, reachable = status["gates"]["window"], "live", True
         try:
-            hist.update({int(k): int(v) for k, v in
-                         self.client.hgetall(keys.redis_gate_hist(run)).items()})
-            for reason in status["gates"]["reasons"]:
-                raw = self.client.lrange(keys.redis_gate_examples(run, reason), 0, 2)
-                examples[reason] = [json.loads(x) for x in raw]
+            if status["redis"]["monitor_ready"]:
+                hist.update({int(k): int(v) for k, v in
+                             self.client.hgetall(keys.redis_gate_hist(run)).items()})
+                for reason in status["gates"]["reasons"]:
+                    raw = self.client.lrange(keys.redis_gate_examples(run, reason), 0, 2)
+                    examples[reason] = [json.loads(x) for x in raw]
+            else:
+                reachable, source = status["redis"]["reachable"], "storage"
         except redis.RedisError:
-            reachable = False
-        return {"run": run, "redis": reachable, "supervised_tokens": token_stats(hist),
+            reachable, source = False, "storage"
+        if source == "storage":
+            stored = self.view(run).gate_source.read(config.gates)
+            hist, examples, window = stored.histogram, stored.examples, stored.window
+        return {"run": run, "redis": reachable, "source": source,
+                "supervised_tokens": token_stats(hist), "window": window,
                 "min_supervised_tokens": config.gates.min_supervised_tokens,
                 "max_reject_rate": config.gates.max_reject_rate,
                 "pause_after": config.gates.pause_after, "examples": examples,

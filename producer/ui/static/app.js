@@ -169,8 +169,6 @@ function renderStatus(s) {
   setText("gate-rejected", g.rejected);
   setText("gate-checked", g.checked);
   setText("gate-rate", pct(g.rate));
-  setText("gate-window", g.window ? `${g.window.rejected}/${g.window.size} rejected `
-    + `(${pct(g.window.rate)}) in the rolling window` : "no window yet");
   const reasons = document.querySelector("#reasons tbody");
   reasons.textContent = "";
   for (const [reason, n] of Object.entries(g.reasons)) {
@@ -265,13 +263,20 @@ function renderGates(gates) {
   setText("gate-threshold", `pause above ${pct(gates.max_reject_rate)} of the last `
     + `${gates.pause_after} samples; min supervised tokens ${floor}`);
   setText("resume-cmd", gates.resume_command);
+  const w = gates.window;
+  setText("gate-window", w ? `${w.rejected}/${w.size} rejected (${pct(w.rate)}) in the rolling `
+    + "window" : "no window yet");
+  // live: the run monitor in Redis; storage: rebuilt from the stored parts (Redis gone or wiped)
+  const source = gates.source === "live" ? "live (run monitor in Redis)"
+    : `from storage (${gates.redis ? "no live run monitor in Redis" : "Redis unreachable"})`;
+  for (const id of ["gate-source", "histogram-source", "examples-source"]) setText(id, source);
   bars($("histogram"), h.histogram.map((b) => [
     b.hi === b.lo + 1 ? String(b.lo) : `${b.lo}-${b.hi - 1}`, b.count,
     b.hi <= floor ? "below" : ""]),
   (label) => h.mode !== null && label === String(h.mode));
   setText("histogram-note", h.mode === null ? "no samples judged yet"
     : `mode ${h.mode} (${h.mode_count} turns), mean ${h.mean}, p50 ${h.p50}; red bins are `
-      + `below min_supervised_tokens (${floor})${gates.redis ? "" : "; Redis unreachable"}`);
+      + `below min_supervised_tokens (${floor})`);
   const container = $("examples");
   container.textContent = "";
   for (const [reason, shown] of Object.entries(gates.examples)) {

@@ -1,0 +1,151 @@
+"""The demo's training half: the train worker's settings, the live view, the final eval, exports.
+
+The drafter trains on each shard as soon as it is committed (an online run), so its settings are
+sized for the demo's ~160 rows on two CPU cores: short steps, a checkpoint (and a measured
+acceptance length on held-out prompts) every few steps and at the end of every shard. At the
+end ``eval-drafter`` decodes every held-out prompt speculatively and plainly (tau, and whether
+both outputs are equal token for token), then ``export-dataset`` and ``export-drafter`` write
+what a user takes away. Every step runs the product's own commands, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import click
+
+from common.config import env_name
+from common.errors import ConfigError
+from common.records import RunState
+from producer.status import StatusReader
+
+REFRESH_S = 1.0
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The demo trainer's settings (``worker train``'s, by their ``DFLASH_TRAIN_*`` names)."""
+
+    rows_per_step: int = 4
+    checkpoint_steps: int = 8
+    total_steps: int = 40
+    eval_steps: int = 8
+    eval_prompts: int = 4
+    eval_max_new_tokens: int = 64
+
+    def worker_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The train worker's environment: these settings unless a ``DFLASH_TRAIN_*`` variable
+        says otherwise, and one torch thread (generation and training share the cores)."""
+        plan = {env_name(f"train_{f.name}"): str(getattr(self, f.name)) for f in fields(self)}
+        return {**plan, **THREAD_ENV, **env}
+
+
+TRAIN = TrainPlan()
+# Generation and training share the cores: one torch thread each, so neither starves the other.
+THREAD_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+@dataclass
+class Watched:
+    """The last status, and when generation finished (seconds after the enqueue began)."""
+
+    status: dict[str, Any]
+    generated_s: float
+
+
+def watch_demo(reader: StatusReader, online: bool, check: Callable[[], None],
+               started: float) -> Watched:
+    """Live bars for generation and (online) training until both finish or the run stops;
+    ``started`` is the enqueue's ``time.monotonic()``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from producer.commands import _known
+
+    columns = (TextColumn("[bold]{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"))
+    generated = None
+    with Progress(*columns, transient=False) as progress:
+        gen = progress.add_task("generate", total=None, detail="")
+        train = progress.add_task("train", total=None, detail="", visible=online)
+        while True:
+            status = reader.read()
+            samples, shards = status["samples"], status["shards"]
+            progress.update(
+                gen, total=samples["total"], completed=samples["done"] + samples["in_progress"],
+                detail=f"{status['state']} | shards {shards['committed']}/{shards['total']} | "
+                       f"{_known(status['tokens']['per_s'], '.0f')} tok/s")
+            state = status["state"]
+            if generated is None and state == RunState.DONE:
+                generated = time.monotonic() - started
+            down = status["downstream"]
+            if online:
+                progress.update(train, total=shards["total"], completed=down["committed"],
+                                detail=train_detail(down))
+            if state in (RunState.FAILED, RunState.PAUSED) or (
+                    state == RunState.DONE and (not online or trained(down, shards["total"]))):
+                return Watched(status, generated or time.monotonic() - started)
+            check()
+            time.sleep(REFRESH_S)
+
+
+def trained(down: dict[str, Any], total: int) -> bool:
+    """Every shard in the trainer's ledger; a parked train shard ends the wait too."""
+    if down.get("parked"):
+        raise ConfigError(f"the trainer parked {down['parked']} shard(s); see `dflash-pipeline "
+                          "status` and the trainer log")
+    return down["committed"] >= total
+
+
+def train_detail(down: dict[str, Any]) -> str:
+    train = down.get("train") or {}
+    if "step" not in train:
+        return "waiting for the first committed shard"
+    tau = f" | tau {down['tau']:.3f} at step {down['tau_step']}" if down.get("tau") else ""
+    return f"step {train['step']} | loss {float(train['loss']):.3f}{tau}"
+
+
+def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str, prompts: int,
+                    max_new_tokens: int) -> int:
+    """Measure the final drafter on the held-out split, export both; 0 when decoding was
+    lossless and both exports were written."""
+    click.echo(f"measuring the drafter on up to {prompts} held-out prompts (speculative and "
+               f"plain greedy decoding, {max_new_tokens} tokens each)...")
+    result = _command(exe, env, "eval-drafter", "--run", run, "--num", str(prompts),
+                      "--max-new-tokens", str(max_new_tokens), "--json")
+    lossless = result["lossless"]
+    exact = lossless["checked"] - len(lossless["mismatches"])
+    click.echo(f"acceptance length tau {result['tau']:.3f} (pooled {result['tau_pooled']:.3f}) "
+               f"with drafter step {result['step']} on {result['prompts']} held-out prompts, "
+               f"{result['tokens']} tokens; lossless {exact}/{lossless['checked']} (speculative "
+               "output equal to greedy token for token)")
+    dataset = _command(exe, env, "export-dataset", "--run", run, "--out",
+                       str(out_dir / "export" / "dataset"), "--format", "parquet",
+                       "--split-heldout", "--json")
+    splits = ", ".join(f"{s} {n}" for s, n in dataset["samples"].items())
+    click.echo(f"dataset: {out_dir / 'export' / 'dataset'}  (Parquet, {splits} samples; "
+               "datasets.load_dataset('parquet', data_dir=...))")
+    drafter = _command(exe, env, "export-drafter", "--run", run, "--out",
+                       str(out_dir / "export" / "drafter"), "--json")
+    click.echo(f"drafter: {drafter['out']}  (step {drafter['step']}, {drafter['dtype']}; "
+               "SGLang --speculative-algorithm DFLASH --speculative-draft-model-path ...)")
+    return 0 if exact == lossless["checked"] else 1
+
+
+def _command(exe: list[str], env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run one of the product's commands with ``--json``; its object, or one clear error."""
+    from producer.demo import _die_with_parent
+
+    done = subprocess.run([*exe, *args], env=env, capture_output=True, text=True,
+                          preexec_fn=_die_with_parent)
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"`dflash-pipeline {args[0]}` failed (exit {done.returncode}): "
+                          f"{last}") from None
