@@ -142,12 +142,33 @@ def s3_storage(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{bucket}/data"
 
 
-@pytest.fixture(scope="session")
-def model_cache() -> Path:
-    """Build the tiny CPU model once for the whole session (and across runs, under .dflash/)."""
+def model_builders() -> list[Callable[[Path], Path]]:
+    """What builds each embedded model the tests run on (one line per model), into a cache
+    directory: at most once, under the builder's file lock, so that parallel test processes
+    and concurrent sessions wait for one build and share it."""
     from embedded.tinymodel import ensure_tiny_model
 
-    ensure_tiny_model(CACHE_DIR)
+    return [ensure_tiny_model]
+
+
+def build_models() -> None:
+    for build in model_builders():
+        build(CACHE_DIR)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the models before the first test that needs them, so that a build (a minute or
+    more on a fresh clone, longer on busy cores) is not timed as part of that test."""
+    if session.config.option.collectonly:
+        return
+    if any("model_cache" in getattr(item, "fixturenames", ()) for item in session.items):
+        build_models()
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """The cache directory holding the embedded models (built once, under .dflash/)."""
+    build_models()   # already done before the first test; a no-op then
     return CACHE_DIR
 
 
