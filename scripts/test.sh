@@ -9,7 +9,8 @@ started=$SECONDS
 bash scripts/setup.sh --browser
 .venv/bin/ruff check .
 rc=0
-.venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-2}" --durations=10 "$@" \
+.venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup \
+  --durations=10 "$@" \
   || rc=$?
 elapsed=$((SECONDS - started))
 printf 'scripts/test.sh: wall time %dm %02ds (set-up, ruff and pytest)\n' \
