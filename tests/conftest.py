@@ -146,31 +146,36 @@ TARGETS = ("tiny-qwen3", "tiny-qwen3.5")   # the embedded targets, dense and hyb
 HYBRID = "tiny-qwen3.5"
 
 
-def _needs_models(item: pytest.Item) -> bool:
-    return "model_cache" in getattr(item, "fixturenames", ())
+def model_builders() -> list[Callable[[Path], Path]]:
+    """What builds each embedded model the tests run on (one line per model), into a cache
+    directory: at most once, under the builder's file lock, so that parallel test processes
+    and concurrent sessions wait for one build and share it."""
+    from functools import partial
+
+    from embedded.tinymodel import ensure_tiny_model
+
+    return [partial(ensure_tiny_model, name=name) for name in TARGETS]
+
+
+def build_models() -> None:
+    for build in model_builders():
+        build(CACHE_DIR)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build (or find cached) both tiny targets before the first test that needs them runs.
-
-    Here, not in the ``model_cache`` fixture: pytest-timeout counts a fixture's setup in the
-    first test that uses it, and a cold build (minutes on a shared CPU) is no test's fault.
-    The build is under each model's file lock, so parallel sessions share one build.
-    """
-    if any(_needs_models(item) for item in session.items):
-        from embedded.tinymodel import ensure_tiny_model
-
-        for name in TARGETS:
-            ensure_tiny_model(CACHE_DIR, name)
+    """Build the models before the first test that needs them, so that a build (minutes on a
+    fresh clone, longer on busy cores) is not timed as part of that test (pytest-timeout counts
+    a fixture's setup in the first test that uses it)."""
+    if session.config.option.collectonly:
+        return
+    if any("model_cache" in getattr(item, "fixturenames", ()) for item in session.items):
+        build_models()
 
 
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
-    """The cache directory holding both tiny CPU targets (built once, see above)."""
-    from embedded.tinymodel import ensure_tiny_model
-
-    for name in TARGETS:
-        ensure_tiny_model(CACHE_DIR, name)
+    """The cache directory holding both tiny CPU targets (built once, under .dflash/)."""
+    build_models()   # already done before the first test; a no-op then
     return CACHE_DIR
 
 

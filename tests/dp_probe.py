@@ -4,8 +4,9 @@
         CACHE_DIR OUT_DIR FIRST STEPS [STATE]
 
 Steps ``FIRST .. FIRST+STEPS-1`` train on :func:`batch` (from the trainer in ``STATE`` when
-given; FSDP2 instead of DDP with ``DFLASH_TRAIN_PARALLEL=fsdp``); rank 0 writes the losses
-to ``OUT_DIR/losses.json`` and the trainer's state to ``OUT_DIR/state.pt``.
+given; FSDP2 instead of DDP with ``DFLASH_TRAIN_PARALLEL=fsdp``); rank 0 writes each step's
+loss and pre-clip gradient norm to ``OUT_DIR/steps.json`` and the trainer's state after each
+step to ``OUT_DIR/state-N.pt`` (N: the trainer's steps so far).
 """
 
 from __future__ import annotations
@@ -67,14 +68,15 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
                 trainer.state_dict()   # FSDP2: rank 0 gathers the shards
         group.close()
         return
-    losses = [trainer.step(batch(s, target.config.vocab_size)).loss
-              for s in range(first, first + steps)]
-    state = trainer.state_dict()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    metrics = []
+    for s in range(first, first + steps):
+        metrics.append(trainer.step(batch(s, target.config.vocab_size)))
+        torch.save(trainer.state_dict(), Path(out) / f"state-{trainer.steps}.pt")
     group.stop()
     group.close()
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "losses.json").write_text(json.dumps(losses))
-    torch.save(state, Path(out) / "state.pt")
+    record = {"losses": [m.loss for m in metrics], "grad_norms": [m.grad_norm for m in metrics]}
+    (Path(out) / "steps.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -167,7 +167,8 @@ def test_batch_cap_is_respected(sim: Sim) -> None:
     outs = asyncio.run(_post_many(sim.url, bodies))
     assert all(o["meta_info"]["completion_tokens"] > 0 for o in outs)
     stats = sim.call("/sim/stats")[1]
-    assert stats["max_running_seen"] == 8 and stats["running"] == stats["queued"] == 0
+    # Never above the cap (that the cap is reached: the test below, which holds requests open).
+    assert 1 <= stats["max_running_seen"] <= 8 and stats["running"] == stats["queued"] == 0
 
 
 def test_metrics_parse(sim: Sim) -> None:
@@ -241,7 +242,7 @@ def test_degenerate_mode_gives_six_tokens(start: Any, request: pytest.FixtureReq
 
 
 def test_fail_rate_and_startup_delay(start: Any) -> None:
-    sim = start("--fail-rate", "1.0", "--startup-delay", "1.5", healthy=False)
+    sim = start("--fail-rate", "1.0", "--startup-delay", "3", healthy=False)
     assert sim.health() == 503  # the delay counts from when the server starts listening
     wait_until(lambda: sim.health() == 200, 20, "the startup delay to pass", interval=0.05)
     for path, body in (("/generate", {"input_ids": PROMPT}),
@@ -259,7 +260,7 @@ def test_sigterm_answers_in_flight_requests_with_abort(start: Any) -> None:
             pending = asyncio.ensure_future(session.post(
                 sim.url + "/generate", json={"input_ids": PROMPT,
                                              "sampling_params": {"max_new_tokens": 20000}}))
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while sim.call("/sim/stats")[1]["generated_tokens"] < 10:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.02)
@@ -274,40 +275,42 @@ def test_sigterm_answers_in_flight_requests_with_abort(start: Any) -> None:
     assert 10 <= len(out["output_ids"]) == out["meta_info"]["completion_tokens"] < 8000
 
 
-async def _throughput(url: str, concurrency: int, window: float) -> float:
-    """Server-side output tokens per second while ``concurrency`` clients keep a request open."""
-    stop = asyncio.Event()
+async def _hold_open(url: str, levels: dict[int, tuple[int, int]]) -> dict[int, dict]:
+    """Open long requests up to each level in turn; the server's counters once they read the
+    (running, queued) expected at that level, or as they were when it gave up waiting."""
+    seen = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def stats() -> dict:
             async with session.get(url + "/sim/stats") as resp:
                 return await resp.json()
 
         async def client(i: int) -> None:
-            n = 0
-            while not stop.is_set():
-                body = {"input_ids": [i, n, *PROMPT], "sampling_params": {"max_new_tokens": 128}}
-                async with session.post(url + "/generate", json=body) as resp:
-                    assert resp.status == 200
-                    await resp.read()
-                n += 1
+            body = {"input_ids": [i, *PROMPT], "sampling_params": {"max_new_tokens": 20000}}
+            async with session.post(url + "/generate", json=body) as resp:
+                await resp.read()
 
-        tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
-        deadline = time.monotonic() + 20
-        while (s := await stats())["running"] + s["queued"] < concurrency:  # ramp up
-            assert time.monotonic() < deadline, s
-            await asyncio.sleep(0.02)
-        before, t0 = await stats(), time.monotonic()
-        await asyncio.sleep(window)  # the measurement window itself
-        after, t1 = await stats(), time.monotonic()
-        stop.set()
-        await asyncio.gather(*tasks)
-    return (after["generated_tokens"] - before["generated_tokens"]) / (t1 - t0)
+        tasks: list[asyncio.Task] = []
+        for count, expected in levels.items():
+            tasks += [asyncio.create_task(client(i)) for i in range(len(tasks), count)]
+            deadline = time.monotonic() + 60
+            while ((s := await stats())["running"], s["queued"]) != expected \
+                    and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            seen[count] = s
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return seen
 
 
-def test_throughput_grows_to_the_cap_then_flattens(start: Any) -> None:
-    sim = start("--max-running", "64", "--time-scale", "0.25", "--len-mu", "7")
-    rates = {c: asyncio.run(_throughput(sim.url, c, window=1.0)) for c in (4, 32, 64, 256)}
-    print("output tokens/s by concurrency:", {c: round(r) for c, r in rates.items()})
-    assert rates[32] > 4 * rates[4], rates
-    assert rates[256] <= 1.3 * rates[64], rates
-    assert sim.call("/sim/stats")[1]["max_running_seen"] == 64
+def test_requests_run_together_up_to_the_cap_then_queue(start: Any) -> None:
+    # Every running request emits a token per step, so throughput grows with the requests
+    # running and is flat once the cap holds the rest in the queue (tok/s figures:
+    # benchmarks/simulator_throughput.py). Steps of ~0.2 s and ~8000-token answers keep every
+    # request in flight for the whole test, however slow the machine.
+    sim = start("--max-running", "64", "--time-scale", "100", "--len-mu", "9",
+                "--len-sigma", "0.01")
+    levels = {4: (4, 0), 32: (32, 0), 64: (64, 0), 256: (64, 192)}
+    seen = asyncio.run(_hold_open(sim.url, levels))
+    assert {n: (s["running"], s["queued"]) for n, s in seen.items()} == levels, seen
+    assert seen[256]["max_running_seen"] == 64 and seen[256]["completed"] == 0

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -24,39 +24,50 @@ from tests.conftest import ROOT, Pipeline, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
 from tests.test_train_e2e import TRAIN_ENV, adam_steps
 from workers.train.drafter.features import with_target_features
-from workers.train.drafter.train import DrafterTrainer
+from workers.train.drafter.train import DrafterTrainer, StepMetrics
+
+# One worker runs the module under xdist: its module-scoped runs are shared, not repeated.
+pytestmark = pytest.mark.xdist_group("train_parallel")
 
 STEPS = 4
 # float32 sums in another order (per-rank slices, all-reduce): ~2e-6 apart after 4 steps.
 PARAM_ATOL, LOSS_REL = 1e-5, 1e-5
+# Every step is clipped and AdamW is scale-free, so the update alone cannot tell an averaged
+# gradient from a summed or half-scaled one: the pre-clip norm (what the step reports) can.
+NORM_REL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def reference(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """One rank, plain DrafterTrainer: losses of steps 0..3, its state after 2 (on disk) and 4."""
+    """One rank, plain DrafterTrainer: losses and pre-clip gradient norms of steps 0..3, its
+    state after 2 (on disk) and 4."""
     threads = torch.get_num_threads()
     target, mask_id = dp_probe.tiny(str(model_cache))
     trainer = dp_probe.trainer_for(target, mask_id, None)
     halfway = tmp_path_factory.mktemp("reference") / "step2.pt"
-    losses = []
+    losses, norms = [], []
     for s in range(STEPS):
         if s == STEPS // 2:
             torch.save(copy.deepcopy(trainer.state_dict()), halfway)
-        losses.append(one_rank_step(trainer, target, s))
-    yield {"losses": losses, "state": trainer.state_dict(), "halfway": halfway,
-           "target": target}
+        metrics = one_rank_step(trainer, target, s)
+        losses.append(metrics.loss)
+        norms.append(metrics.grad_norm)
+    assert min(norms) > trainer.config.grad_clip   # clipped: the case the norms tell apart
+    yield {"losses": losses, "grad_norms": norms, "state": trainer.state_dict(),
+           "halfway": halfway, "target": target}
     torch.set_num_threads(threads)
 
 
-def one_rank_step(trainer: DrafterTrainer, target: torch.nn.Module, step: int) -> float:
+def one_rank_step(trainer: DrafterTrainer, target: torch.nn.Module, step: int) -> StepMetrics:
     rows = dp_probe.batch(step, target.config.vocab_size)
     layers = list(trainer.drafter.config.target_layer_ids)
-    return trainer.step(with_target_features(target, rows, layers)).loss
+    return trainer.step(with_target_features(target, rows, layers))
 
 
 def two_ranks(model_cache: Path, out: Path, first: int, steps: int, mode: str,
-              state: Path | None = None) -> tuple[list[float], dict]:
-    """Steps ``first..`` on two gloo ranks (DDP or FSDP2); rank 0's losses and trainer state."""
+              state: Path | None = None) -> tuple[dict[str, list[float]], dict]:
+    """Steps ``first..`` on two gloo ranks (DDP or FSDP2): rank 0's losses and pre-clip
+    gradient norms, and its trainer state at the end (each step's: ``out/state-N.pt``)."""
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "tests.dp_probe", str(model_cache), str(out), str(first), str(steps),
@@ -64,8 +75,30 @@ def two_ranks(model_cache: Path, out: Path, first: int, steps: int, mode: str,
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "DFLASH_TRAIN_PARALLEL": mode})
     assert result.returncode == 0, result.stderr[-4000:]
-    return (json.loads((out / "losses.json").read_text()),
-            torch.load(out / "state.pt", weights_only=True))
+    return (json.loads((out / "steps.json").read_text()),
+            torch.load(out / f"state-{first + steps}.pt", weights_only=True))
+
+
+@pytest.fixture(scope="module")
+def from_scratch(model_cache: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Callable[[str], tuple[dict[str, list[float]], dict, Path]]:
+    """Two ranks, steps 0..3, once per mode for the module (each launch costs a minute or
+    more on 2 busy cores): the steps, the final state and the folder of per-step states."""
+    runs: dict[str, tuple[dict[str, list[float]], dict, Path]] = {}
+
+    def run(mode: str) -> tuple[dict[str, list[float]], dict, Path]:
+        if mode not in runs:
+            out = tmp_path_factory.mktemp(f"two-ranks-{mode}")
+            runs[mode] = (*two_ranks(model_cache, out, 0, STEPS, mode), out)
+        return runs[mode]
+
+    return run
+
+
+def assert_same_steps(steps: dict[str, list[float]], reference: dict, first: int) -> None:
+    """Rank 0's losses and pre-clip gradient norms are one rank's, from step ``first`` on."""
+    assert steps["losses"] == pytest.approx(reference["losses"][first:], rel=LOSS_REL)
+    assert steps["grad_norms"] == pytest.approx(reference["grad_norms"][first:], rel=NORM_REL)
 
 
 def assert_same_trainer(state: dict, expected: dict) -> None:
@@ -86,27 +119,28 @@ MODES = pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 
 
 @MODES
-def test_two_ranks_train_the_drafter_one_rank_trains(reference: dict, model_cache: Path,
-                                                     tmp_path: Path, mode: str) -> None:
-    losses, state = two_ranks(model_cache, tmp_path, 0, STEPS, mode)
-    assert losses == pytest.approx(reference["losses"], rel=LOSS_REL)
+def test_two_ranks_train_the_drafter_one_rank_trains(reference: dict, from_scratch: Callable,
+                                                     mode: str) -> None:
+    steps, state, _ = from_scratch(mode)
+    assert_same_steps(steps, reference, 0)
     assert reference["losses"][-1] < reference["losses"][0]   # it trained at all
     assert_same_trainer(state, reference["state"])
 
 
 @MODES
 def test_checkpoints_move_between_two_ranks_and_one(reference: dict, model_cache: Path,
-                                                    tmp_path: Path, mode: str) -> None:
+                                                    from_scratch: Callable, tmp_path: Path,
+                                                    mode: str) -> None:
     # Written by 1 rank (after step 2), resumed by 2.
-    losses, state = two_ranks(model_cache, tmp_path / "up", STEPS // 2, STEPS // 2, mode,
-                              reference["halfway"])
-    assert losses == pytest.approx(reference["losses"][STEPS // 2:], rel=LOSS_REL)
+    steps, state = two_ranks(model_cache, tmp_path / "up", STEPS // 2, STEPS // 2, mode,
+                             reference["halfway"])
+    assert_same_steps(steps, reference, STEPS // 2)
     assert_same_trainer(state, reference["state"])
-    # Written by 2 ranks, resumed by 1.
-    _, state = two_ranks(model_cache, tmp_path / "down", 0, STEPS // 2, mode)
+    # Written by 2 ranks (after step 2), resumed by 1.
+    state = torch.load(from_scratch(mode)[2] / f"state-{STEPS // 2}.pt", weights_only=True)
     target = reference["target"]
     trainer = DrafterTrainer.from_state_dict(state, target)
-    losses = [one_rank_step(trainer, target, s) for s in range(STEPS // 2, STEPS)]
+    losses = [one_rank_step(trainer, target, s).loss for s in range(STEPS // 2, STEPS)]
     assert losses == pytest.approx(reference["losses"][STEPS // 2:], rel=LOSS_REL)
     assert_same_trainer(trainer.state_dict(), reference["state"])
 

@@ -37,7 +37,7 @@ def test_status_equals_cli_and_series_survive_a_redis_restart(
         assert {k: v for k, v in api.items() if k not in RATES} == \
             {k: v for k, v in cli.items() if k not in RATES}
         assert api["tokens"]["generated"] == cli["tokens"]["generated"] > 0
-        assert api["tokens"]["per_s"] == pytest.approx(cli["tokens"]["per_s"], rel=0.5)
+        assert api["tokens"]["per_s"] > 0 and cli["tokens"]["per_s"] > 0
 
         series = ui.json("/api/runs/live/series")
         assert series["samples_done"][-1] == series["totals"]["samples"] == 32

@@ -1,7 +1,9 @@
 """The run page in a real headless Chromium, against live runs (real Redis, Celery, moto S3).
 
 Screenshots go to the test's tmp directory (``screenshots/``; the path is printed): the page of
-a running run, of the same run done, the runs page, and a run paused by its quality gates.
+a running run, of the same run done, the runs page, and a run paused by its quality gates. The
+page rebuilds its panels on every refresh, so each check re-finds its elements inside a wait
+(:func:`tests.ui_support.wait_page`) and no element handle outlives one read.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import pytest
 from tests.browser import console_errors, ensure_chromium
 from tests.conftest import Pipeline, RedisServer, wait_until
 from tests.test_quality_e2e import degenerate_engine
-from tests.ui_support import Dashboard, running_ui, simulated_worker, write_prompts
+from tests.ui_support import (
+    Dashboard,
+    page_texts,
+    running_ui,
+    simulated_worker,
+    wait_page,
+    write_prompts,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +62,7 @@ def _shot(driver: object, tmp_path: Path, name: str) -> Path:
 
 
 def _text(driver: object, element_id: str) -> str:
+    """One read, for a :func:`wait_page` condition (which retries it if a refresh cuts in)."""
     from selenium.webdriver.common.by import By
 
     return driver.find_element(By.ID, element_id).text
@@ -60,8 +70,12 @@ def _text(driver: object, element_id: str) -> str:
 
 def _open(driver: object, ui: Dashboard, run: str) -> None:
     driver.get(f"{ui.url}/runs/{run}?refresh={REFRESH_S}")
-    wait_until(lambda: _text(driver, "samples-done") not in ("", "?"), 30,
-               "the page's first refresh")
+    wait_page(driver, lambda d: _text(d, "samples-done") not in ("", "?"), 30,
+              "the page's first refresh")
+
+
+def _shows(driver: object, element_id: str, expected: str, what: str) -> None:
+    wait_page(driver, lambda d: _text(d, element_id) == expected, ONE_REFRESH_S, what)
 
 
 def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_path: Path,
@@ -71,39 +85,47 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
         pipeline.cli("enqueue", "--input", write_prompts(tmp_path / "in.jsonl", 32), "--run",
                      "live", "--shard-size", "8", check=True)
         _open(browser, ui, "live")
-        shown: list[int] = []
+        shown: list[tuple[int, str]] = []
 
-        def moved() -> bool:
-            shown.append(int(_text(browser, "samples-done")))
-            return len({n for n in shown if 0 < n < 32}) >= 2
-        wait_until(moved, 120, "the page's sample count to change twice while the run goes",
-                   interval=0.3)
-        assert shown == sorted(shown)
-        assert _text(browser, "state") == "running"
+        def moved(d: object) -> bool:
+            done, state = page_texts(d, "samples-done", "state")
+            shown.append((int(done), state))
+            return len({n for n, _ in shown if 0 < n < 32}) >= 2
+        wait_page(browser, moved, 120,
+                  "the page's sample count to change twice while the run goes")
+        assert [n for n, _ in shown] == sorted(n for n, _ in shown)
+        assert {state for n, state in shown if 0 < n < 32} == {"running"}, shown
         _shot(browser, tmp_path, "running")
         # The page catches up with `status --json` within one refresh.
         cli = pipeline.status("live")["samples"]["done"]
-        wait_until(lambda: int(_text(browser, "samples-done")) >= cli, ONE_REFRESH_S,
-                   f"the page to show at least the {cli} samples status printed")
+        wait_page(browser, lambda d: int(_text(d, "samples-done")) >= cli, ONE_REFRESH_S,
+                  f"the page to show at least the {cli} samples status printed")
 
         pipeline.wait_done("live")
         final = pipeline.status("live")
-        wait_until(lambda: _text(browser, "state") == "done", ONE_REFRESH_S, "the page: done")
-        assert int(_text(browser, "samples-done")) == final["samples"]["done"] == 32
-        assert _text(browser, "samples-total") == "32"
-        assert _text(browser, "shard-counts").startswith("4/4 committed")
-        assert not browser.find_element("id", "paused").is_displayed()
-        cells = browser.find_elements("css selector", "#shard-grid .cell.committed")
-        assert len(cells) == 4
-        assert browser.find_elements("css selector", "#chart-throughput canvas")
+        assert final["samples"]["done"] == 32
+        _shows(browser, "state", "done", "the page: done")
+        _shows(browser, "samples-done", "32", "the page: 32 samples done")
+        _shows(browser, "samples-total", "32", "the page: 32 samples in all")
+        wait_page(browser, lambda d: _text(d, "shard-counts").startswith("4/4 committed"),
+                  ONE_REFRESH_S, "the page: 4/4 shards committed")
+        wait_page(browser, lambda d: not d.find_element("id", "paused").is_displayed(),
+                  ONE_REFRESH_S, "no paused banner")
+        wait_page(browser, lambda d: len(d.find_elements(
+            "css selector", "#shard-grid .cell.committed")) == 4, ONE_REFRESH_S,
+            "four committed cells in the shard grid")
+        wait_page(browser, lambda d: d.find_elements("css selector", "#chart-throughput canvas"),
+                  ONE_REFRESH_S, "the throughput chart")
         _shot(browser, tmp_path, "done")
         assert console_errors(browser) == []
 
         browser.get(f"{ui.url}/?refresh={REFRESH_S}")
-        row = '#runs tr[data-run="live"] td.samples'
-        wait_until(lambda: [e.text for e in browser.find_elements("css selector", row)]
-                   == ["32 / 32"], ONE_REFRESH_S, "the runs page to list the run, done")
-        assert "done" in browser.find_element("css selector", '#runs tr[data-run="live"]').text
+        row = '#runs tr[data-run="live"]'
+        wait_page(browser, lambda d: [e.text for e in d.find_elements(
+            "css selector", f"{row} td.samples")] == ["32 / 32"], ONE_REFRESH_S,
+            "the runs page to list the run, done")
+        wait_page(browser, lambda d: "done" in d.find_element("css selector", row).text,
+                  ONE_REFRESH_S, "the runs page: the run is done")
         _shot(browser, tmp_path, "runs")
         assert console_errors(browser) == []
 
@@ -137,21 +159,29 @@ def test_paused_run_shows_the_banner_with_the_resume_command(
                      "seed", "--shard-size", "20", check=True)
         wait_until(lambda: pipeline.state("seed") == "paused", 120, "the run to pause")
         _open(browser, ui, "seed")
-        wait_until(lambda: browser.find_element("id", "paused").is_displayed(), ONE_REFRESH_S,
-                   "the paused banner")
+        wait_page(browser, lambda d: d.find_element("id", "paused").is_displayed(),
+                  ONE_REFRESH_S, "the paused banner")
         status = pipeline.status("seed")
-        assert _text(browser, "resume-cmd") == "dflash-pipeline resume --run seed --accept-gates"
-        assert status["pause"]["reason"] in _text(browser, "paused")
-        wait_until(lambda: int(_text(browser, "samples-done")) == status["samples"]["done"],
-                   ONE_REFRESH_S, "the page to show the paused run's sample count")
-        assert _text(browser, "state") == "paused"
-        assert "too_few_tokens" in _text(browser, "reasons")
-        six = [b for b in browser.find_elements("css selector", "#histogram .hbar")
-               if b.text.split()[0] == "6"]
-        assert six and "below" in six[0].find_element("css selector", ".fill").get_attribute(
-            "class")
-        assert len(browser.find_elements("css selector", "#examples li")) >= 3
-        assert _text(browser, "histogram-source").startswith("live")
+        _shows(browser, "resume-cmd", "dflash-pipeline resume --run seed --accept-gates",
+               "the resume command")
+        wait_page(browser, lambda d: status["pause"]["reason"] in _text(d, "paused"),
+                  ONE_REFRESH_S, f"the banner to give the reason {status['pause']['reason']!r}")
+        _shows(browser, "samples-done", str(status["samples"]["done"]),
+               "the page to show the paused run's sample count")
+        _shows(browser, "state", "paused", "the page: paused")
+        wait_page(browser, lambda d: "too_few_tokens" in _text(d, "reasons"), ONE_REFRESH_S,
+                  "the reasons panel to name too_few_tokens")
+
+        def six_below(d: object) -> bool:
+            bars = [b for b in d.find_elements("css selector", "#histogram .hbar")
+                    if b.text.split()[:1] == ["6"]]
+            return bool(bars) and "below" in bars[0].find_element(
+                "css selector", ".fill").get_attribute("class")
+        wait_page(browser, six_below, ONE_REFRESH_S, "the 6-token bar marked below the gate")
+        wait_page(browser, lambda d: len(d.find_elements("css selector", "#examples li")) >= 3,
+                  ONE_REFRESH_S, "three examples or more")
+        wait_page(browser, lambda d: _text(d, "histogram-source").startswith("live"),
+                  ONE_REFRESH_S, "the histogram to say it is live")
         _shot(browser, tmp_path, "paused")
         assert console_errors(browser) == [], json.dumps(console_errors(browser))
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,3 +88,32 @@ def simulated_worker(pipeline: Pipeline, model_cache: Path, *sim_args: str) -> I
                            *sim_args) as url:
         pipeline.start_worker("gen", "--engine", "sglang", "--engine-url", url)
         yield url
+
+
+# The page's refresh rebuilds its panels: an element found before it is stale after it. So a
+# test never keeps a handle; every read re-finds its element, inside a wait that retries a read
+# that a refresh cut short.
+def wait_page(driver: object, condition: Callable[[object], object], timeout: float,
+              what: str) -> object:
+    """Poll ``condition(driver)`` until truthy (a stale or missing element counts as not yet)."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException))
+    try:
+        return wait.until(condition)
+    except TimeoutException:
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}") from None
+
+
+def page_texts(driver: object, *element_ids: str) -> list[str | None]:
+    """The visible texts of several elements read in one script, so all from the same refresh
+    (None for an element the page does not have)."""
+    return driver.execute_script(
+        "return arguments[0].map(id => { const e = document.getElementById(id);"
+        " return e ? e.innerText.trim() : null; });", list(element_ids))
