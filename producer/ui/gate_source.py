@@ -1,11 +1,11 @@
 """The gate panels' figures from storage, when Redis has no live run monitor (gone or wiped).
 
-The same reader as the monitor's own rebuild (:func:`common.monitor.judged_samples`, the pause
-and resume records): every stored sample once, in the order the gates judged it. From it come
-what the monitor would hold in Redis: the supervised-token histogram, the newest
+The same reader as the monitor's own rebuild (:mod:`common.monitor_rebuild`: every commit's
+summary, the parts of uncommitted shards only, and the pause and resume records), so the panels
+show what the monitor would hold in Redis: the supervised-token histogram, the newest
 ``EXAMPLES`` rejected samples per reason and the rolling window (the newest ``pause_after``
-outcomes since the last ``resume --accept-gates``). Parts are put-once, so the result is
-reused until the set of stored parts changes.
+outcomes since the last ``resume --accept-gates``). Commits and parts are put-once, so the
+result is reused until one listing pass finds a new one.
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import keys
+from common.commit_cache import RunListing
 from common.gates import GateConfig
-from common.monitor import EXAMPLES, example, gate_events, judged_samples
+from common.monitor import resume_state
+from common.monitor_rebuild import shard_summaries
+from common.partstats import EXAMPLE_FIELDS
+from common.run_summary import RunSummary
 from common.storage import Storage
 
 
@@ -32,43 +35,39 @@ class StoredGates:
 
 @dataclass
 class GateSource:
-    """One run's stored gate figures, read again only when new parts appear."""
+    """One run's stored gate figures, read again only when new commits or parts appear."""
 
     storage: Storage
     run: str
-    _parts: frozenset[str] | None = None
+    _seen: tuple[frozenset[str], frozenset[str]] | None = None
     _last: StoredGates | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def read(self, gates: GateConfig) -> StoredGates:
-        parts = frozenset(key for prefix in (keys.generated_prefix(self.run),
-                                             keys.rejected_prefix(self.run))
-                          for key in self.storage.list(prefix)
-                          if keys.part_number(key) is not None)
+        listing = RunListing.of(self.storage, self.run)
+        seen = (frozenset(listing.commits.values()),
+                frozenset(k for part_keys in listing.parts.values() for k in part_keys))
         with self._lock:
-            if self._last is None or parts != self._parts:
-                self._last, self._parts = stored_gates(self.storage, self.run, gates), parts
+            if self._last is None or seen != self._seen:
+                self._last = stored_gates(self.storage, self.run, gates, listing)
+                self._seen = seen
             return self._last
 
 
-def stored_gates(storage: Storage, run: str, gates: GateConfig) -> StoredGates:
+def stored_gates(storage: Storage, run: str, gates: GateConfig,
+                 listing: RunListing | None = None) -> StoredGates:
     """Histogram, examples and window as :func:`common.monitor.rebuild` would put them back."""
-    resumes = [record for kind, record in gate_events(storage, run) if kind == "resume"]
-    size = int((resumes[-1] if resumes else {}).get("pause_after") or gates.pause_after)
-    accepted_at = max((int(r.get("checked", 0)) for r in resumes if r.get("accepted")), default=0)
-    samples, _ = judged_samples(storage, run)
-    histogram = Counter(t for s in samples for t in s["quality"]["supervised_tokens"])
-    examples: dict[str, list[dict[str, Any]]] = {}
-    for sample in reversed(samples):  # newest first, as the monitor keeps them
-        if not sample["quality"]["passed"]:
-            for reason in sample["quality"]["reasons"]:
-                shown = examples.setdefault(reason, [])
-                if len(shown) < EXAMPLES:
-                    shown.append(example(sample))
-    recent = [0 if s["quality"]["passed"] else 1 for s in reversed(samples)]
-    recent = recent[:max(min(size, len(samples) - accepted_at), 0)]
+    _, _, size, accepted_at = resume_state(storage, run, gates)
+    total = RunSummary()
+    for shard, summary, committed in shard_summaries(storage, run,
+                                                     listing or RunListing.of(storage, run)):
+        total.add(shard, summary, committed)
+    examples = {reason: [{k: view[k] for k in EXAMPLE_FIELDS}
+                         for view in total.newest_examples(reason)]
+                for reason in total.examples}
+    recent = total.window(min(size, max(total.judged - accepted_at, 0)))
     window = None
     if recent:
         window = {"size": len(recent), "rejected": sum(recent),
                   "rate": round(sum(recent) / len(recent), 4)}
-    return StoredGates(histogram, examples, window)
+    return StoredGates(Counter(total.hist), examples, window)
