@@ -29,7 +29,9 @@ from tests.ui_support import (
 pytestmark = pytest.mark.e2e
 
 REFRESH_S = 1.0
-ONE_REFRESH_S = REFRESH_S + 4.0  # the poll, plus the page's five API calls on 2 busy cores
+# A bound on waits for what the next refresh shows, not a timing check: generous enough for the
+# page's five API calls on 2 cores under other load; a page that stopped refreshing still fails.
+ONE_REFRESH_S = REFRESH_S + 30.0
 
 
 @pytest.fixture
