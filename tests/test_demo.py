@@ -21,6 +21,7 @@ from tests.conftest import MT_BENCH, ROOT
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(1800)  # 80 conversations, the report and a rerun, on 2 busy cores
 def test_quick_demo_commits_all_80_mt_bench_questions(model_cache: Path,
                                                       tmp_path: Path) -> None:
     out = tmp_path / "demo"

@@ -25,14 +25,14 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.timeout(1800)  # the whole demo, trainer included, on 2 busy cores
 def test_demo_starts_the_dashboard_and_prints_its_url(model_cache: Path, tmp_path: Path) -> None:
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1",
-           **SHORT_TRAIN}
+           **SHORT_TRAIN, "DFLASH_TRAIN_MIN_SUPERVISED_TOKENS": "8"}  # short answers train too
     port = free_port()
     log = tmp_path / "demo.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out",
              str(tmp_path / "demo"), "--input", write_prompts(tmp_path / "in.jsonl", 8),
-             "--shard-size", "2", "--max-new-tokens", "48", "--ui-port", str(port),
+             "--shard-size", "2", "--max-new-tokens", "64", "--ui-port", str(port),
              "--eval-prompts", "2", "--eval-max-new-tokens", "16"],
             env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -55,8 +55,12 @@ def test_demo_starts_the_dashboard_and_prints_its_url(model_cache: Path, tmp_pat
         assert wait_until(status, 60, "the dashboard to serve the demo run")["run"] == \
             "mt-bench-demo"
         # The Downstream panel's figures: the online run's trainer, live (not "hidden 0 / N").
-        down = wait_until(lambda: (s := status()) and s["downstream"]["train"].get("step")
-                          and s["downstream"], 600, "the dashboard to show a training step")
+        def training_shown() -> dict | None:
+            assert proc.poll() is None, log.read_text()[-3000:]  # the demo still serving
+            shown = status()
+            return shown["downstream"] if shown and shown["downstream"]["train"].get(
+                "step") else None
+        down = wait_until(training_shown, 600, "the dashboard to show a training step")
         assert down["mode"] == "online" and down["stage"] == "train"
         assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     finally:
