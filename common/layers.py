@@ -55,7 +55,7 @@ STRATEGIES = (SPREAD, FULL_ATTENTION, AFTER_FULL)
 DEFAULT_K = 5
 # Chosen by benchmarks/target_layers.py on the tiny hybrid (README, "Target layers for hybrid
 # targets"); a dense target keeps the DFlash spread.
-HYBRID_DEFAULT = FULL_ATTENTION
+HYBRID_DEFAULT = AFTER_FULL
 
 
 def spread(candidates: Sequence[int], k: int) -> list[int]:

@@ -149,7 +149,7 @@ def main() -> None:
 @click.option("--target-layers", default=None, envvar="DFLASH_TARGET_LAYERS",
               help="Target layers of the dflash layout: K (the DFlash spread of K layers), a "
                    "comma list of layer ids, or dflash|full-attention|after-full[:K] "
-                   "[default: dflash (5 layers) on a dense target, full-attention on a hybrid].")
+                   "[default: dflash (5 layers) on a dense target, after-full on a hybrid].")
 @click.option("--heldout-fraction", type=click.FloatRange(0, 1, max_open=True),
               default=HELDOUT_FRACTION, show_default=True, envvar="DFLASH_HELDOUT_FRACTION",
               help="Samples (by id hash) never trained on, decoded by eval-drafter.")

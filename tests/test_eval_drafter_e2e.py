@@ -121,7 +121,7 @@ def test_eval_drafter_on_a_hybrid_target(pipeline: Pipeline, tmp_path: Path,
     pipeline.cli("enqueue", "--input", src, "--run", "hy", "--model", HYBRID, "--mode",
                  "online", "--heldout-min", "3", check=True)
     run = json.loads(open_storage(pipeline.env["DFLASH_STORAGE"]).get(keys.run_config("hy")))
-    assert run["target_layer_ids"] == [3, 7]        # the hybrid default: full-attention layers
+    assert run["target_layer_ids"] == [4]     # the hybrid default: the layer after full attention
     target, tokenizer = load_target(ensure_tiny_model(model_cache, HYBRID))
     drafter = DFlashDraftModel.for_target(target, add_mask_token(tokenizer, target),
                                           layer_ids=run["target_layer_ids"], init_seed=1)

@@ -36,7 +36,7 @@ def test_named_strategies_read_the_layer_kinds() -> None:
     assert resolve_target_layers("full-attention", tiny) == [3, 7]
     assert resolve_target_layers("after-full", tiny) == [4]      # nothing after the last layer
     assert resolve_target_layers("1, 4,6", tiny) == [1, 4, 6]
-    assert resolve_target_layers(None, tiny) == resolve_target_layers("full-attention", tiny)
+    assert resolve_target_layers(None, tiny) == resolve_target_layers("after-full", tiny)
 
 
 @pytest.mark.parametrize(("spec", "words"), [
