@@ -31,7 +31,7 @@ from typing import Any
 import click
 
 from common.cli import setting_option
-from common.config import TINY_MODEL, Settings
+from common.config import Settings
 from common.errors import ConfigError
 from common.preflight import (
     CheckResult,
@@ -56,9 +56,9 @@ _DOWNLOAD_FIX = ("download it first (e.g. `huggingface-cli download Qwen/Qwen3-8
 def target_dir(settings: Settings) -> tuple[Path, bool]:
     """The target model's directory and whether it is there (the tiny model may be unbuilt)."""
     if settings.model_is_tiny:
-        from embedded.tinymodel import READY_MARKER, TINY_MODEL_VERSION
+        from embedded.tinyconsts import READY_MARKER, tiny_model_dir
 
-        path = Path(settings.cache_dir) / f"tiny-qwen3-{TINY_MODEL_VERSION}"
+        path = tiny_model_dir(settings.cache_dir, settings.model)
         return path, (path / READY_MARKER).is_file()
     path = Path(settings.model).expanduser()
     return path, path.is_dir()
@@ -69,8 +69,8 @@ def check_model(settings: Settings) -> CheckResult:
     path, present = target_dir(settings)
     if settings.model_is_tiny and not present:
         return CheckResult("model", ok=True, warn=True,
-                           detail=f"{TINY_MODEL} is not cached in {settings.cache_dir}: "
-                                  "will be built on first use (~1 min)",
+                           detail=f"{settings.model} is not cached in {settings.cache_dir}: "
+                                  "will be built on first use (1-3 min)",
                            fix="nothing to do; set DFLASH_CACHE_DIR to share one cache")
     return check_model_dir(path)
 
@@ -250,7 +250,8 @@ def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
     """The ``doctor`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command()
-    @setting_option("model", help="Target model directory (tiny-qwen3: the embedded CPU model).")
+    @setting_option("model", help="Target model directory, or an embedded CPU model: tiny-qwen3 "
+                "(dense) or tiny-qwen3.5 (hybrid).")
     @click.option("--gpus", callback=_parse_gpus, default=None,
                   help="Comma-separated GPU indices to check [default: all visible].")
     @click.option("--drafter", type=click.Path(path_type=Path), default=None,
