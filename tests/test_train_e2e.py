@@ -34,10 +34,10 @@ def adam_steps(state: dict) -> set[int]:
 
 def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path: Path,
                                                     target_model: TinyTarget) -> None:
+    """Enqueue (context checked from the target's settings), generate, train with the periodic
+    eval on, kill -9 the trainer, export, doctor --drafter, eval-drafter: on both targets."""
     pipeline.env["DFLASH_MODEL"] = target_model.name
-    # The speculative loop is not lossless on a hybrid target yet (its recurrent state keeps
-    # rejected draft tokens; fixed in workers/train/drafter/specdec.py): no periodic eval there.
-    evals = {"DFLASH_TRAIN_EVAL_STEPS": "0"} if target_model.hybrid else {}
+    evals = {"DFLASH_TRAIN_EVAL_STEPS": "2"}
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
     victim = start_train_worker(pipeline, "trainer", **evals)
@@ -70,6 +70,8 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     commit = json.loads(storage.get(keys.drafter_checkpoint("on", final, "_COMMIT.json")))
     assert commit["metrics"]["loss"] and json.loads(storage.get(keys.drafter_latest("on"))) \
         ["step"] == final
+    # The eval ran after the checkpoint was written and measured tau at that step.
+    assert float(commit["metrics"]["tau"]) >= 1.0 and not commit["metrics"].get("eval_error")
 
     out = tmp_path / "export"
     result = pipeline.cli("export-drafter", "--run", "on", "--out", str(out), "--json",
@@ -83,6 +85,16 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     weights = load_file(str(out / "model.safetensors"))
     assert not [k for k in weights if "embed_tokens" in k or "lm_head" in k]
     assert torch.equal(weights["fc.weight"].float(), state["drafter"]["fc.weight"].float())
+
+    measured = json.loads(pipeline.cli("eval-drafter", "--run", "on", "--drafter", str(out),
+                                       "--max-new-tokens", "32", "--json", check=True).stdout)
+    assert measured["lossless"]["checked"] >= 1 and measured["lossless"]["mismatches"] == []
+    if target_model.hybrid:   # its mask token takes a spare row: the export serves as it is
+        doctor = pipeline.cli("doctor", "--json", "--drafter", str(out))
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        checks = json.loads(doctor.stdout)["checks"]
+        rows = {c["status"] for c in checks if c["name"].startswith("drafter")}
+        assert rows == {"PASS"}, checks
 
 
 def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tmp_path: Path
