@@ -36,8 +36,10 @@ from common.records import ShardTask
 QUEUE_SCAN_MAX = 2000
 """Longer queues are not read: their markers are trusted until the queue is shorter."""
 
-RETRY_POLICY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 1, "interval_max": 5}
-"""Waits out a broker restart of about five minutes before the publish fails."""
+RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2}
+"""Rides out a broker blip of a few seconds, then fails: the CLI exits with one line, and a
+worker's hand-off is healed by the reconciler from storage, so nobody waits on a dead broker
+(the policy also covers Celery's task-sent event, published the same way)."""
 
 QUEUED, RETRY, STARTED = "queued", "retry", "started"
 
