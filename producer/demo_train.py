@@ -107,7 +107,9 @@ def train_detail(down: dict[str, Any]) -> str:
     if "step" not in train:
         return "waiting for the first committed shard"
     tau = f" | tau {down['tau']:.3f} at step {down['tau_step']}" if down.get("tau") else ""
-    return f"step {train['step']} | loss {float(train['loss']):.3f}{tau}"
+    # A checkpoint's eval can record tau before the first optimizer step records a loss.
+    loss = f" | loss {float(train['loss']):.3f}" if train.get("loss") not in (None, "") else ""
+    return f"step {train['step']}{loss}{tau}"
 
 
 def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str, prompts: int,
