@@ -216,8 +216,12 @@ def _ensure_in_child(cache_dir: Path, results: multiprocessing.Queue) -> None:
 
 
 def test_cached_call_is_fast_and_concurrent_builds_share_one_dir(
-    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The dense build (the hybrid's shares the same lock and cache code)."""
+    from embedded.tinyconsts import tiny_model_dir
+
+    tiny_path = tiny_model_dir(model_cache)
     def no_build(_: Path) -> None:
         raise AssertionError("a cached model was built again")
 
