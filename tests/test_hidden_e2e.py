@@ -14,6 +14,7 @@ import torch
 from common import keys
 from common.hidden_store import iter_hidden_records
 from common.layers import layer_ids
+from common.runstore import RunStore
 from common.storage import open_storage
 from common.target import TargetShape
 from tests.conftest import HYBRID, Pipeline, TinyTarget, wait_until
@@ -57,7 +58,8 @@ def test_hidden_states_match_a_direct_forward(pipeline: Pipeline, tmp_path: Path
                480 if target_model.hybrid else 240, "2 hidden commits")
 
     model = AutoModelForCausalLM.from_pretrained(target_model.path).eval()
-    layers = layer_ids(layout, TargetShape.of(model).num_layers, 5)
+    frozen = RunStore(storage, layout).config().target_layer_ids   # dflash: resolved at enqueue
+    layers = frozen or layer_ids(layout, TargetShape.of(model).num_layers, 5)
     samples = {s["id"]: s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], layout)
                if s["quality"]["passed"]}
     records = list(iter_hidden_records(storage, layout))
