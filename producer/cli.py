@@ -19,9 +19,9 @@ from common.cli import common_options, setting_option, setup_logging
 from common.config import Settings, env_name, load_settings
 from common.errors import DflashError
 from common.gates import GateConfig
+from common.inputs.layouts import FORMATS
 from common.records import Sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
-from producer.layouts import FORMATS
 
 EXIT_FAILURE, EXIT_REJECTED = 1, 3
 

@@ -18,6 +18,8 @@ from common import keys
 from common.config import Settings, env_name
 from common.errors import ConfigError, InputError
 from common.gates import GateConfig
+from common.inputs.layouts import FORMATS, template_fields
+from common.inputs.sources import is_glob
 from common.layers import DEFAULT_K, resolve_target_layers
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
@@ -26,8 +28,6 @@ from common.storage import Storage
 from common.target import TargetShape
 from producer.enqueue import EnqueueReport
 from producer.fit import ContextCheck
-from producer.layouts import FORMATS, template_fields
-from producer.sources import is_glob
 from producer.status import StatusReader
 
 log = logging.getLogger(__name__)

@@ -20,13 +20,13 @@ from common import keys
 from common.celery_app import GENERATE
 from common.dispatch import publish_shard
 from common.errors import BadRow
+from common.inputs.intake import Intake, Item, RowCheck
+from common.inputs.rows import IdRegistry
 from common.reconcile import Flags, reconcile
 from common.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
 from common.runstore import RunStore
 from common.splits import HeldoutPicker
 from common.storage import Storage
-from producer.intake import Intake, Item, RowCheck
-from producer.rows import IdRegistry
 
 log = logging.getLogger(__name__)
 

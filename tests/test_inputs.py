@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.inputs.intake import Intake
+from common.inputs.sources import expand_inputs
 from common.records import RunConfig
-from producer.intake import Intake
-from producer.sources import expand_inputs
 
 
 def user(text: str) -> dict[str, str]:

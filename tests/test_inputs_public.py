@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError, InputError
-from producer.layouts import normalize_row, template_fields
+from common.inputs.layouts import normalize_row, template_fields
 from tests.test_inputs import config, intake_rows, system, user, write
 
 

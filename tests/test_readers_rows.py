@@ -1,4 +1,4 @@
-"""Tests for producer.readers (files, S3, streaming) and producer.rows (formats, reasons, ids)."""
+"""Tests for common.inputs.readers (files, S3, streaming) and .rows (formats, reasons, ids)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import zstandard
 
 from common.errors import BadRow, ConfigError, InputError
-from producer.layouts import normalize
-from producer.readers import RawRecord, iter_records, split_lines
-from producer.rows import Conversation, IdRegistry
+from common.inputs.layouts import normalize
+from common.inputs.readers import RawRecord, iter_records, split_lines
+from common.inputs.rows import Conversation, IdRegistry
 
 U = {"role": "user", "content": "hi"}
 A = {"role": "assistant", "content": "a"}

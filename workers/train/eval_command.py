@@ -124,8 +124,8 @@ def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
     from workers.train.evaluation import heldout_prompts, row_prompts
 
     if path is not None:
-        # The producer's reader: every file layout enqueue accepts, with the run's settings.
-        from producer.intake import Intake
+        # The shared input reader: every file layout enqueue accepts, with the run's settings.
+        from common.inputs.intake import Intake
 
         intake = Intake(replace(config, input=[path], limit=None))
         rows, errors = [], []

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import InputError
-from producer.readers import SUPPORTED_EXTENSIONS, detect_kind
+from common.inputs.readers import SUPPORTED_EXTENSIONS, detect_kind
 
 _GLOB_CHARS = frozenset("*?[")
 

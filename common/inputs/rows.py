@@ -1,5 +1,5 @@
 """Row validation primitives: the :class:`Conversation` a row becomes, ids, text checks,
-message parsing and grouping; ``producer.layouts`` uses them for every row layout.
+message parsing and grouping; ``common.inputs.layouts`` uses them for every row layout.
 
 Assistant messages are dropped (the target model regenerates them); system and user messages
 are kept and grouped into ``turns``, one group per assistant reply to generate.

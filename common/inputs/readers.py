@@ -1,10 +1,10 @@
 """Streaming readers that turn an input file (local or ``s3://``) into numbered raw records.
 
-``enqueue`` calls :func:`iter_records` once per input file (``producer.sources`` expands what
-``--input`` names into files) and feeds each :class:`RawRecord` to ``producer.layouts``.
+``enqueue`` calls :func:`iter_records` once per input file (``common.inputs.sources`` expands what
+``--input`` names into files) and feeds each :class:`RawRecord` to ``common.inputs.layouts``.
 JSONL (plain, ``.gz``, ``.zst``), Parquet and Arrow are streamed, so memory
 stays flat however many rows there are; a ``.json`` array is loaded whole
-(``producer.json_rows``: each element with the file line it starts on).
+(``common.inputs.json_rows``: each element with the file line it starts on).
 Problems with one JSONL line come back as a record with ``error`` set; problems with the whole
 file raise :class:`common.errors.InputError` -- at call time for a missing file or an unknown
 extension, during iteration for unreadable content (corrupt Parquet, a broken JSON array,
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from common.errors import InputError
-from producer.json_rows import BOM, located_rows
+from common.inputs.json_rows import BOM, located_rows
 
 CHUNK_SIZE = 1 << 20
 PARQUET_BATCH_ROWS = 1024

@@ -20,10 +20,10 @@ layout          row                                                         prom
                 ``text`` (or ``--prompt-field``)
 ==============  ==========================================================  ===================
 
-Fields beside the turns add to them (``producer.extras``): ``system``, ``tools`` and
+Fields beside the turns add to them (``common.inputs.extras``): ``system``, ``tools`` and
 ``history``. ``--prompt-template`` (a format string over the row's fields, e.g.
 ``"{instruction}\\n\\n{context}"``) replaces the detection. A field with text of any type
-(``producer.fields``) that the layout does not use (other than reference answers such as
+(``common.inputs.fields``) that the layout does not use (other than reference answers such as
 ``output``/``response``/``answer`` and plain metadata such as ``category``) is reported; with
 ``strict`` the row is rejected instead, so no prompt text is ever dropped silently.
 """
@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.errors import BadRow, ConfigError
-from producer.extras import history_turns, nonempty, user_turn, with_system, with_tools
-from producer.fields import has_text, match_case, unused_fields
-from producer.rows import (
+from common.inputs.extras import history_turns, nonempty, user_turn, with_system, with_tools
+from common.inputs.fields import has_text, match_case, unused_fields
+from common.inputs.rows import (
     ANSWER_FIELDS,
     ID_FIELDS,
     OPENAI_ROLES,
@@ -49,7 +49,7 @@ from producer.rows import (
     sample_id,
     type_name,
 )
-from producer.templates import from_template, template_fields
+from common.inputs.templates import from_template, template_fields
 
 FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "ultrachat", "instances", "dolly",
            "alpaca", "prompt")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from producer.rows import ANSWER_FIELDS, ID_FIELDS
+from common.inputs.rows import ANSWER_FIELDS, ID_FIELDS
 
 # Short labels that describe a row rather than ask anything; never reported as unused text.
 METADATA_FIELDS = frozenset({"category", "source", "dataset", "subset", "split", "name", "task",

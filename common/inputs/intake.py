@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import BadRow, InputError
+from common.inputs.fields import example_of
+from common.inputs.layouts import normalize_row
+from common.inputs.readers import RawRecord, iter_records
+from common.inputs.sources import InputFile, expand_inputs
 from common.records import RunConfig
 from common.storage import s3_client
-from producer.fields import example_of
-from producer.layouts import normalize_row
-from producer.readers import RawRecord, iter_records
-from producer.sources import InputFile, expand_inputs
 
 log = logging.getLogger(__name__)
 

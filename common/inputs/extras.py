@@ -4,7 +4,7 @@
   message, the field is reported as unused (``--strict-fields`` rejects the row) rather than
   one of the two dropped silently.
 - ``tools`` (the function definitions of tool-use rows, a list or its JSON text): added to the
-  system message as Qwen3's chat template writes them (:func:`producer.rows.tools_text`).
+  system message as Qwen3's chat template writes them (:func:`common.inputs.rows.tools_text`).
 - ``history`` (LLaMA-Factory's ``[[user, assistant], ...]`` pairs beside a single prompt): the
   earlier turns; its user messages come first, its assistant ones are regenerated like any other.
 """
@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from common.errors import BadRow
-from producer.rows import check_text, tools_text, type_name
+from common.inputs.rows import check_text, tools_text, type_name
 
 Turns = list[list[dict]]
 
