@@ -338,9 +338,9 @@ def dump_json(obj: Any) -> None:
 
 
 # doctor receives common_options rather than importing this module, so there is no import cycle.
-from producer.doctor import doctor_command  # noqa: E402
+from producer.doctor.command import doctor_command  # noqa: E402
+from producer.doctor.serve_command import serve_command_command  # noqa: E402
 from producer.plan import plan_storage  # noqa: E402
-from producer.serve_command import serve_command_command  # noqa: E402
 
 main.add_command(doctor_command(common_options))
 main.add_command(serve_command_command(common_options))

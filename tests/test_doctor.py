@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.config import load_settings
-from producer.doctor import check_model, check_model_dir
+from producer.doctor.command import check_model, check_model_dir
 from tests.conftest import ROOT, RedisServer, free_port
 
 STORAGE_FIX = "check AWS credentials / bucket exists / AWS_ENDPOINT_URL"

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.drafter_check import check_drafter, expected_tensors
 from embedded.tinymodel import ensure_tiny_model
+from producer.doctor.drafter_check import check_drafter, expected_tensors
 from tests.conftest import ROOT, RedisServer
 from workers.train.drafter.demo import load_target
 from workers.train.drafter.export import export_drafter

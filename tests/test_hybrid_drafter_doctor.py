@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.drafter_check import check_drafter
 from common.target import TargetShape
 from embedded.tinymodel import ensure_tiny_model
+from producer.doctor.drafter_check import check_drafter
 from tests.conftest import RedisServer
 from tests.test_drafter_doctor import doctor
 from workers.train.drafter.export import export_drafter, load_drafter, target_dtype

@@ -116,7 +116,7 @@ class FakeNvmlHost(FakeNvml):
 
 
 def test_gpu_host_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    from common.gpu_host import check_nvml
+    from producer.doctor.gpu_host import check_nvml
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     [row] = check_nvml()

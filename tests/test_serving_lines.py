@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from common.config import load_settings
-from common.gpu_host import check_mamba_cache
 from common.serving import (
     dflash_engine_args,
     flags_of,
@@ -24,6 +23,7 @@ from common.serving import (
     spec_settings,
 )
 from common.target import TargetShape
+from producer.doctor.gpu_host import check_mamba_cache
 from tests.conftest import ROOT
 from tests.test_sglang_pin import pinned
 from workers.generate.engines.server import server_command

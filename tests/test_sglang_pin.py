@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from common.gpu_host import check_sglang, pinned_sglang_version
+from producer.doctor.gpu_host import check_sglang, pinned_sglang_version
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = re.compile(r"lmsysorg/sglang:v(\d+(?:\.\d+)*(?:\.post\d+)?)")

@@ -1,6 +1,6 @@
 """Check a DFlash drafter export against its target before SGLang serves it.
 
-    from common.drafter_check import check_drafter
+    from producer.doctor.drafter_check import check_drafter
     for r in check_drafter(Path("out/drafter"), Path("/models/Qwen3-8B")):
         print(r.status, r.name, r.detail, r.fix)
 

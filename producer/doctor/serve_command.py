@@ -44,7 +44,6 @@ def drafter_block_size(drafter: Path) -> int:
 def build(settings: Settings, kind: str, drafter: Path | None, max_running_requests: int,
           host: str = "127.0.0.1") -> dict[str, Any]:
     """The launch line of ``kind`` for the configured target, with doctor's mamba warning."""
-    from common.gpu_host import check_mamba_cache
     from common.serving import (
         dflash_engine_args,
         launch_argv,
@@ -52,7 +51,8 @@ def build(settings: Settings, kind: str, drafter: Path | None, max_running_reque
         shell_line,
     )
     from common.target import TargetShape
-    from producer.doctor import target_dir
+    from producer.doctor.gpu_host import check_mamba_cache
+    from producer.doctor.target import target_dir
 
     path, present = target_dir(settings)
     if not present:

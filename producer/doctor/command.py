@@ -9,10 +9,10 @@ Exit code 0 when no check FAILs (WARN is fine), 1 otherwise. ``--json`` prints o
 ``{"ok": bool, "checks": [{"name", "status", "ok", "warn", "detail", "fix"}]}``. ``producer.cli``
 registers the command with ``main.add_command(doctor_command(common_options))``. On a GPU host
 it also reports SGLang (installed, importable, the pinned release), NVML and each GPU's free
-memory (:mod:`common.gpu_host`), and for a hybrid (Qwen3.5/3.6) target served with DFLASH
-whether SGLang's mamba state cache would cap its concurrency; ``--drafter`` adds the export
-checks of :mod:`common.drafter_check` against the target and, when they pass, the DFLASH launch
-line (``serve-command dflash``).
+memory (:mod:`producer.doctor.gpu_host`), and for a hybrid (Qwen3.5/3.6) target served with
+DFLASH whether SGLang's mamba state cache would cap its concurrency; ``--drafter`` adds the export
+checks of :mod:`producer.doctor.drafter_check` against the target and, when they pass, the
+DFLASH launch line (``serve-command dflash``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from common.preflight import (
     no_driver_result,
     visible_gpus,
 )
+from producer.doctor.target import target_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +52,6 @@ EXIT_FAILURE = 1  # as in producer.cli, which this module must not import (it im
 _STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 _DOWNLOAD_FIX = ("download it first (e.g. `huggingface-cli download Qwen/Qwen3-8B --local-dir "
                  "DIR`) and pass --model DIR / DFLASH_MODEL")
-
-
-def target_dir(settings: Settings) -> tuple[Path, bool]:
-    """The target model's directory and whether it is there (the tiny model may be unbuilt)."""
-    if settings.model_is_tiny:
-        from embedded.tinyconsts import READY_MARKER, tiny_model_dir
-
-        path = tiny_model_dir(settings.cache_dir, settings.model)
-        return path, (path / READY_MARKER).is_file()
-    path = Path(settings.model).expanduser()
-    return path, path.is_dir()
 
 
 def check_model(settings: Settings) -> CheckResult:
@@ -77,7 +67,7 @@ def check_model(settings: Settings) -> CheckResult:
 
 def check_drafter_export(settings: Settings, drafter: Path) -> list[CheckResult]:
     """The drafter export rows, against the configured target."""
-    from common.drafter_check import check_drafter
+    from producer.doctor.drafter_check import check_drafter
 
     path, present = target_dir(settings)
     if not present:
@@ -91,7 +81,7 @@ def check_drafter_export(settings: Settings, drafter: Path) -> list[CheckResult]
 
 def serve_line(settings: Settings, drafter: Path) -> CheckResult:
     """The DFLASH launch line for a drafter that passed its checks (``serve-command dflash``)."""
-    from producer.serve_command import build
+    from producer.doctor.serve_command import build
 
     line = build(settings, "dflash", drafter, settings.max_in_flight)
     return CheckResult("drafter serve line", ok=True, detail=line["command"],
@@ -111,9 +101,9 @@ def _gpu_host(settings: Settings) -> bool:
 
 def check_mamba(settings: Settings, drafter: Path | None) -> list[CheckResult]:
     """On a GPU host serving a hybrid target with DFLASH: would the mamba cache cap it?"""
-    from common.gpu_host import check_mamba_cache
     from common.target import TargetShape
-    from producer.serve_command import drafter_block_size
+    from producer.doctor.gpu_host import check_mamba_cache
+    from producer.doctor.serve_command import drafter_block_size
 
     path, present = target_dir(settings)
     if not present or not (path / "config.json").is_file() or not _gpu_host(settings):
@@ -182,7 +172,7 @@ def check_redis_binary() -> CheckResult:
 def run_checks(settings: Settings, gpus: list[int] | None,
                drafter: Path | None = None) -> list[CheckResult]:
     """Every check, in the order a deployment needs them; one broken check never hides others."""
-    from common.gpu_host import check_nvml, check_sglang
+    from producer.doctor.gpu_host import check_nvml, check_sglang
 
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("redis", lambda: check_redis(settings.broker_url)),

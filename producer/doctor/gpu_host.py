@@ -1,6 +1,6 @@
 """What a GPU host needs before ``--engine sglang``: SGLang at the pinned release, NVML, memory.
 
-    from common.gpu_host import check_sglang, check_nvml
+    from producer.doctor.gpu_host import check_sglang, check_nvml
     for r in [check_sglang(), *check_nvml()]:
         print(r.status, r.name, r.detail, r.fix)
 
