@@ -12,7 +12,6 @@ the lossless count and the paths, and stops what it started. ``--quick`` runs ge
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import shutil
@@ -31,24 +30,15 @@ import redis
 from common.config import load_settings
 from common.errors import ConfigError
 from common.records import RunState
+from producer.children import die_with_parent
 
 STARTUP_TIMEOUT_S = 30.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """A child's preexec_fn: SIGTERM it when the demo dies, even by SIGKILL (Linux), so that
-    no worker or Redis the demo started outlives it."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the demo's own cleanup still stops them
-        pass
 
 
 def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -61,7 +51,7 @@ def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
          "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
          "--maxmemory-policy", "noeviction", "--logfile", str(data_dir / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
     )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -91,7 +81,7 @@ def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.P
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
 
 
 def _alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -23,6 +23,7 @@ import click
 from common.config import env_name
 from common.errors import ConfigError
 from common.records import RunState
+from producer.children import die_with_parent
 from producer.status import StatusReader
 
 REFRESH_S = 1.0
@@ -141,10 +142,8 @@ def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str
 
 def _command(exe: list[str], env: dict[str, str], *args: str) -> dict[str, Any]:
     """Run one of the product's commands with ``--json``; its object, or one clear error."""
-    from producer.demo import _die_with_parent
-
     done = subprocess.run([*exe, *args], env=env, capture_output=True, text=True,
-                          preexec_fn=_die_with_parent)
+                          preexec_fn=die_with_parent)
     try:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
