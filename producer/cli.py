@@ -7,7 +7,6 @@ with a different configuration.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -15,13 +14,15 @@ from typing import Any
 
 import click
 
-from common.cli import common_options, setting_option, setup_logging
+from common.cli import common_options, setting_option
 from common.config import Settings, env_name, load_settings
+from common.entry_points import COMMANDS, EntryPointGroup
 from common.errors import DflashError
 from common.gates import GateConfig
 from common.inputs.layouts import FORMATS
 from common.records import Sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
+from producer.services import open_services as _services
 
 EXIT_FAILURE, EXIT_REJECTED = 1, 3
 
@@ -57,40 +58,7 @@ def gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any, Any]:
-    """Storage, Celery app and Redis client; fails early and clearly if Redis is needed but down."""
-    import redis
-
-    from common.celery_app import make_app
-    from common.storage import open_storage
-
-    client = redis.Redis.from_url(settings.broker_url, decode_responses=True, socket_timeout=30)
-    if need_redis:
-        try:
-            client.ping()
-        except redis.RedisError as exc:
-            raise DflashError(f"cannot reach Redis at {settings.masked_broker_url}: {exc}") \
-                from exc
-    return open_storage(settings.storage), make_app(settings), client
-
-
-class StageCommands(click.Group):
-    """The CLI group; stage commands are found by name, so the producer imports no stage code."""
-
-    LAZY = {"export-drafter": "workers.train.commands:export_drafter",
-            "eval-drafter": "workers.train.eval_command:eval_drafter"}
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *self.LAZY])
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.LAZY:
-            module, _, attr = self.LAZY[name].partition(":")
-            return getattr(importlib.import_module(module), attr)
-        return super().get_command(ctx, name)
-
-
-@click.group(cls=StageCommands,
+@click.group(cls=EntryPointGroup, entry_group=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="dflash-pipeline")
 def main() -> None:
@@ -255,43 +223,6 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
 
 
 @main.command()
-@click.option("--input", "input_path", default="data/mt_bench_question.jsonl",
-              show_default=True, help="Prompt file to regenerate.")
-@click.option("--out", default="demo-output", show_default=True,
-              help="Directory for storage, Redis data and logs.")
-@click.option("--run", default="mt-bench-demo", show_default=True, help="Run id.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Conversations per shard.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Generation budget per assistant turn.")
-@click.option("--flower/--no-flower", default=True, show_default=True,
-              help="Start Flower to watch the worker.")
-@click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
-@click.option("--ui/--no-ui", default=True, show_default=True, help="Start the run dashboard.")
-@click.option("--ui-port", type=int, default=8700, show_default=True, help="Dashboard port.")
-@click.option("--quick", is_flag=True,
-              help="Generation only: an offline run, no drafter training, eval or export.")
-@setting_option("model", help="Target: tiny-qwen3 (dense) or tiny-qwen3.5 (hybrid, Qwen3.6's "
-                "shape), the embedded CPU models, or a local model directory.")
-@click.option("--eval-prompts", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Held-out prompts the final acceptance-length eval decodes.")
-@click.option("--eval-max-new-tokens", type=click.IntRange(min=1), default=128,
-              show_default=True, help="Token budget per prompt of the final eval.")
-def demo(**options: Any) -> None:
-    """Run the whole product locally: Redis, a generate worker and a train worker side by side,
-    Flower, the dashboard; then measure the drafter and export the dataset and the drafter."""
-    from producer.demo import DemoOptions, run_demo
-
-    setup_logging(False)
-    try:
-        code = run_demo(DemoOptions(**options))
-    except DflashError as exc:
-        click.echo(f"error: {exc}", err=True)
-        code = EXIT_FAILURE
-    sys.exit(code)
-
-
-@main.command()
 @click.option("--engine-url", required=True, envvar=env_name("engine_url"),
               help="SGLang-protocol server to measure, e.g. http://127.0.0.1:30000.")
 @click.option("--concurrency", default="16,64,256", show_default=True,
@@ -337,24 +268,19 @@ def dump_json(obj: Any) -> None:
     click.echo(json.dumps(obj, sort_keys=True))
 
 
-# doctor receives common_options rather than importing this module, so there is no import cycle.
+# Commands defined beside what they run; the stages' join through the entry points (COMMANDS).
+from producer.dataset_export import export_dataset_command  # noqa: E402
+from producer.demo_command import demo  # noqa: E402
 from producer.doctor.command import doctor_command  # noqa: E402
 from producer.doctor.serve_command import serve_command_command  # noqa: E402
 from producer.plan import plan_storage  # noqa: E402
-
-main.add_command(doctor_command(common_options))
-main.add_command(serve_command_command(common_options))
-main.add_command(plan_storage)
-from producer.dataset_export import export_dataset_command  # noqa: E402
 from producer.report import report_command  # noqa: E402
-
-main.add_command(report_command(common_options))
-main.add_command(export_dataset_command)
 from producer.ui.command import ui_command  # noqa: E402
-from producer.worker_cli import worker_group  # noqa: E402
 
-main.add_command(worker_group(common_options))
-main.add_command(ui_command(common_options))
+for command in (demo, plan_storage, export_dataset_command, doctor_command(common_options),
+                serve_command_command(common_options), report_command(common_options),
+                ui_command(common_options)):
+    main.add_command(command)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
-"""What the CLI commands do beyond parsing options: build configs, print reports, start workers."""
+"""What the CLI commands do beyond parsing options: build configs, print reports and status."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -15,7 +14,7 @@ import click
 import redis
 
 from common import keys
-from common.config import Settings, env_name
+from common.config import Settings
 from common.errors import ConfigError, InputError
 from common.gates import GateConfig
 from common.inputs.layouts import FORMATS, template_fields
@@ -232,67 +231,3 @@ def watch_progress(reader: StatusReader, interval: float,
                 return status
             check()
             time.sleep(interval)
-
-
-WORKER_APPS = {"generate": "workers.app", "hidden": "workers.downstream_app",
-               "train": "workers.downstream_app"}
-
-
-def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
-                name: str | None, loglevel: str) -> list[str]:
-    """The celery command a worker runs; the threads pool lets held shards share one engine."""
-    node = name or (f"{queue}-gpu{gpu}@%h" if gpu is not None else f"{queue}-cpu@%h")
-    return [
-        sys.executable, "-m", "celery", "-A", WORKER_APPS[queue], "worker",
-        "-Q", queue, "-P", "threads", "-c", str(concurrency), "-n", node,
-        "-l", loglevel, "-E", "--without-gossip", "--without-mingle",
-    ]
-
-
-def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> list[str]:
-    """torch's launcher starting the ranks of a data-parallel train worker, rank 0 the consumer."""
-    nodes, rank = settings.train_nnodes, settings.train_node_rank
-    if gpu is not None:
-        raise ConfigError("--gpu names one GPU; a training group takes its GPUs from "
-                          "CUDA_VISIBLE_DEVICES (one rank each)")
-    if nodes > 1 and not settings.train_rdzv_endpoint:
-        raise ConfigError(f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT of node rank 0")
-    if rank >= nodes:
-        raise ConfigError(f"--node-rank {rank} is not below --nnodes {nodes}")
-    if settings.train_parallel not in ("ddp", "fsdp"):
-        raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train_parallel!r}: ddp or fsdp")
-    if settings.train_parallel == "fsdp" and settings.train_eval_steps:
-        # The eval decodes on rank 0 alone, and a sharded drafter needs every rank to run.
-        raise ConfigError("--fsdp needs --eval-steps 0 (the acceptance-length eval runs on "
-                          "rank 0 alone); measure with eval-drafter")
-    where = (["--nnodes", str(nodes), "--node-rank", str(rank), "--rdzv-endpoint",
-              settings.train_rdzv_endpoint] if settings.train_rdzv_endpoint else ["--standalone"])
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-            str(settings.train_nproc_per_node), *where, "-m", "workers.train.ranks",
-            *celery_argv[3:]]
-
-
-def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
-                name: str | None, loglevel: str, overrides: dict[str, Any]) -> None:
-    """Replace this process with the Celery worker, so signals reach it directly.
-
-    ``overrides`` are settings fields given as options; the worker reads them from the
-    environment like every other setting.
-    """
-    given = {"storage": settings.storage, "broker_url": settings.broker_url, "gpu": gpu,
-             **overrides}
-    env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    group = queue == "train" and (resolved.train_nproc_per_node > 1 or resolved.train_nnodes > 1)
-    if queue == "train" and resolved.train_parallel == "fsdp" and not group:
-        raise ConfigError("--fsdp shards the drafter over ranks: it needs --nproc-per-node or "
-                          "--nnodes above 1")
-    if group and not name:
-        name = f"train-x{resolved.train_nproc_per_node}-node{resolved.train_node_rank}@%h"
-    argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
-                       loglevel=loglevel)
-    if group:
-        argv = group_argv(resolved, gpu, argv)
-    os.execve(argv[0], argv, env)

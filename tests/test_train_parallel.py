@@ -231,7 +231,8 @@ def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: st
 
 def test_hosts_meet_at_the_rendezvous_endpoint() -> None:
     from common.config import Settings
-    from producer.commands import group_argv, worker_argv
+    from workers.launch import worker_argv
+    from workers.train.group import group_argv
 
     settings = Settings(train_nproc_per_node=8, train_nnodes=2, train_node_rank=1,
                         train_rdzv_endpoint="10.0.0.1:29400")
