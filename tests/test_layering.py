@@ -175,3 +175,24 @@ def test_help_lists_every_command() -> None:
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert worker.returncode == 0, worker.stderr
     assert all(f"  {kind} " in worker.stdout for kind in ("generate", "hidden", "train"))
+
+
+def test_a_command_that_fails_to_load_is_one_clear_error() -> None:
+    from click.testing import CliRunner
+
+    from common.entry_points import EntryPointGroup
+
+    @click.group(cls=EntryPointGroup, entry_group="dflash_pipeline.test")
+    def group() -> None:
+        """A group with one broken entry point."""
+
+    group.__dict__["entry_points"] = {"broken": importlib.metadata.EntryPoint(
+        "broken", "workers.no_such_module:command", "dflash_pipeline.test")}
+    result = CliRunner().invoke(group, ["broken", "--help"])
+    assert result.exit_code == 1, result.output
+    assert "command 'broken' failed to load from entry point 'workers.no_such_module:command'" \
+        in result.output and "ModuleNotFoundError" in result.output
+    empty = click.group(cls=EntryPointGroup, entry_group="dflash_pipeline.test")(group.callback)
+    empty.__dict__["entry_points"] = {}
+    result = CliRunner().invoke(empty, ["worker"])
+    assert result.exit_code == 2 and "pip install -e ." in result.output, result.output
