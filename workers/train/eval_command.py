@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from common.cli import EXIT_FAILURE, common_options
+from common.cli import EXIT_FAILURE, command_option, common_options
 from common.config import Settings
 from common.errors import ConfigError, DflashError, InputError
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 @click.command("eval-drafter")
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to judge.")
+@command_option("run", required=True, help="Run id whose drafter to judge.")
 @click.option("--step", type=click.IntRange(min=1), default=None,
               help="Checkpoint step [default: the newest].")
 @click.option("--drafter", "drafter_dir", type=click.Path(file_okay=False), default=None,
