@@ -27,6 +27,7 @@ every embedded target: tiny-qwen3 (dense) and tiny-qwen3.5 (a hybrid in Qwen3.6'
 
 ENV_PREFIX = "DFLASH_"
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
 """What a device setting accepts (checked at load, so a typo names its variable)."""
 _SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
 
@@ -238,7 +239,7 @@ def _coerce(name: str, raw: str, f: Field[Any]) -> object:
     if isinstance(value, int | float) and (value < 0 or (value == 0 and not meta.get("zero_ok"))):
         raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
     if meta.get("device") and not DEVICE.fullmatch(str(value)):
-        raise ConfigError(f"{env_name(name)}={raw!r} is not a device (auto, cpu, cuda, cuda:N)")
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a device: {DEVICES}")
     return value
 
 

@@ -44,10 +44,10 @@ class ExtractorConfig:
     layer_ids: tuple[int, ...] | None = None   # the run's frozen dflash layers (else: by k)
 
     def resolved_device(self) -> torch.device:
-        """``auto`` picks the first CUDA device when there is one."""
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        """``auto`` picks the first CUDA device when there is one (:mod:`workers.devices`)."""
+        from workers.devices import resolve_device
+
+        return resolve_device(self.device)
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         """``auto`` is bf16 on CUDA (what the drafter trains on) and float32 on CPU."""
