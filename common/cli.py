@@ -69,7 +69,11 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
         from kombu.exceptions import OperationalError
 
         setup_logging(verbose)
-        settings = load_settings(storage=storage, broker_url=broker_url)
+        try:
+            settings = load_settings(storage=storage, broker_url=broker_url)
+        except ConfigError as exc:  # a bad DFLASH_* value: one line naming the variable
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_FAILURE)
         try:
             return func(settings=settings, **kw)
         except (redis.RedisError, OperationalError) as exc:
