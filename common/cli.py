@@ -1,7 +1,8 @@
 """CLI plumbing every command shares, producer's and the stages' alike: options derived from the
-declared settings and per-command options, the ``--storage``, ``--broker-url`` and ``-v``
-options, logging, and the mapping of errors to one line and an exit
-code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config mismatch).
+declared settings and per-command options (their defaults and ``DFLASH_*`` variables), the
+``--storage``, ``--broker-url`` and ``-v`` options, logging, and the mapping of errors to one
+line and an exit code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config
+mismatch).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from common.hidden_store import HiddenMeta, HiddenRecord, check_record
 from common.layers import Layout, layer_ids
 from common.target import TargetShape
 from common.trainrows import TrainingRow
+from workers.devices import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ class ExtractorConfig:
 
     def resolved_device(self) -> torch.device:
         """``auto`` picks the first CUDA device when there is one (:mod:`workers.devices`)."""
-        from workers.devices import resolve_device
-
         return resolve_device(self.device)
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
