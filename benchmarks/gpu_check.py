@@ -50,6 +50,7 @@ from benchmarks.gpu_targets import (  # noqa: E402
 )
 from common.errors import HiddenStateError  # noqa: E402
 from common.trainrows import TrainingRow  # noqa: E402
+from workers.devices import resolve_device  # noqa: E402
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.masks import dense_block_mask, flex_block_mask  # noqa: E402
@@ -286,8 +287,7 @@ def main() -> None:
     args = parser.parse_args()
     # The CPU's flex is the eager reference on purpose; its "use torch.compile" advice is noise.
     warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
-    device = torch.device(args.device if args.device != "auto"
-                          else "cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device, "--device")
     if device.type == "cpu" and not args.tiny:
         parser.error(f"the {args.target} shape needs a GPU; add --tiny for the CPU smoke run")
     small = args.tiny

@@ -1,6 +1,8 @@
-"""CLI plumbing every command shares, producer's and the stages' alike: the ``--storage``,
-``--broker-url`` and ``-v`` options, logging, and the mapping of errors to one line and an exit
-code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config mismatch).
+"""CLI plumbing every command shares, producer's and the stages' alike: options derived from the
+declared settings and per-command options (their defaults and ``DFLASH_*`` variables), the
+``--storage``, ``--broker-url`` and ``-v`` options, logging, and the mapping of errors to one
+line and an exit code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config
+mismatch).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import click
 
 from common.config import Settings, env_name, load_settings, mask_url
 from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
+from common.options import OPTIONS
 
 EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
 
@@ -31,11 +34,28 @@ def setup_logging(verbose: bool) -> None:
 
 
 def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
-    """A click option for the settings field ``name``: its variable and shown default come from
-    :class:`common.config.Settings`; unset (None) means "as the settings say"."""
-    default = getattr(Settings(), name)
-    return click.option(*(decls or (f"--{name.replace('_', '-')}",)), name, default=None,
-                        envvar=env_name(name), show_default=mask_url(str(default)), **kw)
+    """A click option for the setting ``name`` (a flat name): its variable and shown default come
+    from :class:`common.config.Settings`; unset (None) means "as the settings say"."""
+    kw.setdefault("show_default", mask_url(str(getattr(Settings(), name))))
+    return click.option(*_decls(name, decls), default=None, envvar=env_name(name),
+                        show_envvar=True, **kw)
+
+
+def command_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A click option declared in :mod:`common.options`: its default and variable come from
+    there (shown unless it is None or off); ``decls`` may name the parameter (``"as_json"``)."""
+    default = OPTIONS[name].default
+    if default is not False and not (default is None and kw.get("required")):
+        kw["default"] = default   # a flag's off and a required option's none stay click's own
+        if default is not None:
+            kw.setdefault("show_default", True)
+    return click.option(*_decls(name, decls), envvar=env_name(name), show_envvar=True, **kw)
+
+
+def _decls(name: str, decls: tuple[str, ...]) -> tuple[str, ...]:
+    """``--the-name`` unless given, and the parameter ``name`` unless a declaration names one."""
+    decls = decls or (f"--{name.replace('_', '-')}",)
+    return decls if any(d.isidentifier() for d in decls) else (*decls, name)
 
 
 def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -43,15 +63,18 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @setting_option("storage", help="Storage root: s3://bucket/prefix or a local directory.")
     @setting_option("broker_url", help="Redis URL of the Celery broker.")
-    @click.option("-v", "--verbose", is_flag=True, envvar=env_name("verbose"),
-                  help="Log progress to stderr.")
+    @command_option("verbose", "-v", "--verbose", is_flag=True, help="Log progress to stderr.")
     @functools.wraps(func)
     def wrapper(storage: str | None, broker_url: str | None, verbose: bool, **kw: Any) -> Any:
         import redis
         from kombu.exceptions import OperationalError
 
         setup_logging(verbose)
-        settings = load_settings(storage=storage, broker_url=broker_url)
+        try:
+            settings = load_settings(storage=storage, broker_url=broker_url)
+        except ConfigError as exc:  # a bad DFLASH_* value: one line naming the variable
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_FAILURE)
         try:
             return func(settings=settings, **kw)
         except (redis.RedisError, OperationalError) as exc:

@@ -1,7 +1,9 @@
-"""Settings as frozen dataclasses; the only module that reads ``DFLASH_*`` environment variables.
+"""Settings as frozen dataclass sections; the only module that reads ``DFLASH_*`` variables.
 
-Each field's variable is derived from its name (field ``lease_ttl``: prefix + ``LEASE_TTL``); CLI
-options for settings take their default and variable from here (:func:`common.cli.setting_option`).
+Each field is declared once, in its section: its flat name is the section's prefix + the field's
+name (``hidden.device``: ``hidden_device``), its variable ``DFLASH_`` + the flat name in capitals
+(``DFLASH_HIDDEN_DEVICE``). CLI options for settings take their default and variable from here
+(:func:`common.cli.setting_option`); ``settings.hidden_device`` reads ``settings.hidden.device``.
 
 Every process (producer CLI, workers, Flower) calls :func:`load_settings` once and passes the
 result down, so the broker URL, storage root and queue timeouts always agree across services.
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 from common.errors import ConfigError
 from embedded.tinyconsts import TINY_MODELS, TINY_QWEN3
@@ -22,7 +25,10 @@ TINY_MODEL = TINY_QWEN3
 """The embedded default model: built locally on first use, runs on CPU. ``TINY_MODELS`` names
 every embedded target: tiny-qwen3 (dense) and tiny-qwen3.5 (a hybrid in Qwen3.6's shape)."""
 
-_SECRETS = {"ui_auth"}
+ENV_PREFIX = "DFLASH_"
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
+"""What a device setting accepts (checked at load, so a typo names its variable)."""
 _SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
 
 
@@ -36,21 +42,63 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash-pipeline"
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Process-wide settings; derived values are properties so they cannot drift."""
+def env_name(name: str) -> str:
+    """The environment variable of a field's flat name: ``DFLASH_`` + the name in capitals."""
+    return ENV_PREFIX + name.upper()
 
-    broker_url: str = "redis://127.0.0.1:6379/0"
+
+def setting(default: Any, *, flat: str = "", zero_ok: bool = False, secret: bool = False,
+            device: bool = False) -> Any:
+    """A declared field: ``flat`` replaces prefix + name (a variable older than its section),
+    ``zero_ok`` lets a number be 0 (off, the default, or an index), ``secret`` hides it in repr,
+    ``device`` checks it against :data:`DEVICE`."""
+    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device}
+    return field(default=default, metadata=meta)
+
+
+def section_fields(section: type) -> Iterator[tuple[str, Field[Any]]]:
+    """(flat name, field) of each field a section declares."""
+    prefix = getattr(section, "PREFIX", "")
+    for f in fields(section):
+        yield (f.metadata.get("flat") or prefix + f.name), f
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Broker and storage: where the run lives and how Celery delivers (the same everywhere)."""
+
+    url: str = setting("redis://127.0.0.1:6379/0", flat="broker_url")
     storage: str = ".dflash/storage"
-    model: str = TINY_MODEL
-    cache_dir: Path = default_cache_dir()
     # Celery re-delivers an unacked message after this many seconds: keep it above the longest
     # shard, and identical in producer, workers and Flower (the shortest one wins).
     visibility_timeout: int = 6 * 3600
     result_expires: int = 24 * 3600
     soft_shutdown_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What every stage's worker uses: shard leases, redelivery, its GPU and metrics port."""
+
     lease_ttl: float = 60.0
     max_deliveries: int = 5
+    retry_backoff_max: float = 60.0
+    gpu: int = setting(0, zero_ok=True)
+    metrics_port: int = setting(0, zero_ok=True)   # 0: no Prometheus endpoint
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """The target model every stage loads, and where built artefacts are cached."""
+
+    model: str = TINY_MODEL
+    cache_dir: Path = default_cache_dir()
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """The generate stage: its parts and engine."""
+
     part_samples: int = 64
     part_seconds: float = 60.0
     batch_size: int = 16
@@ -61,94 +109,147 @@ class Settings:
     engine_cmd: str = ""
     engine_args: str = ""
     engine_port: int = 30000
-    gpu: int = 0
     tp: int = 1
     mem_fraction_static: str = ""
     max_in_flight: int = 128
     engine_startup_timeout: float = 900.0
     request_timeout: float = 3600.0
-    metrics_port: int = 0
-    retry_backoff_max: float = 60.0
-    hidden_batch_tokens: int = 32768
-    hidden_device: str = "auto"
-    hidden_part_bytes: int = 512 * 2**20
-    train_checkpoint_steps: int = 50
-    train_rows_per_step: int = 8
-    train_total_steps: int = 2000
-    train_min_supervised_tokens: int = 0   # 0: two blocks' worth (2 x block size)
-    train_eval_steps: int = 200            # speculative-decoding eval every N steps (0: off)
-    train_eval_prompts: int = 8
-    train_eval_max_new_tokens: int = 256
-    drafter_layers: int = 5
+
+
+@dataclass(frozen=True)
+class HiddenSettings:
+    """The hidden stage: target hidden-state extraction."""
+
+    PREFIX: ClassVar[str] = "hidden_"
+    batch_tokens: int = 32768
+    device: str = setting("auto", device=True)
+    part_bytes: int = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The train stage: the drafter's steps, checkpoints, eval and data-parallel layout."""
+
+    PREFIX: ClassVar[str] = "train_"
+    checkpoint_steps: int = 50
+    rows_per_step: int = 8
+    total_steps: int = 2000
+    min_supervised_tokens: int = setting(0, zero_ok=True)   # 0: two blocks' worth
+    eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)
+    eval_prompts: int = 8
+    eval_max_new_tokens: int = 256
+    # The device the target and drafter train and are judged on (eval-drafter too).
+    device: str = setting("auto", device=True)
+    drafter_layers: int = setting(5, flat="drafter_layers")
     # Data-parallel training (torch.distributed): ranks per host, hosts, this host's rank, and
     # the rank-0 host's HOST:PORT that the hosts meet at (unset on one host).
-    train_nproc_per_node: int = 1
-    train_nnodes: int = 1
-    train_node_rank: int = 0
-    train_rdzv_endpoint: str = ""
-    train_parallel: str = "ddp"   # ddp: a drafter replica per rank; fsdp: FSDP2 shards
-    tensorboard_dir: str = ""  # train workers also write per-step metrics there when set
-    ui_auth: str = ""  # user:password of the dashboard's basic auth (like Flower's)
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = setting(0, zero_ok=True)
+    rdzv_endpoint: str = ""
+    parallel: str = "ddp"   # ddp: a drafter replica per rank; fsdp: FSDP2 shards
+    # Train workers also write per-step metrics there when set.
+    tensorboard_dir: str = setting("", flat="tensorboard_dir")
+
+
+@dataclass(frozen=True)
+class UiSettings:
+    """The dashboard server."""
+
+    PREFIX: ClassVar[str] = "ui_"
+    auth: str = setting("", secret=True)   # user:password of its basic auth (like Flower's)
+
+
+SECTIONS: dict[str, type] = {
+    "broker": BrokerSettings, "worker": WorkerSettings, "target": TargetSettings,
+    "generate": GenerateSettings, "hidden": HiddenSettings, "train": TrainSettings,
+    "ui": UiSettings,
+}
+FIELDS: dict[str, tuple[str, Field[Any]]] = {
+    flat: (section, f) for section, cls in SECTIONS.items() for flat, f in section_fields(cls)
+}
+"""Every setting by flat name: (its section, its field)."""
+
+
+@dataclass(frozen=True, init=False, repr=False)
+class Settings:
+    """Process-wide settings in sections; ``settings.<flat name>`` reads its section's field,
+    and derived values are properties so they cannot drift."""
+
+    broker: BrokerSettings
+    worker: WorkerSettings
+    target: TargetSettings
+    generate: GenerateSettings
+    hidden: HiddenSettings
+    train: TrainSettings
+    ui: UiSettings
+
+    def __init__(self, **values: Any) -> None:
+        """Sections by name and fields by flat name (``model=``: what ``replace`` passes too);
+        a flat value wins over its section's."""
+        for name, cls in SECTIONS.items():
+            section = values.pop(name, None) or cls()
+            flat = {f.name: values.pop(key) for key, f in section_fields(cls) if key in values}
+            object.__setattr__(self, name, replace(section, **flat) if flat else section)
+        if values:
+            raise TypeError(f"unknown settings: {', '.join(sorted(values))}")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when ``name`` is no section or property: a field's flat name.
+        if name not in FIELDS:
+            raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+        section, f = FIELDS[name]
+        return getattr(getattr(self, section), f.name)
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={self._shown(f.name)!r}" for f in fields(self))
+        shown = ", ".join(f"{flat}={self._shown(flat)!r}" for flat in FIELDS)
         return f"Settings({shown})"
 
     def _shown(self, name: str) -> str:
         value = str(getattr(self, name))
-        return "***" if name in _SECRETS and value else mask_url(value)
+        return "***" if FIELDS[name][1].metadata.get("secret") and value else mask_url(value)
 
     @property
     def masked_broker_url(self) -> str:
-        return mask_url(self.broker_url)
+        return mask_url(self.broker.url)
 
     @property
     def storage_is_s3(self) -> bool:
-        return self.storage.startswith("s3://")
+        return self.broker.storage.startswith("s3://")
 
     @property
     def engine_server_port(self) -> int:
         """One port per GPU so several workers on a host never collide."""
-        return self.engine_port + self.gpu
+        return self.generate.engine_port + self.worker.gpu
 
     @property
     def model_is_tiny(self) -> bool:
         """The model is one of the embedded CPU targets (built on first use)."""
-        return self.model in TINY_MODELS
+        return self.target.model in TINY_MODELS
 
 
-ENV_PREFIX = "DFLASH_"
-
-
-def env_name(name: str) -> str:
-    """The environment variable of a settings field: ``DFLASH_`` + its name in capitals."""
-    return ENV_PREFIX + name.upper()
-
-
-# 0 means "off" or "the default" for these, or is a valid index.
-_ZERO_OK = {"gpu", "metrics_port", "train_node_rank", "train_eval_steps",
-            "train_min_supervised_tokens"}
-
-
-def _coerce(name: str, raw: str, like: object) -> object:
-    kind = type(like)
+def _coerce(name: str, raw: str, f: Field[Any]) -> object:
+    """A variable's text as its field's type; the error is one line naming the variable."""
+    kind = type(f.default)
     try:
         value = kind(raw) if kind is not Path else Path(raw).expanduser()
     except ValueError as exc:
         raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind.__name__}") from exc
-    if isinstance(value, int | float) and (value < 0 or (value == 0 and name not in _ZERO_OK)):
+    meta = f.metadata
+    if isinstance(value, int | float) and (value < 0 or (value == 0 and not meta.get("zero_ok"))):
         raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
+    if meta.get("device") and not DEVICE.fullmatch(str(value)):
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a device: {DEVICES}")
     return value
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Read settings from ``DFLASH_*`` variables; explicit overrides (CLI options) win."""
     env = os.environ if env is None else env
-    base = Settings()
     values: dict[str, object] = {}
-    for name in (f.name for f in fields(Settings)):
+    for name, (_, f) in FIELDS.items():
         raw = env.get(env_name(name))
         if raw not in (None, ""):
-            values[name] = _coerce(name, raw, getattr(base, name))
+            values[name] = _coerce(name, raw, f)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return replace(base, **values)
+    return Settings(**values)

@@ -14,14 +14,11 @@ from typing import Any
 
 import click
 
-from common.cli import common_options, setting_option
-from common.config import Settings, env_name, load_settings
+from common.cli import command_option, common_options, setting_option
+from common.config import Settings, load_settings
 from common.entry_points import COMMANDS, EntryPointGroup
 from common.errors import DflashError
-from common.gates import GateConfig
 from common.inputs.layouts import FORMATS
-from common.records import Sampling
-from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from producer.services import open_services as _services
 
 EXIT_FAILURE, EXIT_REJECTED = 1, 3
@@ -32,24 +29,16 @@ SKIPPABLE_GATES = ("truncated", "thinking", "empty_answer", "leakage", "duplicat
 def gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Quality-gate thresholds of enqueue, frozen into run.json."""
     options = [
-        click.option("--min-supervised-tokens", type=click.IntRange(min=0),
-                     default=GateConfig.min_supervised_tokens, show_default=True,
-                     envvar="DFLASH_MIN_SUPERVISED_TOKENS",
-                     help="Reject a sample with a turn of fewer generated tokens "
-                          "(2 x the DFlash block size)."),
-        click.option("--max-reject-rate", type=click.FloatRange(0, 1),
-                     default=GateConfig.max_reject_rate, show_default=True,
-                     envvar="DFLASH_MAX_REJECT_RATE",
-                     help="Pause the run when the rolling rejection rate exceeds this."),
-        click.option("--pause-after", type=click.IntRange(min=1),
-                     default=GateConfig.pause_after, show_default=True,
-                     envvar="DFLASH_PAUSE_AFTER",
-                     help="Samples the rolling rejection rate is taken over."),
-        click.option("--min-answer-tokens", type=click.IntRange(min=0),
-                     default=GateConfig.min_answer_tokens, show_default=True,
-                     envvar="DFLASH_MIN_ANSWER_TOKENS",
-                     help="Reject at enqueue a prompt that leaves less room than this per "
-                          "answer in the model's context."),
+        command_option("min_supervised_tokens", type=click.IntRange(min=0),
+                       help="Reject a sample with a turn of fewer generated tokens "
+                            "(2 x the DFlash block size)."),
+        command_option("max_reject_rate", type=click.FloatRange(0, 1),
+                       help="Pause the run when the rolling rejection rate exceeds this."),
+        command_option("pause_after", type=click.IntRange(min=1),
+                       help="Samples the rolling rejection rate is taken over."),
+        command_option("min_answer_tokens", type=click.IntRange(min=0),
+                       help="Reject at enqueue a prompt that leaves less room than this per "
+                            "answer in the model's context."),
         click.option("--skip-gate", "skip", multiple=True, type=click.Choice(SKIPPABLE_GATES),
                      help="Turn a per-sample gate off (repeatable)."),
     ]
@@ -66,64 +55,54 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--input", "input_path", required=True, multiple=True, envvar="DFLASH_INPUT",
-              help="A JSONL/JSON/Parquet/Arrow file, a directory of them (a Hugging Face "
-                   "dataset too), a quoted glob, or s3://bucket/key, prefix/ or glob; "
-                   "repeatable.")
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id (letters, digits, ._-).")
-@click.option("--format", "fmt", default="auto", envvar="DFLASH_FORMAT", show_default=True,
-              type=click.Choice(FORMATS), help="Row layout; auto detects it per row.")
-@click.option("--prompt-field", envvar="DFLASH_PROMPT_FIELD", default=None,
-              help="Field holding the prompt for --format prompt.")
-@click.option("--prompt-template", envvar="DFLASH_PROMPT_TEMPLATE", default=None,
-              help="Build the prompt from the row's fields instead, e.g. "
-                   "'{instruction}\\n\\n{context}' (\\n is a newline); placeholders name "
-                   "fields only: {field} or {field:spec}.")
-@click.option("--strict-fields", is_flag=True, envvar="DFLASH_STRICT_FIELDS",
-              help="Reject a row with text no prompt uses (a string, or text in a list or "
-                   "object field), instead of reporting it.")
+@command_option("input", "--input", "input_path", required=True, multiple=True,
+                help="A JSONL/JSON/Parquet/Arrow file, a directory of them (a Hugging Face "
+                     "dataset too), a quoted glob, or s3://bucket/key, prefix/ or glob; "
+                     "repeatable.")
+@command_option("run", required=True, help="Run id (letters, digits, ._-).")
+@command_option("format", "--format", "fmt", type=click.Choice(FORMATS),
+                help="Row layout; auto detects it per row.")
+@command_option("prompt_field", help="Field holding the prompt for --format prompt.")
+@command_option("prompt_template",
+                help="Build the prompt from the row's fields instead, e.g. "
+                     "'{instruction}\\n\\n{context}' (\\n is a newline); placeholders name "
+                     "fields only: {field} or {field:spec}.")
+@command_option("strict_fields", is_flag=True,
+                help="Reject a row with text no prompt uses (a string, or text in a list or "
+                     "object field), instead of reporting it.")
 @click.option("--dry-run", is_flag=True,
               help="Read and validate everything, write nothing, show rows as the model sees "
                    "them.")
 @click.option("--show", type=click.IntRange(min=0), default=3, show_default=True,
               help="Rows to print with --dry-run.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=256, show_default=True,
-              envvar="DFLASH_SHARD_SIZE", help="Conversations per shard (one task each).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, envvar="DFLASH_LIMIT",
-              help="Read at most this many input rows.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1),
-              default=Sampling.max_new_tokens, show_default=True,
-              envvar="DFLASH_MAX_NEW_TOKENS", help="Generation budget per assistant turn.")
-@click.option("--temperature", type=click.FloatRange(min=0),
-              default=Sampling.temperature, show_default=True,
-              envvar="DFLASH_TEMPERATURE", help="Sampling temperature (0 = greedy).")
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True),
-              default=Sampling.top_p, show_default=True,
-              envvar="DFLASH_TOP_P", help="Nucleus sampling mass.")
-@click.option("--top-k", type=click.IntRange(min=-1),
-              default=Sampling.top_k, show_default=True,
-              envvar="DFLASH_TOP_K", help="Top-k sampling (-1 = off).")
-@click.option("--thinking/--no-thinking", default=Sampling.thinking, show_default=True,
-              envvar="DFLASH_THINKING", help="Generate with the thinking block enabled.")
+@command_option("shard_size", type=click.IntRange(min=1),
+                help="Conversations per shard (one task each).")
+@command_option("limit", type=click.IntRange(min=1), help="Read at most this many input rows.")
+@command_option("max_new_tokens", type=click.IntRange(min=1),
+                help="Generation budget per assistant turn.")
+@command_option("temperature", type=click.FloatRange(min=0),
+                help="Sampling temperature (0 = greedy).")
+@command_option("top_p", type=click.FloatRange(min=0, max=1, min_open=True),
+                help="Nucleus sampling mass.")
+@command_option("top_k", type=click.IntRange(min=-1), help="Top-k sampling (-1 = off).")
+@command_option("thinking", "--thinking/--no-thinking",
+                help="Generate with the thinking block enabled.")
 @setting_option("model", help="Target model directory (tiny-qwen3, tiny-qwen3.5: the embedded "
                 "CPU models).")
-@click.option("--mode", type=click.Choice(["offline", "online"]), default="offline",
-              show_default=True, envvar="DFLASH_MODE",
-              help="After a shard's commit: offline stores target hidden states (queue "
-                   "hidden); online trains the drafter on the fly (queue train, nothing stored).")
-@click.option("--layout", type=click.Choice(["dflash", "eagle3"]), default="dflash",
-              show_default=True, envvar="DFLASH_LAYOUT",
-              help="Target layers kept for the drafter.")
-@click.option("--target-layers", default=None, envvar="DFLASH_TARGET_LAYERS",
-              help="Target layers of the dflash layout: K (the DFlash spread of K layers), a "
-                   "comma list of layer ids, or dflash|full-attention|after-full[:K] "
-                   "[default: dflash (5 layers) on a dense target, after-full on a hybrid].")
-@click.option("--heldout-fraction", type=click.FloatRange(0, 1, max_open=True),
-              default=HELDOUT_FRACTION, show_default=True, envvar="DFLASH_HELDOUT_FRACTION",
-              help="Samples (by id hash) never trained on, decoded by eval-drafter.")
-@click.option("--heldout-min", type=click.IntRange(min=0), default=HELDOUT_MIN,
-              show_default=True, envvar="DFLASH_HELDOUT_MIN",
-              help="Hold out at least this many samples (at most half a small input).")
+@command_option("mode", type=click.Choice(["offline", "online"]),
+                help="After a shard's commit: offline stores target hidden states (queue "
+                     "hidden); online trains the drafter on the fly (queue train, nothing "
+                     "stored).")
+@command_option("layout", type=click.Choice(["dflash", "eagle3"]),
+                help="Target layers kept for the drafter.")
+@command_option("target_layers",
+                help="Target layers of the dflash layout: K (the DFlash spread of K layers), a "
+                     "comma list of layer ids, or dflash|full-attention|after-full[:K] "
+                     "[default: dflash (5 layers) on a dense target, after-full on a hybrid].")
+@command_option("heldout_fraction", type=click.FloatRange(0, 1, max_open=True),
+                help="Samples (by id hash) never trained on, decoded by eval-drafter.")
+@command_option("heldout_min", type=click.IntRange(min=0),
+                help="Hold out at least this many samples (at most half a small input).")
 @gate_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
@@ -167,7 +146,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
 
 
 @main.command()
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id to resume.")
+@command_option("run", required=True, help="Run id to resume.")
 @click.option("--force", is_flag=True,
               help="Queue unfinished shards even if a task for them is already queued.")
 @click.option("--accept-gates", is_flag=True,
@@ -203,7 +182,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
 
 
 @main.command()
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id.")
+@command_option("run", required=True, help="Run id.")
 @click.option("--watch", is_flag=True,
               help="Refresh until the run is done, failed or paused.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
@@ -223,8 +202,8 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
 
 
 @main.command()
-@click.option("--engine-url", required=True, envvar=env_name("engine_url"),
-              help="SGLang-protocol server to measure, e.g. http://127.0.0.1:30000.")
+@setting_option("engine_url", required=True, show_default=False,
+                help="SGLang-protocol server to measure, e.g. http://127.0.0.1:30000.")
 @click.option("--concurrency", default="16,64,256", show_default=True,
               help="Comma-separated numbers of requests kept in flight.")
 @click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,

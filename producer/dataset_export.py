@@ -29,7 +29,7 @@ from typing import Any
 import click
 
 from common import keys
-from common.cli import common_options
+from common.cli import command_option, common_options
 from common.commit_cache import fetch, read_commits
 from common.config import Settings
 from common.errors import ConfigError
@@ -265,7 +265,7 @@ with its full thinking trace, exported as `{options.format}`.
 
 
 @click.command("export-dataset")
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id to export.")
+@command_option("run", required=True, help="Run id to export.")
 @click.option("--out", required=True,
               help="Where to write: a local directory or s3://bucket/prefix.")
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),

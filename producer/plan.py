@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from common import keys
-from common.cli import setting_option
+from common.cli import command_option, setting_option
 from common.config import Settings, load_settings
 from common.errors import ConfigError, DflashError
 from common.storage import Storage, open_storage
@@ -183,8 +183,8 @@ def _pick(option: Any, from_run: Any, name: str, sources: dict[str, str], where:
 
 
 @click.command("plan-storage")
-@click.option("--run", envvar="DFLASH_RUN", default=None,
-              help="Read samples, mean tokens and model size from this run's storage.")
+@command_option("run",
+                help="Read samples, mean tokens and model size from this run's storage.")
 @click.option("--samples", type=click.IntRange(min=1), default=None, help="Training samples.")
 @click.option("--mean-tokens", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Mean tokens per sample (prompt + response).")

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from common import keys
+from common.cli import command_option
 from common.commit_cache import fetch
 from common.config import Settings
 from common.errors import ConfigError, NotFound
@@ -249,14 +250,14 @@ def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
     """The ``report`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command()
-    @click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id to report on.")
-    @click.option("--json", "as_json", is_flag=True, envvar="DFLASH_REPORT_JSON",
-                  help="Print the report as one JSON object.")
-    @click.option("--png", "png_path", type=click.Path(dir_okay=False, path_type=Path),
-                  default=None, envvar="DFLASH_REPORT_PNG",
-                  help="Also write the PNG figure to this local file.")
-    @click.option("--no-png", is_flag=True, envvar="DFLASH_REPORT_NO_PNG",
-                  help="Do not render or store the PNG figure.")
+    @command_option("run", required=True, help="Run id to report on.")
+    @command_option("report_json", "--json", "as_json", is_flag=True,
+                    help="Print the report as one JSON object.")
+    @command_option("report_png", "--png", "png_path",
+                    type=click.Path(dir_okay=False, path_type=Path),
+                    help="Also write the PNG figure to this local file.")
+    @command_option("report_no_png", "--no-png", "no_png", is_flag=True,
+                    help="Do not render or store the PNG figure.")
     @common_options
     def report(settings: Settings, run: str, as_json: bool, png_path: Path | None,
                no_png: bool) -> None:

@@ -13,31 +13,27 @@ from typing import Any
 
 import click
 
-from common.cli import common_options
-from common.config import Settings, env_name
+from common.cli import command_option, common_options, setting_option
+from common.config import Settings
 from common.entry_points import WORKER_COMMANDS, EntryPointGroup
 from workers.launch import exec_worker
-
-LOGLEVEL = "INFO"
 
 
 def gpu_option(queue: str) -> Callable[[Callable[..., Any]], Any]:
     unset = "the CPU engine" if queue == "generate" else "CPU unless a GPU is visible"
-    return click.option("--gpu", type=click.IntRange(min=0), default=None,
-                        envvar=env_name("gpu"),
-                        help=f"GPU index this worker owns (sets CUDA_VISIBLE_DEVICES) "
-                             f"[unset: {unset}].")
+    return setting_option("gpu", type=click.IntRange(min=0), show_default=False,
+                          help=f"GPU index this worker owns (sets CUDA_VISIBLE_DEVICES) "
+                               f"[unset: {unset}].")
 
 
 def node_options(queue: str) -> Callable[[Callable[..., Any]], Any]:
     """--name and --loglevel, the same for every worker kind."""
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        func = click.option("--loglevel", default=LOGLEVEL, show_default=True,
-                            envvar="DFLASH_LOGLEVEL", help="Celery log level.")(func)
-        return click.option("--name", default=None, envvar="DFLASH_WORKER_NAME",
-                            help=f"Worker node name [default: {queue}-gpuN@host or "
-                                 f"{queue}-cpu@host].")(func)
+        func = command_option("loglevel", help="Celery log level.")(func)
+        return command_option("worker_name", "--name", "name",
+                              help=f"Worker node name [default: {queue}-gpuN@host or "
+                                   f"{queue}-cpu@host].")(func)
 
     return wrap
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from common.cli import command_option
 from common.config import Settings, env_name
 from common.errors import ConfigError
 
@@ -41,10 +42,10 @@ def ui_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]
     """The ``ui`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command("ui")
-    @click.option("--host", default="127.0.0.1", show_default=True, envvar="DFLASH_UI_HOST",
-                  help="Address to listen on; anything but loopback needs DFLASH_UI_AUTH.")
-    @click.option("--port", type=click.IntRange(1, 65535), default=8700, show_default=True,
-                  envvar="DFLASH_UI_PORT", help="Port to listen on.")
+    @command_option("ui_host", "--host", "host",
+                    help="Address to listen on; anything but loopback needs DFLASH_UI_AUTH.")
+    @command_option("ui_port", "--port", "port", type=click.IntRange(1, 65535),
+                    help="Port to listen on.")
     @common_options
     def ui(settings: Settings, host: str, port: int) -> None:
         """Serve the run dashboard: progress, throughput, ETA, engines, gates, training."""

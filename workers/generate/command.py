@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from common.cli import common_options, setting_option
+from common.cli import command_option, common_options, setting_option
 from common.config import Settings
 from workers.launch import exec_worker
 from workers.worker_cli import gpu_option, node_options
@@ -18,11 +18,10 @@ SGLANG_SHARDS = 2
 
 @click.command("generate")
 @gpu_option("generate")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None,
-              envvar="DFLASH_CONCURRENCY",
-              help="Shards held at once (they share one engine) [default: 2 with --engine "
-                   "sglang, so the next shard fills the engine while one drains; 1 with the "
-                   "CPU engine].")
+@command_option("concurrency", type=click.IntRange(min=1),
+                help="Shards held at once (they share one engine) [default: 2 with --engine "
+                     "sglang, so the next shard fills the engine while one drains; 1 with the "
+                     "CPU engine].")
 @setting_option("engine", type=click.Choice(["cpu", "sglang"]), help="Generation engine.")
 @setting_option("engine_url",
                 help="Use this running SGLang-protocol server instead of starting one.")

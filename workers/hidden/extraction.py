@@ -26,6 +26,7 @@ from common.hidden_store import HiddenMeta, HiddenRecord, check_record
 from common.layers import Layout, layer_ids
 from common.target import TargetShape
 from common.trainrows import TrainingRow
+from workers.devices import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,8 @@ class ExtractorConfig:
     layer_ids: tuple[int, ...] | None = None   # the run's frozen dflash layers (else: by k)
 
     def resolved_device(self) -> torch.device:
-        """``auto`` picks the first CUDA device when there is one."""
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        """``auto`` picks the first CUDA device when there is one (:mod:`workers.devices`)."""
+        return resolve_device(self.device)
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         """``auto`` is bf16 on CUDA (what the drafter trains on) and float32 on CPU."""

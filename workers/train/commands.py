@@ -13,13 +13,13 @@ from typing import Any
 
 import click
 
-from common.cli import common_options
+from common.cli import command_option, common_options
 from common.config import Settings
 from common.errors import NotFound
 
 
 @click.command("export-drafter")
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to export.")
+@command_option("run", required=True, help="Run id whose drafter to export.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write config.json and model.safetensors to.")
 @click.option("--step", type=click.IntRange(min=1), default=None,

@@ -20,15 +20,15 @@ from typing import Any
 
 import click
 
-from common.cli import EXIT_FAILURE, common_options
-from common.config import Settings
+from common.cli import EXIT_FAILURE, command_option, common_options
+from common.config import Settings, env_name
 from common.errors import ConfigError, DflashError, InputError
 
 log = logging.getLogger(__name__)
 
 
 @click.command("eval-drafter")
-@click.option("--run", required=True, envvar="DFLASH_RUN", help="Run id whose drafter to judge.")
+@command_option("run", required=True, help="Run id whose drafter to judge.")
 @click.option("--step", type=click.IntRange(min=1), default=None,
               help="Checkpoint step [default: the newest].")
 @click.option("--drafter", "drafter_dir", type=click.Path(file_okay=False), default=None,
@@ -81,6 +81,7 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
 
     from common.runstore import RunStore
     from common.storage import open_storage
+    from workers.devices import resolve_device
     from workers.train.commands import load_run_drafter, load_run_target
     from workers.train.drafter.export import fit_problems, load_drafter
     from workers.train.drafter.specdec import DFlashProposer
@@ -97,7 +98,7 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
         problems = fit_problems(drafter.config, target.model)
         if problems:
             raise ConfigError(f"the checkpoint does not fit the target: {'; '.join(problems)}")
-    device = _device(settings.hidden_device)
+    device = resolve_device(settings.train.device, env_name("train_device"))
     target.model.to(device)
     drafter.to(device)
     prompts, source = _prompts(store, config, target.tokenizer, prompts_path, num)
@@ -109,14 +110,6 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
                           progress=lambda done, _: bar.update(task, completed=done))
     return {"run": run, "step": source_step, "drafter": drafter_dir, "source": source,
             "max_new_tokens": max_new_tokens, "device": str(device), **report.to_json()}
-
-
-def _device(setting: str) -> Any:
-    import torch
-
-    if setting != "auto":
-        return torch.device(setting)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,

@@ -27,6 +27,7 @@ from celery import Task
 
 from common import keys
 from common.celery_app import TASK_TRAIN, app
+from common.config import env_name
 from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
@@ -36,6 +37,7 @@ from common.runstore import RunStore
 from common.target import TargetShape
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
+from workers.devices import resolve_device
 from workers.stage import TRAIN, Delivery, run_delivery
 from workers.train.parallel import DataParallelTrainer, distribute, group_fields
 from workers.train.periodic_eval import PeriodicEval
@@ -209,11 +211,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     path = resolve_model_path(replace(ctx.settings, model=config.model))
     target, tokenizer = load_target(path)
     target.requires_grad_(False)
-    device = ctx.settings.hidden_device
-    if device != "auto":
-        target.to(device)
-    elif torch.cuda.is_available():
-        target.to("cuda")
+    target.to(resolve_device(ctx.settings.train.device, env_name("train_device")))
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     layers = run_layer_ids(config.target_layer_ids, config.target_layers,

@@ -1,0 +1,141 @@
+"""Settings and per-command options declared once: their sections, the ``DFLASH_*`` variable of
+each (binding: users set them), ``--help`` naming them, one-line errors, the device resolver."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import click
+import pytest
+import torch
+from click.testing import CliRunner
+
+from common.config import FIELDS, SECTIONS, Settings, env_name, load_settings
+from common.errors import ConfigError
+from common.options import OPTIONS
+from producer.cli import main
+from tests.conftest import ROOT
+from workers.devices import resolve_device
+
+# Every setting's section and variable, written out: a rename that changes a variable fails here.
+SETTINGS = {
+    "broker": "BROKER_URL STORAGE VISIBILITY_TIMEOUT RESULT_EXPIRES SOFT_SHUTDOWN_TIMEOUT",
+    "worker": "LEASE_TTL MAX_DELIVERIES RETRY_BACKOFF_MAX GPU METRICS_PORT",
+    "target": "MODEL CACHE_DIR",
+    "generate": "PART_SAMPLES PART_SECONDS BATCH_SIZE ENGINE ENGINE_URL ENGINE_CMD ENGINE_ARGS "
+                "ENGINE_PORT TP MEM_FRACTION_STATIC MAX_IN_FLIGHT ENGINE_STARTUP_TIMEOUT "
+                "REQUEST_TIMEOUT",
+    "hidden": "HIDDEN_BATCH_TOKENS HIDDEN_DEVICE HIDDEN_PART_BYTES",
+    "train": "TRAIN_CHECKPOINT_STEPS TRAIN_ROWS_PER_STEP TRAIN_TOTAL_STEPS "
+             "TRAIN_MIN_SUPERVISED_TOKENS TRAIN_EVAL_STEPS TRAIN_EVAL_PROMPTS "
+             "TRAIN_EVAL_MAX_NEW_TOKENS TRAIN_DEVICE DRAFTER_LAYERS TRAIN_NPROC_PER_NODE "
+             "TRAIN_NNODES TRAIN_NODE_RANK TRAIN_RDZV_ENDPOINT TRAIN_PARALLEL TENSORBOARD_DIR",
+    "ui": "UI_AUTH",
+}
+COMMAND_OPTIONS = (
+    "VERBOSE RUN INPUT FORMAT PROMPT_FIELD PROMPT_TEMPLATE STRICT_FIELDS SHARD_SIZE LIMIT "
+    "MAX_NEW_TOKENS TEMPERATURE TOP_P TOP_K THINKING MODE LAYOUT TARGET_LAYERS HELDOUT_FRACTION "
+    "HELDOUT_MIN MIN_SUPERVISED_TOKENS MAX_REJECT_RATE PAUSE_AFTER MIN_ANSWER_TOKENS REPORT_JSON "
+    "REPORT_PNG REPORT_NO_PNG UI_HOST UI_PORT LOGLEVEL WORKER_NAME CONCURRENCY"
+)
+
+
+def test_every_setting_derives_its_variable_from_its_section_and_name() -> None:
+    derived = {section: [] for section in SECTIONS}
+    for flat, (section, _) in FIELDS.items():
+        derived[section].append(env_name(flat))
+    assert derived == {s: [f"DFLASH_{v}" for v in names.split()] for s, names in SETTINGS.items()}
+
+
+def test_every_command_option_derives_its_variable() -> None:
+    assert [env_name(flat) for flat in OPTIONS] == [f"DFLASH_{v}" for v in COMMAND_OPTIONS.split()]
+    assert not OPTIONS.keys() & FIELDS.keys(), "one name, one declaration"
+
+
+def test_settings_read_by_section_and_by_flat_name() -> None:
+    settings = load_settings({"DFLASH_HIDDEN_DEVICE": "cpu", "DFLASH_TRAIN_NODE_RANK": "0",
+                              "DFLASH_TENSORBOARD_DIR": "/tb"}, model="m")
+    assert settings.hidden.device == settings.hidden_device == "cpu"
+    assert settings.train.device == "auto", "train has its own device, not hidden's"
+    assert settings.train.tensorboard_dir == settings.tensorboard_dir == "/tb"
+    assert settings.target.model == settings.model == "m"
+    moved = dataclasses.replace(settings, model="other", train_nnodes=2)
+    assert (moved.model, moved.train.nnodes, moved.hidden.device) == ("other", 2, "cpu")
+    assert Settings(train_nproc_per_node=8).train.nproc_per_node == 8
+    with pytest.raises(TypeError, match="nonsense"):
+        Settings(nonsense=1)
+    with pytest.raises(AttributeError):
+        _ = settings.nonsense
+
+
+def test_secrets_and_broker_passwords_stay_masked_in_repr() -> None:
+    shown = repr(load_settings({"DFLASH_UI_AUTH": "me:hunter2",
+                                "DFLASH_BROKER_URL": "redis://:s3cret@h:1/0"}))
+    assert "hunter2" not in shown and "s3cret" not in shown and "ui_auth='***'" in shown
+
+
+def _options(group: click.Group) -> Iterator[tuple[str, click.Option]]:
+    for name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), name)
+        if isinstance(command, click.Group):
+            yield from ((f"{name} {sub}", o) for sub, o in _options(command))
+        else:
+            yield from ((name, p) for p in command.params if isinstance(p, click.Option))
+
+
+def test_every_variable_the_cli_reads_is_declared() -> None:
+    declared = {env_name(flat) for flat in (*FIELDS, *OPTIONS)}
+    read = {(command, o.name, o.envvar) for command, o in _options(main) if o.envvar}
+    assert read and {v for _, _, v in read} <= declared
+    assert ("enqueue", "run", "DFLASH_RUN") in read
+    assert ("report", "as_json", "DFLASH_REPORT_JSON") in read
+    assert ("ui", "host", "DFLASH_UI_HOST") in read
+
+
+def test_help_names_each_variable() -> None:
+    runner = CliRunner()
+    shown = runner.invoke(main, ["enqueue", "--help"], terminal_width=200).output
+    for variable in ("DFLASH_RUN", "DFLASH_INPUT", "DFLASH_SHARD_SIZE", "DFLASH_FORMAT",
+                     "DFLASH_HELDOUT_MIN", "DFLASH_MAX_REJECT_RATE", "DFLASH_MODEL",
+                     "DFLASH_STORAGE", "DFLASH_BROKER_URL"):
+        assert variable in shown
+    assert "[env var: DFLASH_SHARD_SIZE; default: 256; x>=1]" in shown
+    for command in ("resume", "status", "report", "ui", "plan-storage", "export-dataset",
+                    "export-drafter", "eval-drafter", "bench"):
+        shown = runner.invoke(main, [*command.split(), "--help"], terminal_width=200).output
+        named = [o.envvar for c, o in _options(main) if c == command and o.envvar and o.show_envvar]
+        assert named and all(v in shown for v in named), command
+
+
+def test_defaults_come_from_the_declarations() -> None:
+    options = {(c, o.name): o for c, o in _options(main)}
+    assert options["enqueue", "shard_size"].default == OPTIONS["shard_size"].default
+    assert options["enqueue", "thinking"].default is OPTIONS["thinking"].default
+    assert options["ui", "port"].default == OPTIONS["ui_port"].default
+
+
+def test_a_bad_variable_is_one_line_naming_it() -> None:
+    env = {**os.environ, "DFLASH_LEASE_TTL": "-1"}
+    result = subprocess.run([sys.executable, "-m", "producer.cli", "status", "--run", "r"],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: DFLASH_LEASE_TTL='-1' must be positive"
+    result = CliRunner().invoke(main, ["status", "--run", "r"], env={"DFLASH_HIDDEN_DEVICE": "gpu"})
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: DFLASH_HIDDEN_DEVICE='gpu' is not a device: auto, cpu, cuda, cuda:N or mps"]
+
+
+def test_one_device_resolver() -> None:
+    cuda = torch.cuda.is_available()
+    assert resolve_device("auto") == torch.device("cuda" if cuda else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="DFLASH_TRAIN_DEVICE='gpu0' is not a device"):
+        resolve_device("gpu0", "DFLASH_TRAIN_DEVICE")
+    if not cuda:
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda:1")
