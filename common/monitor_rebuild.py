@@ -1,8 +1,9 @@
 """Rebuild the run monitor's Redis state from commit summaries, in bounded memory and writes.
 
-One listing pass finds the commits and the parts of uncommitted shards; commits are read
-concurrently and only their ``summary`` is kept long enough to add it up (older commits, and
-uncommitted shards, are summarised from their parts). Redis gets the state in pipelines of at
+The run index (:mod:`common.run_index`) gives the summaries a chunk of 100 shards at a time,
+with the commits it lacks read directly and the parts of uncommitted shards listed; each is
+kept only long enough to add it up (older commits, and uncommitted shards, are summarised
+from their parts). Redis gets the state in pipelines of at
 most :data:`CHUNK` commands, so neither this process nor Redis holds the run at once; the
 ``ready`` flag, set last, is what lets workers go on.
 """
@@ -15,13 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 import redis
 
 from common import keys
-from common.commit_cache import THREADS, RunListing, fetch
+from common.commit_cache import THREADS, fetch
 from common.partstats import EXAMPLE_FIELDS, SampleStat
 from common.records import decode_jsonl_zst
+from common.run_index import SUMMARIES, RunIndex, ScanPlan, shard_total
 from common.run_summary import RunSummary, answer_order, shard_summary
 from common.storage import Storage
 
@@ -43,23 +44,23 @@ return 0
 """
 
 
-def shard_summaries(storage: Storage, run: str, listing: RunListing,
-                    threads: int = THREADS) -> Iterator[tuple[int, dict[str, Any], bool]]:
-    """``(shard, summary, committed)`` for every shard with a commit or a part."""
-    fallback = []
-    shards = {key: shard for shard, key in listing.commits.items()}
-    for key, data in fetch(storage, sorted(shards), threads):
-        summary = orjson.loads(data).get("summary")
-        if summary:
-            yield shards[key], summary, True
-        else:
-            fallback.append(shards[key])
-    if fallback:
-        log.info("run %s: %d commits predate summaries; reading their parts", run, len(fallback))
-    for shard in fallback:
-        yield shard, _from_parts(storage, listing.parts.get(shard, []), threads), True
-    for shard, part_keys in sorted(listing.uncommitted_parts().items()):
-        yield shard, _from_parts(storage, part_keys, threads), False
+def summary_index(storage: Storage, run: str, threads: int = THREADS) -> RunIndex:
+    """The run index's summaries, read in passing (never all kept: answers are large)."""
+    return RunIndex(storage, run, SUMMARIES, keep=False, rejected=True, threads=threads)
+
+
+def shard_summaries(storage: Storage, run: str, threads: int = THREADS,
+                    plan: ScanPlan | None = None) -> Iterator[tuple[int, dict[str, Any], bool]]:
+    """``(shard, summary, committed)`` for every shard with a commit or a part, chunk by chunk
+    from the run index (the commits it lacks; parts where no summary exists)."""
+    index = summary_index(storage, run, threads)
+    for read in index.scan(plan.total if plan else shard_total(storage, run), plan):
+        for shard, summary in sorted(read.entries.items()):
+            if summary is None:  # a commit from before summaries: its parts
+                summary = _from_parts(storage, read.parts.get(shard, []), threads)
+            yield shard, summary, True
+        for shard, part_keys in sorted(read.uncommitted_parts().items()):
+            yield shard, _from_parts(storage, part_keys, threads), False
 
 
 def _from_parts(storage: Storage, part_keys: list[str], threads: int) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
     claim = client.register_script(_CLAIM)
     total = RunSummary()
     pipe, queued = client.pipeline(transaction=False), 0
-    for shard, summary, committed in shard_summaries(storage, run, RunListing.of(storage, run)):
+    for shard, summary, committed in shard_summaries(storage, run):
         total.add(shard, summary, committed)
         entries = summary["answers"]
         for first in range(0, len(entries), CHUNK // 3):
