@@ -39,6 +39,7 @@ DIGESTS, SUMMARIES = "digests", "summaries"
 KINDS = (DIGESTS, SUMMARIES)
 VERSION = 1
 COMPACT_AT = 16
+FEW_SHARDS = 8
 FIELDS = {DIGESTS: {"samples", "rejected", "stats", "part_stats", "worker", "committed_at"},
           SUMMARIES: {"v", "judged", "rejected", "reasons", "hist", "groups", "examples",
                       "answers"}}
@@ -69,12 +70,19 @@ def manifest_shards(storage: Storage, run: str) -> int | None:
 
 
 def shard_total(storage: Storage, run: str) -> int:
-    """The run's generate shards: the manifest's count, else the input shards written so far."""
+    """The shards a scan must cover: the manifest's count; before it, the input shards so far,
+    rounded up past any chunk that already has generated or rejected objects."""
     shards = manifest_shards(storage, run)
     if shards is not None:
         return shards
-    return sum(1 for key in storage.list(keys.inputs_prefix(run))
-               if key.rsplit("/", 1)[-1].startswith("shard-"))
+    shards = sum(1 for key in storage.list(keys.inputs_prefix(run))
+                 if key.rsplit("/", 1)[-1].startswith("shard-"))
+    chunk = math.ceil(shards / CHUNK)
+    while any(next(iter(storage.list(prefix(run, chunk))), None) for prefix in
+              (keys.generated_chunk_prefix, keys.rejected_chunk_prefix)):
+        chunk += 1
+        shards = chunk * CHUNK
+    return shards
 
 
 def write_chunk(storage: Storage, run: str, kind: str, chunk: int,
@@ -142,14 +150,15 @@ class RunIndex:
     read_keys: set[str] = field(default_factory=set)  # index objects read (kept)
     bad: set[str] = field(default_factory=set)  # index objects found unreadable
     direct: int = 0  # commits read directly, all scans
-    listings: int = 0  # chunks listed, all scans
+    listings: int = 0  # LIST calls, all scans
+    listed: set[int] = field(default_factory=set)  # chunks listed in full once (kept)
 
     def plan(self, total: int) -> ScanPlan:
         """The index listed, and the chunks it does not cover in full listed too."""
         best = self._best()
         todo = [c for c in range(math.ceil(total / CHUNK)) if c not in self.done]
         listed = [c for c in todo if best.get(c, ("", 0))[1] < chunk_size(c, total)]
-        return ScanPlan(total, best, todo, self._list(listed))
+        return ScanPlan(total, best, todo, self._list(listed, total))
 
     def scan(self, total: int, plan: ScanPlan | None = None) -> Iterator[ChunkRead]:
         """Every chunk of ``total`` shards not known complete, in order (kept chunks: skipped)."""
@@ -171,7 +180,7 @@ class RunIndex:
             elif key:
                 covered = best[chunk][1] == chunk_size(chunk, total)
             if chunk not in listings and not covered:  # its object was unreadable after all
-                listings[chunk] = self._list_chunk(chunk)
+                listings[chunk] = self._list([chunk], total)[chunk]
             commits, parts = listings.get(chunk, ({}, {}))
             self._read_direct(chunk, commits, known, total)
             if self.keep:
@@ -228,23 +237,32 @@ class RunIndex:
             self.bad.add(key)
             return None
 
-    def _list(self, chunks: list[int]) -> dict[int, Listing]:
-        """The chunks' commits and parts, one LIST per chunk and area, concurrently."""
-        if not chunks:
-            return {}
-        with ThreadPoolExecutor(min(self.threads, len(chunks)),
+    def _list(self, chunks: list[int], total: int) -> dict[int, Listing]:
+        """The chunks' commits and parts, one LIST per chunk and area, concurrently; a kept
+        chunk listed before with few shards left lists just those shards (a warm read lists
+        a handful of keys, not the parts of 100 shards)."""
+        areas = [keys.generated_prefix(self.run)] + (
+            [keys.rejected_prefix(self.run)] if self.rejected else [])
+        stems: dict[int, list[str]] = {}
+        for chunk in chunks:
+            missing = [s for s in range(chunk * CHUNK, chunk * CHUNK + chunk_size(chunk, total))
+                       if s not in self.entries.get(chunk, {})]
+            few = self.keep and chunk in self.listed and len(missing) <= FEW_SHARDS
+            stems[chunk] = ([keys.shard_name(s) + "/" for s in missing] if few
+                            else [keys.chunk_stem(chunk)])
+            self.listed.add(chunk)
+        prefixes = [(c, area, a + stem) for c in chunks for area, a in enumerate(areas)
+                    for stem in stems[c]]
+        if not prefixes:
+            return {c: ({}, {}) for c in chunks}
+        self.listings += len(prefixes)
+        with ThreadPoolExecutor(min(self.threads, len(prefixes)),
                                 thread_name_prefix="list") as pool:
-            return dict(zip(chunks, pool.map(self._list_chunk, chunks), strict=True))
-
-    def _list_chunk(self, chunk: int) -> Listing:
-        self.listings += 1
-        commits: dict[int, str] = {}
-        parts: dict[int, list[str]] = defaultdict(list)
-        prefixes = [keys.generated_chunk_prefix(self.run, chunk)]
-        if self.rejected:
-            prefixes.append(keys.rejected_chunk_prefix(self.run, chunk))
-        for area, prefix in enumerate(prefixes):
-            for key in self.storage.list(prefix):
+            found = list(pool.map(lambda job: list(self.storage.list(job[2])), prefixes))
+        out: dict[int, Listing] = {c: ({}, defaultdict(list)) for c in chunks}
+        for (chunk, area, _), listed in zip(prefixes, found, strict=True):
+            commits, parts = out[chunk]
+            for key in listed:
                 shard = keys.shard_of(key)
                 if shard is None:
                     continue
@@ -252,7 +270,7 @@ class RunIndex:
                     commits[shard] = key
                 elif keys.part_number(key) is not None:
                     parts[shard].append(key)
-        return commits, dict(parts)
+        return {c: (commits, dict(parts)) for c, (commits, parts) in out.items()}
 
 
 def index_after_commit(storage: Storage, run: str, shard: int, threads: int = 8) -> None:
@@ -292,18 +310,25 @@ class CommitSet:
     threads: int = THREADS
     shards: set[int] = field(default_factory=set)
     done: set[int] = field(default_factory=set)
+    listed: set[int] = field(default_factory=set)
 
     def update(self, total: int) -> set[int]:
         todo = [c for c in range(math.ceil(total / CHUNK)) if c not in self.done]
-
-        def listed(chunk: int) -> set[int]:
-            return {s for k in self.storage.list(keys.hidden_chunk_prefix(self.run, chunk))
-                    if k.endswith("/_COMMIT.json") and (s := keys.shard_of(k)) is not None}
-
-        if todo:
-            with ThreadPoolExecutor(min(self.threads, len(todo))) as pool:
-                for chunk, found in zip(todo, pool.map(listed, todo), strict=True):
-                    self.shards |= found
-                    if len(found) == CHUNK:
-                        self.done.add(chunk)
+        jobs = []
+        for chunk in todo:  # listed once: then only the shards still without a commit
+            missing = [s for s in range(chunk * CHUNK, chunk * CHUNK + chunk_size(chunk, total))
+                       if s not in self.shards]
+            jobs += ([keys.hidden_shard_prefix(self.run, s) for s in missing]
+                     if chunk in self.listed and len(missing) <= FEW_SHARDS
+                     else [keys.hidden_chunk_prefix(self.run, chunk)])
+            self.listed.add(chunk)
+        if jobs:
+            with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
+                for found in pool.map(lambda prefix: list(self.storage.list(prefix)), jobs):
+                    self.shards |= {s for k in found if k.endswith("/_COMMIT.json")
+                                    and (s := keys.shard_of(k)) is not None}
+        for chunk in todo:
+            if sum(1 for s in range(chunk * CHUNK, (chunk + 1) * CHUNK) if s in self.shards) \
+                    == CHUNK:
+                self.done.add(chunk)
         return self.shards

@@ -22,7 +22,7 @@ from common.config import load_settings
 from common.monitor import pause_from_storage
 from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, decode_jsonl_zst
-from common.run_index import CommitSet, RunIndex
+from common.run_index import CommitSet, RunIndex, shard_total
 from common.runstore import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
@@ -62,7 +62,7 @@ class StatusReader:
         self.fixed["manifest"] = manifest
         total = manifest.shards if manifest else len(list(
             self.storage.list(keys.inputs_prefix(self.run))))
-        part_keys = self._read_commits(total)
+        part_keys = self._read_commits(total if manifest else shard_total(self.storage, self.run))
         live = self._live()
         up = live is not None
         committed = len(self.commits)
