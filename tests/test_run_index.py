@@ -95,12 +95,16 @@ def test_the_worker_that_completes_a_chunk_indexes_it(tmp_path: Path, redis_serv
     assert not _index_keys(storage, DIGESTS) and not _index_keys(storage, SUMMARIES)
     manifest = InputManifest(shards=6, rows=6 * SHARD, rejected=2, shard_rows=[SHARD] * 6)
     assert json.loads(storage.get(keys.inputs_manifest(RUN)))["shards"] == manifest.shards
+    reader = StatusReader(storage, redis_server.client(), RUN)
+    assert reader.read()["shards"]["committed"] == 3
     for shard in (3, 4, 5):
         parts = ShardParts(storage, ShardTask(RUN, shard))
         parts.refresh()
         done = parts.done_ids
         parts.write([_sample(shard, i, True) for i in range(SHARD) if f"{shard}-{i}" not in done])
         parts.commit([f"{shard}-{i}" for i in range(SHARD)], "w")
+        # A warm reader lists only the shards of the chunk still uncommitted, and sees each.
+        assert reader.read()["shards"]["committed"] == shard + 1
     for kind in KINDS:
         assert [keys.index_entry(k) for k in _index_keys(storage, kind)] == [(0, 6)]
     index = RunIndex(storage, RUN)
