@@ -41,10 +41,15 @@ class SeriesReader:
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     index: RunIndex | None = None  # the run index's digests (shared with the dashboard's status)
     total: int = 0  # the run's shard count, once the manifest gave it
+    built: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     def read(self) -> dict[str, Any]:
         entries = self._entries()
-        return {"run": self.run, **build_series(entries), "train": self._train()}
+        # Commits only add up and a new part adds an entry: the same counts, the same series.
+        seen = (len(self.committed), len(entries))
+        if self.built is None or self.built[0] != seen:
+            self.built = (seen, build_series(entries))
+        return {"run": self.run, **self.built[1], "train": self._train()}
 
     def _entries(self) -> list[dict[str, Any]]:
         """One entry per part: shard, worker, at, wall_s, samples, rejected, tokens."""
