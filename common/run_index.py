@@ -296,7 +296,7 @@ def index_after_commit(storage: Storage, run: str, shard: int, threads: int = 8)
         for kind in missing:
             entries = {s: e for s, c in read.items() if (e := entry_of(kind, c)) is not None}
             write_chunk(storage, run, kind, chunk, entries)
-    except DflashError as exc:
+    except (DflashError, ValueError, KeyError) as exc:  # derived data: the commit stands
         log.warning("run %s: chunk %d not indexed after shard %d's commit: %s", run, chunk,
                     shard, exc)
 
