@@ -43,7 +43,11 @@ class LegacyStatusReader(StatusReader):
         super().__init__(*args, **kwargs)
         self.whole: dict[int, ShardCommit] = {}
 
-    def _read_commits(self) -> list[str]:
+    def read(self) -> dict[str, Any]:
+        self.fixed.clear()  # run.json and the manifest were read on every call
+        return super().read()
+
+    def _read_commits(self, total: int) -> list[str]:
         part_keys = []
         for key in self.storage.list(keys.generated_prefix(self.run)):
             shard = keys.shard_of(key)
@@ -52,7 +56,8 @@ class LegacyStatusReader(StatusReader):
                 self.commits[shard] = CommitDigest.of(self.whole[shard])
             elif keys.part_number(key) is not None:
                 part_keys.append(key)
-        return part_keys
+        return part_keys + [k for k in self.storage.list(keys.rejected_prefix(self.run))
+                            if keys.part_number(k) is not None]
 
 
 class LegacySeriesReader(SeriesReader):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,21 +25,23 @@ log = logging.getLogger(__name__)
 THREADS = 16
 
 
-def fetch(storage: Storage, names: Iterable[str], threads: int = THREADS) -> Iterator[
-        tuple[str, bytes]]:
-    """``(key, bytes)`` for each key in order, read by ``threads`` at most 2 x threads ahead."""
+def fetch(storage: Storage, names: Iterable[str], threads: int = THREADS,
+          get: Callable[[str], bytes] | None = None) -> Iterator[tuple[str, bytes]]:
+    """``(key, bytes)`` for each key in order, read by ``threads`` at most 2 x threads ahead
+    (``get``: how to read one, ``storage.get`` by default)."""
     names = iter(names)
+    read = get or storage.get
     with ThreadPoolExecutor(threads, thread_name_prefix="fetch") as pool:
         window: deque[tuple[str, Future[bytes]]] = deque()
         for name in names:
-            window.append((name, pool.submit(storage.get, name)))
+            window.append((name, pool.submit(read, name)))
             if len(window) >= 2 * threads:
                 break
         while window:
             name, future = window.popleft()
             following = next(names, None)
             if following is not None:
-                window.append((following, pool.submit(storage.get, following)))
+                window.append((following, pool.submit(read, following)))
             yield name, future.result()
 
 
@@ -81,6 +83,11 @@ class CommitDigest:
     part_stats: dict[str, dict[str, Any]]
     worker: str
     committed_at: float
+
+    @classmethod
+    def of_entry(cls, shard: int, entry: dict[str, Any]) -> CommitDigest:
+        """From a run-index digest (:func:`common.run_index.entry_of`)."""
+        return cls(shard, **entry)
 
     @classmethod
     def of(cls, commit: ShardCommit) -> CommitDigest:

@@ -134,6 +134,44 @@ def shard_of(key: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+INDEX_CHUNK = 100
+"""Shards per run-index object: a decimal prefix of their names (``shard-0012`` holds 1200-1299)."""
+_INDEX = re.compile(r"/chunk-(\d{4})-(\d{3})-[0-9a-f]{8}\.json\.zst$")
+
+
+def chunk_stem(chunk: int) -> str:
+    """The name prefix every shard of ``chunk`` shares (one LIST finds them all)."""
+    return shard_name(chunk * INDEX_CHUNK)[:-2]
+
+
+def generated_chunk_prefix(run: str, chunk: int) -> str:
+    return f"runs/{run}/generated/{chunk_stem(chunk)}"
+
+
+def rejected_chunk_prefix(run: str, chunk: int) -> str:
+    return f"runs/{run}/rejected/{chunk_stem(chunk)}"
+
+
+def hidden_chunk_prefix(run: str, chunk: int) -> str:
+    return f"runs/{run}/hidden/{chunk_stem(chunk)}"
+
+
+def index_prefix(run: str, kind: str) -> str:
+    """The run index (``digests`` or ``summaries``): put-once objects derived from commits."""
+    return f"runs/{run}/index/{kind}/"
+
+
+def index_object(run: str, kind: str, chunk: int, count: int, tag: str) -> str:
+    """``count`` commits of ``chunk``; ``tag`` names the set, so equal sets share one key."""
+    return f"{index_prefix(run, kind)}chunk-{chunk:04d}-{count:03d}-{tag}.json.zst"
+
+
+def index_entry(key: str) -> tuple[int, int] | None:
+    """(chunk, count) of a run-index object's key, else None."""
+    match = _INDEX.search(key)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def hidden_prefix(run: str) -> str:
     return f"runs/{run}/hidden/"
 

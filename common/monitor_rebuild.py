@@ -1,8 +1,9 @@
 """Rebuild the run monitor's Redis state from commit summaries, in bounded memory and writes.
 
-One listing pass finds the commits and the parts of uncommitted shards; commits are read
-concurrently and only their ``summary`` is kept long enough to add it up (older commits, and
-uncommitted shards, are summarised from their parts). Redis gets the state in pipelines of at
+The run index (:mod:`common.run_index`) gives the summaries a chunk of 100 shards at a time,
+with the commits it lacks read directly and the parts of uncommitted shards listed; each is
+kept only long enough to add it up (older commits, and uncommitted shards, are summarised
+from their parts). Redis gets the state in pipelines of at
 most :data:`CHUNK` commands, so neither this process nor Redis holds the run at once; the
 ``ready`` flag, set last, is what lets workers go on.
 """
@@ -15,13 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 import redis
 
 from common import keys
-from common.commit_cache import THREADS, RunListing, fetch
+from common.commit_cache import THREADS, fetch
 from common.partstats import EXAMPLE_FIELDS, SampleStat
 from common.records import decode_jsonl_zst
+from common.run_index import SUMMARIES, RunIndex, ScanPlan, shard_total
 from common.run_summary import RunSummary, answer_order, shard_summary
 from common.storage import Storage
 
@@ -41,25 +42,38 @@ for i = 1, #ARGV, 3 do
 end
 return 0
 """
+# The same over one argument of NUL-separated triples: packing 3 arguments per answer costs
+# the client more than Redis's work (a seed-sized run has nearly a million answers).
+_CLAIM_PACKED = """
+for h, owner, rank in string.gmatch(ARGV[1], "([^%z]*)%z([^%z]*)%z([^%z]*)%z") do
+  if redis.call('HSETNX', KEYS[2], h, rank) == 1 then
+    redis.call('HSET', KEYS[1], h, owner)
+  elseif rank < redis.call('HGET', KEYS[2], h) then
+    redis.call('HSET', KEYS[1], h, owner)
+    redis.call('HSET', KEYS[2], h, rank)
+  end
+end
+return 0
+"""
 
 
-def shard_summaries(storage: Storage, run: str, listing: RunListing,
-                    threads: int = THREADS) -> Iterator[tuple[int, dict[str, Any], bool]]:
-    """``(shard, summary, committed)`` for every shard with a commit or a part."""
-    fallback = []
-    shards = {key: shard for shard, key in listing.commits.items()}
-    for key, data in fetch(storage, sorted(shards), threads):
-        summary = orjson.loads(data).get("summary")
-        if summary:
-            yield shards[key], summary, True
-        else:
-            fallback.append(shards[key])
-    if fallback:
-        log.info("run %s: %d commits predate summaries; reading their parts", run, len(fallback))
-    for shard in fallback:
-        yield shard, _from_parts(storage, listing.parts.get(shard, []), threads), True
-    for shard, part_keys in sorted(listing.uncommitted_parts().items()):
-        yield shard, _from_parts(storage, part_keys, threads), False
+def summary_index(storage: Storage, run: str, threads: int = THREADS) -> RunIndex:
+    """The run index's summaries, read in passing (never all kept: answers are large)."""
+    return RunIndex(storage, run, SUMMARIES, keep=False, rejected=True, threads=threads)
+
+
+def shard_summaries(storage: Storage, run: str, threads: int = THREADS,
+                    plan: ScanPlan | None = None) -> Iterator[tuple[int, dict[str, Any], bool]]:
+    """``(shard, summary, committed)`` for every shard with a commit or a part, chunk by chunk
+    from the run index (the commits it lacks; parts where no summary exists)."""
+    index = summary_index(storage, run, threads)
+    for read in index.scan(plan.total if plan else shard_total(storage, run), plan):
+        for shard, summary in sorted(read.entries.items()):
+            if summary is None:  # a commit from before summaries: its parts
+                summary = _from_parts(storage, read.parts.get(shard, []), threads)
+            yield shard, summary, True
+        for shard, part_keys in sorted(read.uncommitted_parts().items()):
+            yield shard, _from_parts(storage, part_keys, threads), False
 
 
 def _from_parts(storage: Storage, part_keys: list[str], threads: int) -> dict[str, Any]:
@@ -80,16 +94,21 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
     client.unlink(keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
                   answers, order, keys.redis_paused(run), keys.redis_partial(run), *stale)
     claim = client.register_script(_CLAIM)
+    packed = client.register_script(_CLAIM_PACKED)
     total = RunSummary()
     pipe, queued = client.pipeline(transaction=False), 0
-    for shard, summary, committed in shard_summaries(storage, run, RunListing.of(storage, run)):
+    for shard, summary, committed in shard_summaries(storage, run):
         total.add(shard, summary, committed)
         entries = summary["answers"]
         for first in range(0, len(entries), CHUNK // 3):
-            argv = [x for e in entries[first:first + CHUNK // 3]
-                    for x in (e[0], e[1], answer_order(shard, e))]
-            claim(keys=[answers, order], args=argv, client=pipe)
-            queued += len(argv) // 3
+            batch = [(e[0], e[1], answer_order(shard, e))
+                     for e in entries[first:first + CHUNK // 3]]
+            if any("\0" in h or "\0" in owner for h, owner, _ in batch):
+                claim(keys=[answers, order], args=[x for e in batch for x in e], client=pipe)
+            else:
+                packed(keys=[answers, order], client=pipe,
+                       args=["".join(f"{h}\0{owner}\0{rank}\0" for h, owner, rank in batch)])
+            queued += len(batch)
         if queued >= CHUNK:
             pipe.execute()
             heartbeat()

@@ -134,11 +134,17 @@ class LocalStorage(Storage):
             raise NotFound(key) from exc
 
     def list(self, prefix: str) -> Iterator[str]:
-        base = self.path / prefix.rsplit("/", 1)[0] if "/" in prefix else self.path
+        parent, _, stem = prefix.rpartition("/")
+        base = self.path / parent if parent else self.path
         if not base.is_dir():
             return iter(())
         root, keys = len(str(self.path)) + 1, []
-        for directory, _, names in os.walk(base):  # os.walk: a run's parts list 5x faster
+        tops = [base]
+        if stem:  # a name prefix (``shard-0012``) walks only the entries that can match it
+            found = [n for n in os.listdir(base) if n.startswith(stem)]
+            keys += [f"{parent}/{n}" if parent else n for n in found if (base / n).is_file()]
+            tops = [base / n for n in found if (base / n).is_dir()]
+        for directory, _, names in (w for top in tops for w in os.walk(top)):  # os.walk: fast
             under = directory[root:].replace(os.sep, "/")
             keys += [f"{under}/{name}" if under else name for name in names
                      if not name.startswith(".")]

@@ -17,11 +17,12 @@ import redis
 
 from common import keys
 from common.celery_app import STAGES, TRAIN
-from common.commit_cache import CommitCache, CommitDigest, RunListing, fetch
+from common.commit_cache import CommitDigest, fetch
 from common.config import load_settings
 from common.monitor import pause_from_storage
 from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, decode_jsonl_zst
+from common.run_index import CommitSet, RunIndex, shard_total
 from common.runstore import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
@@ -49,15 +50,21 @@ class StatusReader:
     lease_ttl: float = field(default_factory=lambda: load_settings().lease_ttl)
     grid: dict[int, str] = field(default_factory=dict)
     """The last read's state of every generate shard (the dashboard's grid)."""
+    index: RunIndex | None = None  # the run index's digests (the dashboard shares it)
+    hidden: CommitSet | None = None
+    fixed: dict[str, Any] = field(default_factory=dict)  # run.json, the manifest: put-once
 
     def read(self) -> dict[str, Any]:
-        config = RunStore(self.storage, self.run).config()  # RunNotFound: one line, exit 1
-        manifest = read_manifest(self.storage, self.run)
-        part_keys = self._read_commits()
-        live = self._live()
-        up = live is not None
+        if "config" not in self.fixed:  # RunNotFound: one line, exit 1
+            self.fixed["config"] = RunStore(self.storage, self.run).config()
+        config = self.fixed["config"]
+        manifest = self.fixed.get("manifest") or read_manifest(self.storage, self.run)
+        self.fixed["manifest"] = manifest
         total = manifest.shards if manifest else len(list(
             self.storage.list(keys.inputs_prefix(self.run))))
+        part_keys = self._read_commits(total if manifest else shard_total(self.storage, self.run))
+        live = self._live()
+        up = live is not None
         committed = len(self.commits)
         done = sum(c.samples for c in self.commits.values())
         tokens = sum(c.stats.get("completion_tokens", 0) for c in self.commits.values())
@@ -96,20 +103,23 @@ class StatusReader:
             "eta_s": _eta(state, remaining, rate),
             "parked": live["parked"] if up else None,
             "engines": live["engines"] if up else None,
-            "downstream": self._downstream(config, live),
+            "downstream": self._downstream(config, live, total),
         }
 
-    def _read_commits(self) -> list[str]:
-        """Read new commits (concurrently); returns the generated part keys (for progress)."""
-        listing = RunListing.of(self.storage, self.run, rejected=False)
-        CommitCache(self.storage, self.run, digests=self.commits).update(listing)
-        return [key for part_keys in listing.parts.values() for key in part_keys]
+    def _read_commits(self, total: int) -> list[str]:
+        """New commits from the run index (and unindexed commits); returns the part keys of
+        uncommitted shards, generated and rejected (for progress after a Redis wipe)."""
+        self.index = self.index or RunIndex(self.storage, self.run, rejected=True)
+        uncommitted = [key for read in self.index.scan(total)
+                       for part_keys in read.uncommitted_parts().values() for key in part_keys]
+        for chunk in self.index.entries.values():
+            self.commits.update({shard: CommitDigest.of_entry(shard, entry)
+                                 for shard, entry in chunk.items() if shard not in self.commits})
+        return uncommitted
 
-    def _stored_progress(self, generated_parts: list[str]) -> StoredProgress:
+    def _stored_progress(self, part_keys: list[str]) -> StoredProgress:
         """Samples and rejections in the parts of uncommitted shards, read from storage."""
-        keys_ = generated_parts + [k for k in self.storage.list(keys.rejected_prefix(self.run))
-                                   if keys.part_number(k) is not None]
-        keys_ = [key for key in keys_ if keys.shard_of(key) not in self.commits]
+        keys_ = [key for key in part_keys if keys.shard_of(key) not in self.commits]
         for key, data in fetch(self.storage, [k for k in keys_ if k not in self.parts]):
             samples = decode_jsonl_zst(data)
             self.parts[key] = StoredPart(frozenset(s["id"] for s in samples),
@@ -135,12 +145,14 @@ class StatusReader:
         return {**counts, **{state: sum(v == state for v in self.grid.values())
                              for state in GRID_STATES}}
 
-    def _downstream(self, config: Any, live: dict[str, Any] | None) -> dict[str, Any]:
+    def _downstream(self, config: Any, live: dict[str, Any] | None,
+                    total: int) -> dict[str, Any]:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
         stage = "train" if config.mode == "online" else "hidden"
         parked = len(live["stages"][stage].parked) if live is not None else None
         if config.mode != "online":
-            done = RunStore(self.storage, self.run).committed("hidden")
+            self.hidden = self.hidden or CommitSet(self.storage, self.run)
+            done = self.hidden.update(total)
             return {"mode": "offline", "stage": "hidden", "committed": len(done),
                     "parked": parked}
         from common.drafter_store import latest_metrics, read_ledger

@@ -15,11 +15,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.commit_cache import RunListing
 from common.gates import GateConfig
 from common.monitor import resume_state
-from common.monitor_rebuild import shard_summaries
+from common.monitor_rebuild import shard_summaries, summary_index
 from common.partstats import EXAMPLE_FIELDS
+from common.run_index import ScanPlan, shard_total
 from common.run_summary import RunSummary
 from common.storage import Storage
 
@@ -39,28 +39,26 @@ class GateSource:
 
     storage: Storage
     run: str
-    _seen: tuple[frozenset[str], frozenset[str]] | None = None
+    _seen: frozenset[str] | None = None
     _last: StoredGates | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def read(self, gates: GateConfig) -> StoredGates:
-        listing = RunListing.of(self.storage, self.run)
-        seen = (frozenset(listing.commits.values()),
-                frozenset(k for part_keys in listing.parts.values() for k in part_keys))
+        plan = summary_index(self.storage, self.run).plan(shard_total(self.storage, self.run))
+        seen = plan.fingerprint()
         with self._lock:
             if self._last is None or seen != self._seen:
-                self._last = stored_gates(self.storage, self.run, gates, listing)
+                self._last = stored_gates(self.storage, self.run, gates, plan)
                 self._seen = seen
             return self._last
 
 
 def stored_gates(storage: Storage, run: str, gates: GateConfig,
-                 listing: RunListing | None = None) -> StoredGates:
+                 plan: ScanPlan | None = None) -> StoredGates:
     """Histogram, examples and window as :func:`common.monitor.rebuild` would put them back."""
     _, _, size, accepted_at = resume_state(storage, run, gates)
     total = RunSummary()
-    for shard, summary, committed in shard_summaries(storage, run,
-                                                     listing or RunListing.of(storage, run)):
+    for shard, summary, committed in shard_summaries(storage, run, plan=plan):
         total.add(shard, summary, committed)
     examples = {reason: [{k: view[k] for k in EXAMPLE_FIELDS}
                          for view in total.newest_examples(reason)]

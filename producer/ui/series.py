@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import keys
-from common.commit_cache import CommitCache, CommitDigest, RunListing, fetch
+from common.commit_cache import CommitDigest, fetch
 from common.errors import NotFound
 from common.partstats import SampleStat, part_stats
 from common.records import decode_jsonl_zst
+from common.run_index import RunIndex, manifest_shards, shard_total
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -38,23 +39,33 @@ class SeriesReader:
     committed: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     parts: dict[str, list[SampleStat]] = field(default_factory=dict)
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    index: RunIndex | None = None  # the run index's digests (shared with the dashboard's status)
+    total: int = 0  # the run's shard count, once the manifest gave it
+    built: tuple[tuple[int, int], dict[str, Any]] | None = None
 
     def read(self) -> dict[str, Any]:
         entries = self._entries()
-        return {"run": self.run, **build_series(entries), "train": self._train()}
+        # Commits only add up and a new part adds an entry: the same counts, the same series.
+        seen = (len(self.committed), len(entries))
+        if self.built is None or self.built[0] != seen:
+            self.built = (seen, build_series(entries))
+        return {"run": self.run, **self.built[1], "train": self._train()}
 
     def _entries(self) -> list[dict[str, Any]]:
         """One entry per part: shard, worker, at, wall_s, samples, rejected, tokens."""
         generated = keys.generated_prefix(self.run)
-        listing = RunListing.of(self.storage, self.run)
-        new = RunListing({s: k for s, k in listing.commits.items() if s not in self.committed},
-                         {})
-        for shard, digest in CommitCache(self.storage, self.run).update(new).items():
-            self.committed[shard] = _commit_entries(digest)
+        self.index = self.index or RunIndex(self.storage, self.run, rejected=True)
+        found: dict[int, list[str]] = {}
+        self.total = self.total or manifest_shards(self.storage, self.run) or 0
+        for read in self.index.scan(self.total or shard_total(self.storage, self.run)):
+            found.update(read.uncommitted_parts())
+        for chunk in self.index.entries.values():
+            for shard, entry in chunk.items():
+                if shard not in self.committed:
+                    self.committed[shard] = _commit_entries(CommitDigest.of_entry(shard, entry))
         for key in [k for k in self.parts if keys.shard_of(k) in self.committed]:
             del self.parts[key]  # the commit's summary replaces what the parts said
         entries = [e for shard_entries in self.committed.values() for e in shard_entries]
-        found = listing.uncommitted_parts()
         missing = [key for part_keys in found.values() for key in part_keys
                    if key not in self.parts]
         for key, data in fetch(self.storage, missing):

@@ -18,6 +18,7 @@ import redis
 from common import keys
 from common.errors import NotFound, RunNotFound
 from common.records import RunConfig
+from common.run_index import RunIndex
 from common.runstore import RunStore
 from common.storage import Storage
 from producer.report import token_stats
@@ -58,8 +59,9 @@ class Views:
             raise RunNotFound(f"invalid run id {run!r}")
         with self._lock:
             if run not in self.runs:
-                self.runs[run] = RunView(StatusReader(self.storage, self.client, run),
-                                         SeriesReader(self.storage, run),
+                index = RunIndex(self.storage, run, rejected=True)  # one digest cache per run
+                self.runs[run] = RunView(StatusReader(self.storage, self.client, run, index=index),
+                                         SeriesReader(self.storage, run, index=index),
                                          GateSource(self.storage, run))
             return self.runs[run]
 

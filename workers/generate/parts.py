@@ -20,6 +20,7 @@ from common import keys
 from common.errors import StorageError
 from common.partstats import SampleStat, part_stats, written_stamp
 from common.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.run_index_extend import index_after_commit
 from common.run_summary import shard_summary
 from common.runstore import RunStore
 from common.storage import Storage
@@ -107,6 +108,7 @@ class ShardParts:
         )
         key, data = keys.generated_commit(self.task.run, self.task.shard), dumps(commit.to_json())
         if self.storage.put_once(key, data) or self._own_write(key, data):
+            index_after_commit(self.storage, self.task.run, self.task.shard)
             return commit
         log.info("run %s shard %d: already committed by another worker", self.task.run,
                  self.task.shard)

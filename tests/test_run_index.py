@@ -1,0 +1,153 @@
+"""The run index changes nothing but speed: status, the rebuilt monitor, the stored gate panels
+and the series are the same from index objects, from commits and from parts; a corrupt index
+object falls back to the commits; concurrent writers never lose a commit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common import keys
+from common.monitor import rebuild
+from common.monitor_parts import rebuild_from_parts
+from common.records import InputManifest, ShardTask
+from common.run_index import DIGESTS, KINDS, SUMMARIES, RunIndex, write_chunk
+from common.storage import LocalStorage, Storage, open_storage
+from producer.status import StatusReader
+from producer.ui.gate_source import stored_gates
+from producer.ui.series import SeriesReader
+from tests import test_run_summary
+from tests.test_run_summary import GATES, RUN, SHARD, _redis_state, _sample, _stable, _write_run
+from workers.generate.parts import ShardParts
+
+run = test_run_summary.run  # the same run, written once for this module
+
+
+def _copy(base: Path, name: str) -> LocalStorage:
+    target = base / name
+    if not target.exists():
+        shutil.copytree(base / "storage", target)
+    return LocalStorage(str(target))
+
+
+def _index_keys(storage: Storage, kind: str) -> list[str]:
+    return list(storage.list(keys.index_prefix(RUN, kind)))
+
+
+def _figures(client: Any, storage: Storage) -> dict[str, Any]:
+    """Everything a reader of the run shows: status (Redis wiped, then rebuilt), the rebuilt
+    monitor's Redis state, the stored gate panels and the series."""
+    client.flushall()
+    wiped = _stable(StatusReader(storage, client, RUN).read())
+    rebuild(client, storage, RUN, GATES)
+    monitor = _redis_state(client)
+    status = _stable(StatusReader(storage, client, RUN).read())
+    series = SeriesReader(storage, RUN).read()
+    return {"wiped": wiped, "monitor": monitor, "status": status, "series": series,
+            "gates": stored_gates(storage, RUN, GATES)}
+
+
+def test_index_commits_and_parts_give_the_same_figures(run) -> None:
+    client, base = run
+    plain, indexed = _copy(base, "plain"), _copy(base, "indexed")
+    for kind in KINDS:  # a reader that read every commit directly compacts them
+        index = RunIndex(indexed, RUN, kind, keep=False, rejected=True, compact_at=1)
+        list(index.scan(6))
+        assert index.direct == 3
+        assert [keys.index_entry(k) for k in _index_keys(indexed, kind)] == [(0, 3)]
+        again = RunIndex(indexed, RUN, kind, keep=False)
+        assert sorted(s for r in again.scan(6) for s in r.entries) == [0, 1, 2]
+        assert again.direct == 0  # every commit came from the index object
+    client.flushall()
+    rebuild_from_parts(client, plain, RUN, GATES)
+    from_parts = _redis_state(client)
+    from_index, from_commits = _figures(client, indexed), _figures(client, plain)
+    assert from_index == from_commits
+    assert from_index["monitor"] == from_parts
+    assert from_index["wiped"]["samples"]["in_progress"] == 13
+    assert from_index["status"]["gates"]["window"]["rejected"] > 0
+    assert from_index["gates"].examples["duplicate"]
+    assert not _index_keys(plain, DIGESTS)  # 3 direct reads: below the compaction threshold
+
+
+def test_a_corrupt_index_object_costs_speed_only(run, caplog) -> None:
+    client, base = run
+    plain, broken = _copy(base, "plain"), _copy(base, "broken")
+    for kind in KINDS:  # each claims every shard of the chunk: trusted, it would hide 3-5
+        broken.put_once(keys.index_object(RUN, kind, 0, 6, "deadbeef"), b"not zstd")
+    bogus = {s: {"judged": 1} for s in range(6)}
+    write_chunk(broken, RUN, SUMMARIES, 0, bogus)  # readable, but not what it must hold
+    write_chunk(broken, RUN, DIGESTS, 0, {s: {"samples": 1} for s in range(5)})
+    broken.put_once(keys.index_object(RUN, DIGESTS, 0, 6, "0badc0de"),
+                    json.dumps({"v": 1}).encode())
+    assert _figures(client, broken) == _figures(client, plain)
+    assert "ignoring index object" in caplog.text
+
+
+def test_the_worker_that_completes_a_chunk_indexes_it(tmp_path: Path, redis_server) -> None:
+    storage = LocalStorage(str(tmp_path / "s"))
+    _write_run(redis_server.client(), storage)  # 6 shards, 3 committed: no chunk complete
+    assert not _index_keys(storage, DIGESTS) and not _index_keys(storage, SUMMARIES)
+    manifest = InputManifest(shards=6, rows=6 * SHARD, rejected=2, shard_rows=[SHARD] * 6)
+    assert json.loads(storage.get(keys.inputs_manifest(RUN)))["shards"] == manifest.shards
+    reader = StatusReader(storage, redis_server.client(), RUN)
+    assert reader.read()["shards"]["committed"] == 3
+    for shard in (3, 4, 5):
+        parts = ShardParts(storage, ShardTask(RUN, shard))
+        parts.refresh()
+        done = parts.done_ids
+        parts.write([_sample(shard, i, True) for i in range(SHARD) if f"{shard}-{i}" not in done])
+        parts.commit([f"{shard}-{i}" for i in range(SHARD)], "w")
+        # A warm reader lists only the shards of the chunk still uncommitted, and sees each.
+        assert reader.read()["shards"]["committed"] == shard + 1
+    for kind in KINDS:
+        assert [keys.index_entry(k) for k in _index_keys(storage, kind)] == [(0, 6)]
+    index = RunIndex(storage, RUN)
+    assert len([r for r in index.scan(6)]) == 1
+    assert (index.listings, index.direct, index.done) == (0, 0, set())  # the last chunk
+    client = redis_server.client()
+    plain = LocalStorage(str(tmp_path / "plain"))
+    shutil.copytree(tmp_path / "s", tmp_path / "plain", ignore=shutil.ignore_patterns("index"))
+    assert not _index_keys(plain, DIGESTS)
+    assert _figures(client, storage) == _figures(client, plain)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_concurrent_writers_never_lose_a_commit(run, where, request) -> None:
+    client, base = run
+    source = _copy(base, "plain")
+    storage = (LocalStorage(str(base / "writers")) if where == "local"
+               else open_storage(request.getfixturevalue("s3_storage")))
+    for key in source.list(f"runs/{RUN}/"):
+        storage.put_once(key, source.get(key))
+    entries = {s: e for r in RunIndex(source, RUN, keep=False).scan(6)
+               for s, e in r.entries.items()}
+    assert sorted(entries) == [0, 1, 2]
+    sets = [{0, 1}, {1, 2}, {0, 1, 2}, {0, 1, 2}]
+    barrier = threading.Barrier(len(sets))
+    written: list[str | None] = [None] * len(sets)
+
+    def write(i: int) -> None:
+        barrier.wait()
+        written[i] = write_chunk(storage, RUN, DIGESTS, 0, {s: entries[s] for s in sets[i]})
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(sets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert None not in written and written[2] == written[3]  # one set, one key, one object
+    assert sorted(keys.index_entry(k)[1] for k in _index_keys(storage, DIGESTS)) == [2, 2, 3]
+    # Readers take the fullest object and read what it lacks from the commits.
+    for lacking in ([written[2]], []):
+        index = RunIndex(storage, RUN, rejected=True)
+        index.bad.update(lacking)  # as if the full object were unreadable: a partial one
+        found = {s: e for r in index.scan(6) for s, e in r.entries.items()}
+        assert found == entries and index.direct == (1 if lacking else 0)
+    statuses = [_stable(StatusReader(s, client, RUN).read()) for s in (storage, source)]
+    assert statuses[0] == statuses[1]
