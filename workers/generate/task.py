@@ -19,12 +19,12 @@ from common import keys
 from common.celery_app import TASK_GENERATE, app
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.models import template_sha
-from common.monitor import RunMonitor
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
 from common.runstore import RunStore
 from workers.context import WorkerContext
 from workers.generate import metrics
 from workers.generate.context import GenerateContext, get_generate_context
+from workers.generate.monitor import RunMonitor
 from workers.generate.parts import PartBuffer, ShardParts
 from workers.generate.regeneration import Job, ShardCounters, regenerate
 from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
