@@ -35,9 +35,9 @@ from common.models import resolve_model_path  # noqa: E402
 from common.target import TargetShape  # noqa: E402
 from common.trainrows import TrainingRow  # noqa: E402
 from workers.train import parallel  # noqa: E402
-from workers.train.drafter.demo import load_target  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
+from workers.train.drafter.target_loader import load_target  # noqa: E402
 from workers.train.drafter.train import DrafterTrainer, TrainConfig  # noqa: E402
 
 WARMUP, BLOCK = 2, 2   # untimed steps; steps per sync / no_sync block

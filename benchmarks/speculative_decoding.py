@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
 from common.models import resolve_model_path  # noqa: E402
-from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts  # noqa: E402
+from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
 from workers.train.drafter.specdec import (  # noqa: E402
@@ -42,6 +42,7 @@ from workers.train.drafter.specdec import (  # noqa: E402
     speculative_generate,
 )
 from workers.train.drafter.target_cache import ROLLBACKS  # noqa: E402
+from workers.train.drafter.target_loader import load_target  # noqa: E402
 from workers.train.drafter.train import DrafterTrainer, TrainConfig  # noqa: E402
 from workers.train.evaluation import encode_prompt, stop_ids  # noqa: E402
 

@@ -26,10 +26,11 @@ import torch  # noqa: E402
 from common.config import load_settings  # noqa: E402
 from common.layers import STRATEGIES, resolve_target_layers  # noqa: E402
 from common.target import TargetShape  # noqa: E402
-from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts  # noqa: E402
+from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
 from workers.train.drafter.specdec import DFlashProposer  # noqa: E402
+from workers.train.drafter.target_loader import load_target  # noqa: E402
 from workers.train.drafter.train import DrafterTrainer, TrainConfig  # noqa: E402
 from workers.train.evaluation import EvalPrompt, encode_prompt, evaluate, stop_ids  # noqa: E402
 

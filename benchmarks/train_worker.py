@@ -33,10 +33,12 @@ from common.records import RunConfig, ShardCommit, ShardTask, dumps, encode_json
 from common.storage import LocalStorage  # noqa: E402
 from producer.demo import free_port, start_redis  # noqa: E402
 from workers.context import WorkerContext  # noqa: E402
-from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts  # noqa: E402
+from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
-from workers.train.task import get_session, process_train  # noqa: E402
+from workers.train.drafter.target_loader import load_target  # noqa: E402
+from workers.train.session import get_session  # noqa: E402
+from workers.train.task import process_train  # noqa: E402
 
 
 def write_run(storage: LocalStorage, run: str, model: str, rows: list, per_shard: int) -> int:

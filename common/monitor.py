@@ -1,13 +1,12 @@
-"""The run monitor: rolling rejection rate, supervised-token histogram, duplicates and the pause.
+"""The quality gates' shared state: what the live monitor keeps in Redis and storage.
 
-Every generate worker reports each part it writes here (Redis, shared by all workers). When the
-rejection rate over the last ``pause_after`` samples exceeds ``max_reject_rate`` (or, before
-that many samples, once so many are rejected that the rate at ``pause_after`` must exceed it)
-the run is **paused**: workers start no new shard and stop in-flight shards at their next part.
-``dflash-pipeline resume --run RUN --accept-gates`` (or new thresholds) continues. Pause and
-resume decisions are also written to storage (``runs/<run>/gates/``), so that when Redis lost
-the monitor's state one worker rebuilds it from the commits' summaries (and the parts of
-uncommitted shards: :mod:`common.monitor_rebuild`).
+Generate workers count each part they write into Redis (:func:`count_samples`) and pause the
+run when too many samples are rejected (the live gate: :mod:`workers.generate.monitor`). Pause
+and resume decisions are also written to storage (``runs/<run>/gates/``), which ``status`` and
+``report`` read (:func:`pause_from_storage`); ``dflash-pipeline resume --run RUN --accept-gates``
+(or new thresholds) lifts a pause (:func:`resume_gates`). When Redis lost the state, one process
+rebuilds it from the commits' summaries (and the parts of uncommitted shards:
+:mod:`common.monitor_rebuild`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import redis
 
 from common import keys
 from common.errors import RunPaused
-from common.gates import GateConfig, mark_duplicate
+from common.gates import GateConfig
 from common.partstats import example
 from common.records import dumps
 from common.storage import Storage
@@ -44,27 +43,6 @@ def stamp() -> str:
             f"-{uuid.uuid4().hex[:6]}")
 
 
-def pause_reason(window: list[int], since: int, max_rate: float, size: int) -> str | None:
-    """Why the run must pause, given the newest-first outcomes (1 = rejected), else None."""
-    recent = window[:size]
-    rejected = sum(recent)
-    if since >= size and recent and rejected / len(recent) > max_rate:
-        return (f"rejection rate {rejected / len(recent):.0%} over the last {len(recent)} "
-                f"samples exceeds the {max_rate:.0%} threshold")
-    if since < size and rejected > max_rate * size:
-        return (f"{rejected} of the first {since} samples rejected: the rate over {size} "
-                f"samples would exceed the {max_rate:.0%} threshold")
-    return None
-
-
-def window_stats(outcomes: list[int], limits: Thresholds) -> dict[str, Any]:
-    """The rolling window that a pause decision looked at (newest-first outcomes)."""
-    recent = outcomes[:limits.pause_after]
-    return {"size": len(recent), "rejected": sum(recent), "limit": limits.pause_after,
-            "rate": round(sum(recent) / len(recent), 4) if recent else 0.0,
-            "max_reject_rate": limits.max_reject_rate}
-
-
 @dataclass(frozen=True)
 class Thresholds:
     """The pause thresholds in force: run.json's, or the latest set by ``resume``."""
@@ -73,8 +51,8 @@ class Thresholds:
     pause_after: int
 
 
-class RunMonitor:
-    """One run's shared quality state; cheap to create per shard."""
+class GateState:
+    """One run's shared quality state (Redis, rebuilt from storage if lost); cheap to create."""
 
     def __init__(self, client: redis.Redis, storage: Storage, run: str, gates: GateConfig) -> None:
         self.client, self.storage, self.run, self.gates = client, storage, run, gates
@@ -88,12 +66,6 @@ class RunMonitor:
     def paused(self) -> dict[str, Any] | None:
         raw = self.client.get(keys.redis_paused(self.run))
         return json.loads(raw) if raw else None
-
-    def check(self) -> None:
-        """Raise :class:`RunPaused` while the run is paused."""
-        pause = self.paused()
-        if pause:
-            raise RunPaused(f"run {self.run} is paused: {pause['reason']}")
 
     def ensure_ready(self) -> None:
         """Rebuild the shared state from storage if Redis lost it (one worker does it)."""
@@ -111,65 +83,6 @@ class RunMonitor:
             if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
                 return self.ensure_ready()
             time.sleep(0.2)
-
-    def claim_answers(self, samples: Samples) -> None:
-        """The run-wide duplicate gate: the first sample to give an answer owns it."""
-        if not self.gates.reject_duplicates:
-            return
-        candidates = [s for s in samples if s["quality"]["passed"]]
-        if not candidates:
-            return
-        answers = keys.redis_answers(self.run)
-        pipe = self.client.pipeline(transaction=False)
-        for sample in candidates:
-            pipe.hsetnx(answers, sample["quality"]["answer_hash"], sample["id"])
-        lost = [s for s, won in zip(candidates, pipe.execute(), strict=True) if not won]
-        if not lost:
-            return
-        owners = self.client.hmget(answers, [s["quality"]["answer_hash"] for s in lost])
-        for sample, owner in zip(lost, owners, strict=True):
-            if owner is not None and owner != sample["id"]:
-                mark_duplicate(sample["quality"], owner)
-
-    def record(self, accepted: Samples, rejected: Samples) -> dict[str, Any] | None:
-        """Count a written part; pause the run if needed; returns the pause in force, if any."""
-        samples = accepted + rejected
-        if not samples:
-            return self.paused()
-        limits = self.thresholds()
-        pipe = self.client.pipeline(transaction=False)
-        count_samples(pipe, self.run, samples, limits.pause_after)
-        pipe.lrange(keys.redis_gate_window(self.run), 0, -1)
-        pipe.hget(keys.redis_gates(self.run), "since")
-        pipe.get(keys.redis_paused(self.run))
-        *_, window, since, paused = pipe.execute()
-        if paused:
-            return json.loads(paused)
-        outcomes = [int(x) for x in window]
-        reason = pause_reason(outcomes, int(since or 0), limits.max_reject_rate,
-                              limits.pause_after)
-        return self.pause(reason, window_stats(outcomes, limits)) if reason else None
-
-    def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Pause the run (first caller wins) and record why, with examples, in storage."""
-        stats = self.client.hgetall(keys.redis_gates(self.run))
-        reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("reason:")}
-        top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
-        examples = []
-        for name, _ in Counter(reasons).most_common():
-            raw = self.client.lrange(keys.redis_gate_examples(self.run, name), 0, EXAMPLES - 1)
-            examples += [json.loads(x) for x in raw if json.loads(x)["id"] not in
-                         {e["id"] for e in examples}]
-        record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
-                  "examples": examples[:EXAMPLES], "at": time.time(),
-                  "checked": int(stats.get("checked", 0)),
-                  "rejected": int(stats.get("rejected", 0)), "reasons": reasons,
-                  "window": window}
-        if self.client.set(keys.redis_paused(self.run), json.dumps(record), nx=True):
-            log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
-            self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))
-            return record
-        return self.paused() or record
 
 
 def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
@@ -242,7 +155,7 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
 
     Raises :class:`RunPaused` if the run is paused and neither was asked for.
     """
-    monitor = RunMonitor(client, storage, run, gates)
+    monitor = GateState(client, storage, run, gates)
     monitor.ensure_ready()
     pause = monitor.paused()
     changed = max_reject_rate is not None or pause_after is not None

@@ -20,8 +20,8 @@ import torch
 from common.trainrows import TrainingRow
 from embedded.tinymodel import ensure_tiny_model
 from workers.train import parallel
-from workers.train.drafter.demo import load_target
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token
+from workers.train.drafter.target_loader import load_target
 from workers.train.drafter.train import DrafterTrainer, TrainConfig
 
 ROWS_PER_STEP = 5

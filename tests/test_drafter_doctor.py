@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 from embedded.tinymodel import ensure_tiny_model
 from producer.doctor.drafter_check import check_drafter, expected_tensors
 from tests.conftest import ROOT, RedisServer
-from workers.train.drafter.demo import load_target
 from workers.train.drafter.export import export_drafter
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token
+from workers.train.drafter.target_loader import load_target
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ from common.errors import NothingToTrain
 from common.target import TargetShape
 from common.trainrows import TrainingRow
 from tests.conftest import MT_BENCH, TinyTarget
-from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts
+from workers.train.drafter.demo import demo_rows, mt_bench_prompts
 from workers.train.drafter.export import export_drafter, load_drafter
 from workers.train.drafter.features import FeaturedRow, target_features, with_target_features
 from workers.train.drafter.masks import dense_block_mask
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel, add_mask_token
+from workers.train.drafter.target_loader import load_target
 from workers.train.drafter.train import DrafterTrainer, TrainConfig, lr_factor
 
 BATCH_ROWS = 4

@@ -113,9 +113,9 @@ def test_eval_drafter_on_a_hybrid_target(pipeline: Pipeline, tmp_path: Path,
                                          model_cache: Path) -> None:
     """The hybrid tiny-qwen3.5: lossless through the command; any failure is one error line."""
     from embedded.tinymodel import ensure_tiny_model
-    from workers.train.drafter.demo import load_target
     from workers.train.drafter.export import export_drafter
     from workers.train.drafter.model import DFlashDraftModel, add_mask_token
+    from workers.train.drafter.target_loader import load_target
 
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
     pipeline.cli("enqueue", "--input", src, "--run", "hy", "--model", HYBRID, "--mode",

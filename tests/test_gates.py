@@ -123,8 +123,8 @@ def test_six_token_replies_fall_under_the_floor(simulate: Any) -> None:
 
 
 def test_exact_duplicate_answers_across_the_run(simulate: Any, tmp_path: Path) -> None:
-    from common.monitor import RunMonitor
     from common.storage import LocalStorage
+    from workers.generate.monitor import RunMonitor
 
     rows = mt_bench_rows(3) + [{**mt_bench_rows(1)[0], "id": "copy-of-q0"}]
     samples = {s["id"]: s for s in simulate(rows)}

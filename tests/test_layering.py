@@ -107,10 +107,6 @@ def _cycles() -> list[list[str]]:
     return found
 
 
-# Being fixed on the skeleton branch; un-xfail these two at merge.
-SKELETON_CYCLE = ["workers.train.parallel", "workers.train.task"]
-
-
 def test_the_stages_import_no_cli() -> None:
     assert _edges("workers", "producer") == []
 
@@ -124,16 +120,10 @@ def test_common_imports_neither_side() -> None:
     assert _edges("common", "producer") + _edges("common", "workers") == []
 
 
-def test_no_import_cycles_besides_the_skeleton_branchs() -> None:
-    assert [c for c in _cycles() if c != SKELETON_CYCLE] == []
-
-
-@pytest.mark.xfail(strict=False, reason="fixed on the skeleton branch")
 def test_no_import_cycles() -> None:
     assert _cycles() == []
 
 
-@pytest.mark.xfail(strict=False, reason="fixed on the skeleton branch")
 def test_the_stage_skeleton_imports_nothing_from_generate() -> None:
     seen, todo = set(), ["workers.stage"]
     while todo:

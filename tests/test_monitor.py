@@ -12,10 +12,11 @@ import pytest
 from common import keys
 from common.errors import RunPaused
 from common.gates import GateConfig
-from common.monitor import RunMonitor, pause_from_storage, pause_reason, resume_gates
+from common.monitor import pause_from_storage, resume_gates
 from common.records import encode_jsonl_zst
 from common.storage import LocalStorage
 from tests.conftest import RedisServer
+from workers.generate.monitor import RunMonitor, pause_reason
 
 
 def sample(i: int, passed: bool, tokens: int) -> dict[str, Any]:

@@ -15,13 +15,14 @@ import pytest
 
 from common import keys
 from common.gates import GateConfig
-from common.monitor import RunMonitor, rebuild, resume_gates
+from common.monitor import rebuild, resume_gates
 from common.monitor_parts import rebuild_from_parts
 from common.records import InputManifest, RunConfig, ShardCommit, ShardTask, dumps
 from common.storage import LocalStorage
 from producer.status import StatusReader
 from producer.ui.series import SeriesReader, build_series
 from tests.conftest import RedisServer
+from workers.generate.monitor import RunMonitor
 from workers.generate.parts import PartBuffer, ShardParts
 
 RUN = "sum"

@@ -14,7 +14,7 @@ import torch
 from common.target import TargetShape
 from embedded.tinymodel import ensure_tiny_model
 from tests.conftest import HYBRID, MT_BENCH, TARGETS
-from workers.train.drafter.demo import demo_rows, load_target, mt_bench_prompts
+from workers.train.drafter.demo import demo_rows, mt_bench_prompts
 from workers.train.drafter.features import with_target_features
 from workers.train.drafter.model import ContextCache, DFlashConfig, DFlashDraftModel, add_mask_token
 from workers.train.drafter.specdec import (
@@ -24,6 +24,7 @@ from workers.train.drafter.specdec import (
     speculative_generate,
 )
 from workers.train.drafter.target_cache import ROLLBACKS, TargetCache, new_cache, target_forward
+from workers.train.drafter.target_loader import load_target
 from workers.train.drafter.train import DrafterTrainer, TrainConfig
 from workers.train.evaluation import EvalPrompt, evaluate, stop_ids
 

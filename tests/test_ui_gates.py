@@ -8,12 +8,13 @@ from typing import Any
 
 from common import keys
 from common.gates import GateConfig
-from common.monitor import RunMonitor, resume_gates
+from common.monitor import resume_gates
 from common.records import encode_jsonl_zst
 from common.storage import LocalStorage
 from producer.ui.gate_source import GateSource, stored_gates
 from tests.conftest import RedisServer
 from tests.test_monitor import sample
+from workers.generate.monitor import RunMonitor
 
 
 def _live(client: Any, run: str) -> dict[str, Any]:

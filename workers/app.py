@@ -13,9 +13,10 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 from common.celery_app import app
 from common.errors import DflashError
 from workers import reconciler  # noqa: F401 - starts with the worker
-from workers.context import get_context, warm_engine
+from workers.context import get_context
 from workers.generate import metrics
 from workers.generate import task as generate_task  # noqa: F401 - registers the task
+from workers.generate.context import get_generate_context, warm_engine
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +33,13 @@ def _load_engine(**_: object) -> None:
     # Everything loaded so far (transformers, torch, the tokenizer) lives as long as the worker:
     # out of the collector's sight, full collections stop walking it between requests.
     gc.freeze()
-    context = get_context()
-    if context.settings.metrics_port:
+    context = get_generate_context()
+    port = context.worker.settings.metrics_port
+    if port:
         try:
-            metrics.serve(context.settings.metrics_port,
-                          lambda: float(getattr(context.engine, "in_flight", 0)))
+            metrics.serve(port, lambda: float(getattr(context.engine, "in_flight", 0)))
         except OSError as exc:
-            raise SystemExit(f"cannot serve metrics on port {context.settings.metrics_port}: "
-                             f"{exc}") from exc
+            raise SystemExit(f"cannot serve metrics on port {port}: {exc}") from exc
 
 
 @worker_shutting_down.connect
@@ -52,7 +52,7 @@ def _stop_shards(**_: object) -> None:
 @worker_shutdown.connect
 def _close_engine(**_: object) -> None:
     """Stop the engine server (its whole process tree) after the last shard flushed."""
-    get_context().close_engine()
+    get_generate_context().close_engine()
 
 
 __all__ = ["app"]

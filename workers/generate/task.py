@@ -19,11 +19,12 @@ from common import keys
 from common.celery_app import TASK_GENERATE, app
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.models import template_sha
-from common.monitor import RunMonitor
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
 from common.runstore import RunStore
 from workers.context import WorkerContext
 from workers.generate import metrics
+from workers.generate.context import GenerateContext, get_generate_context
+from workers.generate.monitor import RunMonitor
 from workers.generate.parts import PartBuffer, ShardParts
 from workers.generate.regeneration import Job, ShardCounters, regenerate
 from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
@@ -40,6 +41,7 @@ def generate_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
 def process_shard(delivery: Delivery) -> TaskOutcome:
     """The named steps of one delivery; safe to run again at any point."""
     ctx, task, worker = delivery.ctx, delivery.task, delivery.worker
+    gen = get_generate_context()
     commit_key = keys.generated_commit(task.run, task.shard)
     if ctx.storage.exists(commit_key):
         return TaskOutcome.ALREADY_COMMITTED
@@ -54,7 +56,7 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
     with delivery.claim() as lease:
         if ctx.storage.exists(commit_key):
             return TaskOutcome.ALREADY_COMMITTED
-        check_template(ctx, config)
+        check_template(gen, config)
         rows = load_input_shard(ctx, task)
         parts = ShardParts(ctx.storage, task)
         parts.refresh()
@@ -67,9 +69,9 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
         buffer = PartBuffer(parts, ctx.settings.part_samples, ctx.settings.part_seconds,
                             before_write=monitor.claim_answers, on_write=progress.part_written,
                             worker=worker)
-        job = Job(ctx.engine, config.sampling, config.gates, task.shard, progress.counters,
-                  ctx.tokens)
-        samples = regenerate(ctx.loop, job, todo)
+        job = Job(gen.engine, config.sampling, config.gates, task.shard, progress.counters,
+                  gen.tokens)
+        samples = regenerate(gen.loop, job, todo)
         with closing(samples):
             for sample in samples:
                 lease.check()
@@ -88,9 +90,9 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
     return TaskOutcome.COMMITTED
 
 
-def check_template(ctx: WorkerContext, config: RunConfig) -> None:
+def check_template(gen: GenerateContext, config: RunConfig) -> None:
     """Refuse to generate with a chat template other than the one frozen in run.json."""
-    mine = template_sha(getattr(ctx.engine.tokenizer, "chat_template", None))
+    mine = template_sha(getattr(gen.engine.tokenizer, "chat_template", None))
     if config.chat_template_sha and mine != config.chat_template_sha:
         raise ConfigError(f"run {config.run!r} was enqueued with chat template "
                           f"{config.chat_template_sha}, this worker's model has {mine}")

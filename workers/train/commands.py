@@ -81,8 +81,8 @@ class RunDrafter:
 
 def load_run_target(settings: Settings, config: Any) -> RunTarget:
     from common.models import resolve_model_path
-    from workers.train.drafter.demo import load_target
     from workers.train.drafter.model import add_mask_token
+    from workers.train.drafter.target_loader import load_target
 
     path = resolve_model_path(replace(settings, model=config.model))
     model, tokenizer = load_target(path)

@@ -302,20 +302,16 @@ class DataParallelTrainer:
                            seconds=time.perf_counter() - started)
 
 
-def follow(group: Group) -> None:
-    """Ranks > 0: build the sessions and train the parts rank 0 sends, until it says stop."""
-    from common.runstore import RunStore
-    from workers.context import get_context
-    from workers.train.task import new_session
-
-    ctx = get_context()
+def follow(group: Group, new_session: Callable[[str], Any]) -> None:
+    """Ranks > 0: build the sessions (``new_session(run)``, as rank 0 built its own) and train
+    the parts rank 0 sends, until it says stop."""
     trainers: dict[str, DataParallelTrainer] = {}
     while True:
         kind, run, *args = group.receive()
         if kind == "stop":
             return
         if kind == "session":
-            session = new_session(ctx, RunStore(ctx.storage, run).config())
+            session = new_session(run)
             if session.steps != args[0]:
                 raise GroupLost(f"rank {group.rank} resumed run {run} at step {session.steps}, "
                                 f"rank 0 at {args[0]}")

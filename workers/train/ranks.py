@@ -3,7 +3,8 @@
 ``dflash-pipeline worker train --nproc-per-node N`` runs
 ``python -m torch.distributed.run --nproc-per-node N ... -m workers.train.ranks CELERY-ARGS``:
 rank 0 runs the Celery worker (``CELERY-ARGS``: ``-A workers.downstream_app worker -Q train
-...``), the group's only consumer; the other ranks follow it (:mod:`workers.train.parallel`).
+...``), the group's only consumer; the other ranks follow it (:mod:`workers.train.parallel`),
+building each run's session as rank 0 does (:mod:`workers.train.session`).
 When any rank dies, the launcher stops the others; the shard in flight is not acked.
 """
 
@@ -13,6 +14,7 @@ import logging
 import sys
 
 from workers.train.parallel import follow, init_group
+from workers.train.session import follower_session
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ def main(celery_args: list[str]) -> int:
                             format=f"%(asctime)s rank {group.rank} %(levelname)s %(name)s: "
                                    "%(message)s")
         try:
-            follow(group)
+            follow(group, follower_session)
         finally:
             group.close()
         return 0

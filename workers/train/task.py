@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -27,46 +25,19 @@ from celery import Task
 
 from common import keys
 from common.celery_app import TASK_TRAIN, app
-from common.config import env_name
-from common.drafter_store import Ledger, latest_step, load_checkpoint, save_checkpoint
+from common.drafter_store import save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
-from common.layers import run_layer_ids
-from common.records import RunConfig, ShardTask, TaskOutcome
+from common.records import ShardTask, TaskOutcome
 from common.runstore import RunStore
-from common.target import TargetShape
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
-from workers.devices import resolve_device
 from workers.stage import TRAIN, Delivery, run_delivery
-from workers.train.parallel import DataParallelTrainer, distribute, group_fields
-from workers.train.periodic_eval import PeriodicEval
+from workers.train.parallel import DataParallelTrainer, group_fields
+from workers.train.session import Session, get_session
 from workers.train.tensorboard import log_step
 
 log = logging.getLogger(__name__)
-
-_sessions: dict[str, Session] = {}
-_sessions_lock = threading.Lock()
-
-
-@dataclass
-class Session:
-    """One run's training state in this process: target, trainer, ledger, checkpoint cadence."""
-
-    run: str
-    target: Any
-    trainer: Any
-    ledger: Ledger
-    layer_ids: list[int]
-    pad_id: int
-    last_checkpoint: int
-    heldout: frozenset[str] = frozenset()
-    evaluator: Any = None
-
-    @property
-    def steps(self) -> int:
-        return self.trainer.steps
-
 
 @app.task(name=TASK_TRAIN, bind=True, max_retries=None)
 def train_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
@@ -189,51 +160,3 @@ def evaluate_drafter(ctx: WorkerContext, session: Session, estimate: float | Non
     """The periodic eval; a failure is recorded (log, metrics row, ``status``), never raised."""
     fields = session.evaluator.run_safely(session.trainer.drafter, session.steps, estimate)
     record_metrics(ctx, session.run, {"step": session.steps, **fields})
-
-
-def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
-    """The run's session in this process: resumed from its newest checkpoint, or fresh."""
-    with _sessions_lock:
-        session = _sessions.get(config.run)
-        newest = latest_step(ctx.storage, config.run)
-        if session is None or (newest is not None and newest > session.last_checkpoint):
-            # First shard here, or another worker trained since: start from storage's state.
-            _sessions[config.run] = new_session(ctx, config)
-        return _sessions[config.run]
-
-
-def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
-    from common.models import resolve_model_path
-    from workers.train.drafter.demo import load_target
-    from workers.train.drafter.model import DFlashDraftModel, add_mask_token
-    from workers.train.drafter.train import DrafterTrainer, TrainConfig
-
-    path = resolve_model_path(replace(ctx.settings, model=config.model))
-    target, tokenizer = load_target(path)
-    target.requires_grad_(False)
-    target.to(resolve_device(ctx.settings.train.device, env_name("train_device")))
-    mask_id = add_mask_token(tokenizer, target)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    layers = run_layer_ids(config.target_layer_ids, config.target_layers,
-                           TargetShape.of(target).num_layers)
-    resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
-    if resumed is not None:
-        state, ledger = resumed
-        trainer = DrafterTrainer.from_state_dict(state, target)
-        log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
-                 trainer.steps, len(ledger.done))
-    else:
-        drafter = DFlashDraftModel.for_target(target, mask_id, layer_ids=layers,
-                                              num_hidden_layers=ctx.settings.drafter_layers)
-        trainer = DrafterTrainer(drafter, TrainConfig(
-            total_steps=ctx.settings.train_total_steps,
-            min_supervised_tokens=ctx.settings.train_min_supervised_tokens))
-        ledger = Ledger()
-        log.info("run %s: new drafter (%d layers) on target layers %s", config.run,
-                 ctx.settings.drafter_layers, layers)
-    trainer = distribute(trainer, target, pad_id, config.run)
-    layers = list(trainer.drafter.config.target_layer_ids)
-    manifest = RunStore(ctx.storage, config.run).manifest()
-    heldout = manifest.heldout_ids if manifest is not None else frozenset()
-    return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps, heldout,
-                   PeriodicEval.for_run(ctx, config, manifest, target, tokenizer))

@@ -1,6 +1,6 @@
 """Demo training rows: the tiny CPU target answering MT-Bench prompts, for tests and benchmarks.
 
-    target, tokenizer = load_target(ensure_tiny_model(cache_dir))
+    target, tokenizer = load_target(ensure_tiny_model(cache_dir))  # drafter.target_loader
     rows = demo_rows(target, tokenizer, prompts=mt_bench_prompts(path, 32), seed=0)
 
 Prompts get the chat template with thinking on; replies are sampled with the model's generation
@@ -29,15 +29,6 @@ def mt_bench_prompts(path: str | Path, limit: int) -> list[str]:
             if len(prompts) >= limit:
                 break
     return prompts
-
-
-def load_target(path: str | Path) -> tuple[Any, Any]:
-    """An HF causal LM (eval mode, float32) and its tokenizer from ``path``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, tokenizer
 
 
 @torch.no_grad()

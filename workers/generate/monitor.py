@@ -1,0 +1,114 @@
+"""The live quality gate of a generate worker: count each written part, pause the run if needed.
+
+Every generate worker reports each part it writes here (Redis, shared by all workers). When the
+rejection rate over the last ``pause_after`` samples exceeds ``max_reject_rate`` (or, before
+that many samples, once so many are rejected that the rate at ``pause_after`` must exceed it)
+the run is **paused**: workers start no new shard and stop in-flight shards at their next part.
+The state's format, its rebuild and ``resume`` live in :mod:`common.monitor` (the CLI reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from common import keys
+from common.errors import RunPaused
+from common.gates import mark_duplicate
+from common.monitor import EXAMPLES, GateState, Samples, Thresholds, count_samples, stamp
+from common.records import dumps
+
+log = logging.getLogger(__name__)
+
+
+def pause_reason(window: list[int], since: int, max_rate: float, size: int) -> str | None:
+    """Why the run must pause, given the newest-first outcomes (1 = rejected), else None."""
+    recent = window[:size]
+    rejected = sum(recent)
+    if since >= size and recent and rejected / len(recent) > max_rate:
+        return (f"rejection rate {rejected / len(recent):.0%} over the last {len(recent)} "
+                f"samples exceeds the {max_rate:.0%} threshold")
+    if since < size and rejected > max_rate * size:
+        return (f"{rejected} of the first {since} samples rejected: the rate over {size} "
+                f"samples would exceed the {max_rate:.0%} threshold")
+    return None
+
+
+def window_stats(outcomes: list[int], limits: Thresholds) -> dict[str, Any]:
+    """The rolling window that a pause decision looked at (newest-first outcomes)."""
+    recent = outcomes[:limits.pause_after]
+    return {"size": len(recent), "rejected": sum(recent), "limit": limits.pause_after,
+            "rate": round(sum(recent) / len(recent), 4) if recent else 0.0,
+            "max_reject_rate": limits.max_reject_rate}
+
+
+class RunMonitor(GateState):
+    """One run's shared quality state, as the generate stage updates it; cheap per shard."""
+
+    def check(self) -> None:
+        """Raise :class:`RunPaused` while the run is paused."""
+        pause = self.paused()
+        if pause:
+            raise RunPaused(f"run {self.run} is paused: {pause['reason']}")
+
+    def claim_answers(self, samples: Samples) -> None:
+        """The run-wide duplicate gate: the first sample to give an answer owns it."""
+        if not self.gates.reject_duplicates:
+            return
+        candidates = [s for s in samples if s["quality"]["passed"]]
+        if not candidates:
+            return
+        answers = keys.redis_answers(self.run)
+        pipe = self.client.pipeline(transaction=False)
+        for sample in candidates:
+            pipe.hsetnx(answers, sample["quality"]["answer_hash"], sample["id"])
+        lost = [s for s, won in zip(candidates, pipe.execute(), strict=True) if not won]
+        if not lost:
+            return
+        owners = self.client.hmget(answers, [s["quality"]["answer_hash"] for s in lost])
+        for sample, owner in zip(lost, owners, strict=True):
+            if owner is not None and owner != sample["id"]:
+                mark_duplicate(sample["quality"], owner)
+
+    def record(self, accepted: Samples, rejected: Samples) -> dict[str, Any] | None:
+        """Count a written part; pause the run if needed; returns the pause in force, if any."""
+        samples = accepted + rejected
+        if not samples:
+            return self.paused()
+        limits = self.thresholds()
+        pipe = self.client.pipeline(transaction=False)
+        count_samples(pipe, self.run, samples, limits.pause_after)
+        pipe.lrange(keys.redis_gate_window(self.run), 0, -1)
+        pipe.hget(keys.redis_gates(self.run), "since")
+        pipe.get(keys.redis_paused(self.run))
+        *_, window, since, paused = pipe.execute()
+        if paused:
+            return json.loads(paused)
+        outcomes = [int(x) for x in window]
+        reason = pause_reason(outcomes, int(since or 0), limits.max_reject_rate,
+                              limits.pause_after)
+        return self.pause(reason, window_stats(outcomes, limits)) if reason else None
+
+    def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Pause the run (first caller wins) and record why, with examples, in storage."""
+        stats = self.client.hgetall(keys.redis_gates(self.run))
+        reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("reason:")}
+        top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
+        examples = []
+        for name, _ in Counter(reasons).most_common():
+            raw = self.client.lrange(keys.redis_gate_examples(self.run, name), 0, EXAMPLES - 1)
+            examples += [json.loads(x) for x in raw if json.loads(x)["id"] not in
+                         {e["id"] for e in examples}]
+        record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
+                  "examples": examples[:EXAMPLES], "at": time.time(),
+                  "checked": int(stats.get("checked", 0)),
+                  "rejected": int(stats.get("rejected", 0)), "reasons": reasons,
+                  "window": window}
+        if self.client.set(keys.redis_paused(self.run), json.dumps(record), nx=True):
+            log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
+            self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))
+            return record
+        return self.paused() or record

@@ -1,0 +1,102 @@
+"""One run's training state in a train worker process: built from storage, resumed, or fresh.
+
+The train task (:mod:`workers.train.task`) keeps one session per run; the ranks > 0 of a
+data-parallel group build the same session from storage (:func:`follower_session`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from common.config import env_name
+from common.drafter_store import Ledger, latest_step, load_checkpoint
+from common.layers import run_layer_ids
+from common.records import RunConfig
+from common.runstore import RunStore
+from common.target import TargetShape
+from workers.context import WorkerContext, get_context
+from workers.devices import resolve_device
+from workers.train.parallel import distribute
+from workers.train.periodic_eval import PeriodicEval
+
+log = logging.getLogger(__name__)
+
+_sessions: dict[str, Session] = {}
+_sessions_lock = threading.Lock()
+
+
+@dataclass
+class Session:
+    """One run's training state in this process: target, trainer, ledger, checkpoint cadence."""
+
+    run: str
+    target: Any
+    trainer: Any
+    ledger: Ledger
+    layer_ids: list[int]
+    pad_id: int
+    last_checkpoint: int
+    heldout: frozenset[str] = frozenset()
+    evaluator: Any = None
+
+    @property
+    def steps(self) -> int:
+        return self.trainer.steps
+
+
+def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
+    """The run's session in this process: resumed from its newest checkpoint, or fresh."""
+    with _sessions_lock:
+        session = _sessions.get(config.run)
+        newest = latest_step(ctx.storage, config.run)
+        if session is None or (newest is not None and newest > session.last_checkpoint):
+            # First shard here, or another worker trained since: start from storage's state.
+            _sessions[config.run] = new_session(ctx, config)
+        return _sessions[config.run]
+
+
+def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
+    """The run's session built from storage: the newest checkpoint, or a new drafter."""
+    from common.models import resolve_model_path
+    from workers.train.drafter.model import DFlashDraftModel, add_mask_token
+    from workers.train.drafter.target_loader import load_target
+    from workers.train.drafter.train import DrafterTrainer, TrainConfig
+
+    path = resolve_model_path(replace(ctx.settings, model=config.model))
+    target, tokenizer = load_target(path)
+    target.requires_grad_(False)
+    target.to(resolve_device(ctx.settings.train.device, env_name("train_device")))
+    mask_id = add_mask_token(tokenizer, target)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    layers = run_layer_ids(config.target_layer_ids, config.target_layers,
+                           TargetShape.of(target).num_layers)
+    resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
+    if resumed is not None:
+        state, ledger = resumed
+        trainer = DrafterTrainer.from_state_dict(state, target)
+        log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
+                 trainer.steps, len(ledger.done))
+    else:
+        drafter = DFlashDraftModel.for_target(target, mask_id, layer_ids=layers,
+                                              num_hidden_layers=ctx.settings.drafter_layers)
+        trainer = DrafterTrainer(drafter, TrainConfig(
+            total_steps=ctx.settings.train_total_steps,
+            min_supervised_tokens=ctx.settings.train_min_supervised_tokens))
+        ledger = Ledger()
+        log.info("run %s: new drafter (%d layers) on target layers %s", config.run,
+                 ctx.settings.drafter_layers, layers)
+    trainer = distribute(trainer, target, pad_id, config.run)
+    layers = list(trainer.drafter.config.target_layer_ids)
+    manifest = RunStore(ctx.storage, config.run).manifest()
+    heldout = manifest.heldout_ids if manifest is not None else frozenset()
+    return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps, heldout,
+                   PeriodicEval.for_run(ctx, config, manifest, target, tokenizer))
+
+
+def follower_session(run: str) -> Session:
+    """Ranks > 0 of a group: the run's session built from storage, as rank 0 built its own."""
+    ctx = get_context()
+    return new_session(ctx, RunStore(ctx.storage, run).config())
