@@ -35,10 +35,12 @@ _SEED = 1234
 _VOCAB_SIZE = 6000
 _TRAIN_STEPS = 600
 # The hybrid runs torch's Gated DeltaNet fallback (no fla kernels on CPU), several times slower
-# per step; it needs fewer steps to close its think blocks. One thread: on 2 shared cores the
-# fallback's many small ops are far slower with more.
+# per step; it needs fewer steps to close its think blocks.
 _HYBRID_TRAIN_STEPS = 400
-_HYBRID_THREADS = 1
+# One thread for both builds: the ops are small, and on 2 shared cores a second thread's
+# spin-waits made a dense step 5-10x slower (20 steps: 54 s with 2 threads, 6-12 s with 1, at a
+# load average of 6); one thread count also makes every build bit-identical.
+_BUILD_THREADS = 1
 _BATCH = 4
 _MAX_LEN = 320
 _LR = 3e-3
@@ -196,16 +198,17 @@ def _train(
 def build(dest: Path, name: str = TINY_QWEN3) -> None:
     """Train tokenizer and model ``name`` and save them, loadable by ``from_pretrained``."""
     if name == TINY_QWEN3_5:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(_HYBRID_THREADS)
-        try:
-            _build(dest, tinyhybrid.build_lm, _HYBRID_TRAIN_STEPS, hybrid=True)
-        finally:
-            torch.set_num_threads(threads)
+        make, steps, hybrid = tinyhybrid.build_lm, _HYBRID_TRAIN_STEPS, True
     elif name == TINY_QWEN3:
-        _build(dest, _build_model, _TRAIN_STEPS, hybrid=False)
+        make, steps, hybrid = _build_model, _TRAIN_STEPS, False
     else:
         raise ValueError(f"unknown tiny model {name!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(_BUILD_THREADS)
+    try:
+        _build(dest, make, steps, hybrid=hybrid)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _build(dest: Path, make_model: Callable[[PreTrainedTokenizerFast], torch.nn.Module],

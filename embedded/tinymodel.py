@@ -15,7 +15,7 @@ chat corpus (:mod:`embedded.tinycorpus`), then caches it::
 Replies look like ``<think>\\n...\\n</think>\\n\\n...<|im_end|>``: random words, real structure.
 ``enable_thinking=False`` pre-fills an empty think block and the model answers directly. The
 saved generation config samples (temperature 0.7, top_p 0.95) and stops on ``<|im_end|>`` or
-``<|endoftext|>``. Builds are bit-identical for a given torch version and thread count; the
+``<|endoftext|>``. Builds run on one thread and are bit-identical for a given torch version; the
 names, versions and chat template live in :mod:`embedded.tinyconsts`.
 """
 

@@ -2,18 +2,30 @@
 # The test suite: set up (chromium too, for the dashboard's browser tests), then run pytest
 # (tests start their own redis-server, moto S3 server and Celery workers). TEST_WORKERS=2 spreads
 # the tests over two pytest-xdist workers; the default, 0, runs them in this process (on 2 busy
-# cores two workers measured no faster: README, Tests). Prints the 10 slowest tests and the wall
-# time of the whole script. Extra arguments go to pytest.
+# cores two workers measured no faster: README, Tests); TEST_LOAD=2 adds a CPU-bound loop per
+# core. Prints the 10 slowest tests and the wall time of the whole script (with the set-up's
+# share and the load average). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 bash scripts/setup.sh --browser
+set_up=$((SECONDS - started))
+# TEST_LOAD=N runs N CPU-bound loops beside the tests (2: one per core, the "busy cores" check);
+# they stop with the script.
+load_pids=()
+for _ in $(seq 1 "${TEST_LOAD:-0}"); do
+  python3 -c 'while True: pass' &
+  load_pids+=("$!")
+done
+trap 'for pid in ${load_pids[@]+"${load_pids[@]}"}; do kill "$pid" 2>/dev/null || true; done' EXIT
 .venv/bin/ruff check .
 rc=0
 .venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-0}" --dist loadgroup \
   --durations=10 "$@" \
   || rc=$?
 elapsed=$((SECONDS - started))
-printf 'scripts/test.sh: wall time %dm %02ds (set-up, ruff and pytest)\n' \
-  $((elapsed / 60)) $((elapsed % 60))
+# The load average beside the figures: on the shared cores it says what the times mean.
+printf 'scripts/test.sh: wall time %dm %02ds (set-up %dm %02ds, then ruff and pytest); load %s\n' \
+  $((elapsed / 60)) $((elapsed % 60)) $((set_up / 60)) $((set_up % 60)) \
+  "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 exit "$rc"

@@ -24,6 +24,13 @@ import pytest
 
 from producer.demo import free_port
 
+# One intra-op thread for torch here and in every process a test starts (workers inherit the
+# environment): the tiny models' ops are small, and with two threads per process on 2 shared
+# cores the OpenMP spin-waits made a model step 5-10x slower (README, Tests). Set before torch
+# is first imported (nothing above imports it); an explicit setting from the caller wins.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
 CACHE_DIR = Path(os.environ.get("DFLASH_TEST_CACHE", ROOT / ".dflash" / "test-cache"))
@@ -157,9 +164,24 @@ def model_builders() -> list[Callable[[Path], Path]]:
     return [partial(ensure_tiny_model, name=name) for name in TARGETS]
 
 
-def build_models() -> None:
-    for build in model_builders():
-        build(CACHE_DIR)
+def build_models() -> float:
+    """Build the models missing from the cache side by side, one process each (each build runs
+    on one thread, so on 2 cores both take about as long as the slower alone); returns the
+    seconds spent (0 when all were cached)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from embedded.tinyconsts import READY_MARKER, tiny_model_dir
+
+    if all((tiny_model_dir(CACHE_DIR, name) / READY_MARKER).is_file() for name in TARGETS):
+        return 0.0
+    started = time.monotonic()
+    builders = model_builders()
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(len(builders), mp_context=spawn) as pool:
+        for future in [pool.submit(build, CACHE_DIR) for build in builders]:
+            future.result()
+    return time.monotonic() - started
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -169,7 +191,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
     if any("model_cache" in getattr(item, "fixturenames", ()) for item in session.items):
-        build_models()
+        spent = build_models()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if spent and reporter:
+            reporter.write_line(f"tests/conftest.py: built the tiny models in {CACHE_DIR} "
+                                f"in {spent:.0f} s")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python -m pytest tests/test_tinymodel.py -q -s``. The models come from the
 session ``model_cache`` (built once before the first test, a few minutes on two cores, then
-reused across runs); the concurrency test builds one more dense copy in a fresh directory.
+reused across runs); the concurrency test builds one more dense copy in a fresh directory, with
+a short training run.
 """
 
 from __future__ import annotations
@@ -209,8 +210,19 @@ def test_hybrid_target_has_qwen36_on_disk_shape(model_cache: Path) -> None:
     assert out.logits.shape[-1] == shape.vocab_size
 
 
-def _ensure_in_child(cache_dir: Path, results: multiprocessing.Queue) -> None:
+# Steps the concurrency test's builds train: its lock, temporary directory and rename are what it
+# proves, and the tokenizer and config it compares do not depend on the steps (the full dense
+# build trains 600; the session's cache proves the recipe).
+_CONCURRENT_BUILD_STEPS = 20
+
+
+def _ensure_in_child(cache_dir: Path, results: multiprocessing.Queue,
+                     ready: multiprocessing.synchronize.Barrier) -> None:
     """Child-process body for the concurrency test: report the path and when it returned."""
+    from embedded import tinybuild
+
+    tinybuild._TRAIN_STEPS = _CONCURRENT_BUILD_STEPS
+    ready.wait(timeout=300)   # both imports done: the two calls start together
     started = time.time()
     results.put((str(ensure_tiny_model(cache_dir)), started, time.time()))
 
@@ -230,8 +242,9 @@ def test_cached_call_is_fast_and_concurrent_builds_share_one_dir(
         assert ensure_tiny_model(tiny_path.parent) == tiny_path
 
     ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_ensure_in_child, args=(tmp_path, results)) for _ in range(2)]
+    results, ready = ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_ensure_in_child, args=(tmp_path, results, ready))
+             for _ in range(2)]
     for p in procs:
         p.start()
     got = [results.get(timeout=600) for _ in procs]

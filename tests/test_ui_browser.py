@@ -202,14 +202,16 @@ def test_paused_run_shows_the_banner_with_the_resume_command(
         assert stored["window"] == live["window"]
         assert {r: len(e) for r, e in stored["examples"].items()} == \
             {r: len(e) for r, e in live["examples"].items()}
-        wait_until(lambda: _text(browser, "histogram-source").startswith("from storage"),
-                   ONE_REFRESH_S, "the histogram to say it comes from storage")
-        assert "Redis unreachable" in _text(browser, "examples-source")
+        wait_page(browser, lambda d: _text(d, "histogram-source").startswith("from storage"),
+                  ONE_REFRESH_S, "the histogram to say it comes from storage")
+        wait_page(browser, lambda d: "Redis unreachable" in _text(d, "examples-source"),
+                  ONE_REFRESH_S, "the examples panel to say Redis is unreachable")
         wait_until(lambda: _bars(browser) == drawn_live, ONE_REFRESH_S,
                    "the same histogram drawn from storage")
         shown = {x["id"] for listed in stored["examples"].values() for x in listed}
         wait_until(lambda: set(_example_ids(browser)) == shown and shown, ONE_REFRESH_S,
                    "the stored examples on the page")
-        assert "rolling window" in _text(browser, "gate-window")
+        wait_page(browser, lambda d: "rolling window" in _text(d, "gate-window"),
+                  ONE_REFRESH_S, "the gate window to be the rolling window")
         _shot(browser, tmp_path, "redis-gone")
         assert console_errors(browser) == [], json.dumps(console_errors(browser))
