@@ -1,6 +1,6 @@
 """CLI plumbing every command shares, producer's and the stages' alike: the ``--storage``,
 ``--broker-url`` and ``-v`` options, logging, and the mapping of errors to one line and an exit
-code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config mismatch).
+code (:mod:`common.exit_codes`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import click
 
 from common.config import Settings, env_name, load_settings, mask_url
 from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
-
-EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
+from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH
 
 log = logging.getLogger("dflash")
 

@@ -18,12 +18,11 @@ import click
 from common.cli import common_options, setting_option, setup_logging
 from common.config import Settings, env_name, load_settings
 from common.errors import DflashError
+from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
 from common.gates import GateConfig
 from common.records import Sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from producer.layouts import FORMATS
-
-EXIT_FAILURE, EXIT_REJECTED = 1, 3
 
 SKIPPABLE_GATES = ("truncated", "thinking", "empty_answer", "leakage", "duplicates")
 
@@ -190,7 +189,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
 
         report = run_dry(settings, config, context_check(settings, config), show)
         click.echo(json.dumps(report.to_json(), sort_keys=True) if as_json else report.render())
-        sys.exit(EXIT_REJECTED if report.rejected else 0)
+        sys.exit(EXIT_REJECTED if report.rejected else EXIT_OK)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
     print_enqueue_report(report, storage, as_json)

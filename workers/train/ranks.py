@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from common.exit_codes import EXIT_OK
 from workers.train.parallel import follow, init_group
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def main(celery_args: list[str]) -> int:
             follow(group)
         finally:
             group.close()
-        return 0
+        return EXIT_OK
     from celery.bin.celery import main as celery
 
     sys.argv = ["celery", *celery_args]
@@ -37,7 +38,7 @@ def main(celery_args: list[str]) -> int:
         code = done.code
     group.stop()
     group.close()
-    return int(code or 0)
+    return int(code or EXIT_OK)
 
 
 if __name__ == "__main__":
