@@ -1,6 +1,6 @@
 """CLI plumbing every command shares, producer's and the stages' alike: the ``--storage``,
 ``--broker-url`` and ``-v`` options, logging, and the mapping of errors to one line and an exit
-code (:mod:`common.exit_codes`).
+code (0 success, 1 failure, 2 bad usage, 3 rejected input rows, 4 run config mismatch).
 """
 
 from __future__ import annotations

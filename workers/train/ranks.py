@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import sys
 
-from common.exit_codes import EXIT_OK
 from workers.train.parallel import follow, init_group
 
 log = logging.getLogger(__name__)
@@ -28,7 +27,7 @@ def main(celery_args: list[str]) -> int:
             follow(group)
         finally:
             group.close()
-        return EXIT_OK
+        return 0
     from celery.bin.celery import main as celery
 
     sys.argv = ["celery", *celery_args]
@@ -38,7 +37,7 @@ def main(celery_args: list[str]) -> int:
         code = done.code
     group.stop()
     group.close()
-    return int(code or EXIT_OK)
+    return int(code or 0)
 
 
 if __name__ == "__main__":
