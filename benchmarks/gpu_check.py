@@ -49,6 +49,7 @@ from benchmarks.gpu_targets import (  # noqa: E402
     linear_attention_kernels,
 )
 from common.errors import HiddenStateError  # noqa: E402
+from common.exit_codes import EXIT_FAILURE  # noqa: E402
 from common.trainrows import TrainingRow  # noqa: E402
 from workers.devices import resolve_device  # noqa: E402
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
@@ -317,7 +318,7 @@ def main() -> None:
     bad = [r for r in rows if not r.ok]
     if bad:
         print(f"{len(bad)} numerics mismatch(es): " + "; ".join(f"{r.part} {r.case}" for r in bad))
-        sys.exit(1)
+        sys.exit(EXIT_FAILURE)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,8 @@ import click
 
 from common.config import Settings, env_name, load_settings, mask_url
 from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
+from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH
 from common.options import OPTIONS
-
-EXIT_FAILURE, EXIT_REJECTED, EXIT_MISMATCH = 1, 3, 4
 
 log = logging.getLogger("dflash")
 

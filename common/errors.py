@@ -99,3 +99,8 @@ class GroupLost(TransientError):
 class RankFailed(PermanentError):
     """A rank's own work failed (out of memory, a bug, bad data): the shard parks, its reason
     kept."""
+
+
+class MalformedName(PermanentError):
+    """A key or Redis field does not have the form :mod:`common.keys` writes (a bug or a hand
+    edit): named, never read as some other shard."""

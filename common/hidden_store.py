@@ -199,7 +199,8 @@ class HiddenShardWriter:
         self._pending_bytes = 0
         self._seen: set[tuple[str, int]] = set()
         # Start after any part an earlier attempt left, so no upload is wasted on a collision.
-        numbers = [_part_number(k) for k in storage.list(keys.hidden_shard_prefix(run, shard))]
+        numbers = [keys.part_number(k, ".safetensors")
+                   for k in storage.list(keys.hidden_shard_prefix(run, shard))]
         self._next = max((n for n in numbers if n is not None), default=-1) + 1
 
     def _record_bytes(self, record: HiddenRecord) -> int:
@@ -254,14 +255,6 @@ class HiddenShardWriter:
         existing = read_hidden_index(self.storage, self.run, self.shard)
         assert existing is not None  # put_once said it exists
         return existing
-
-
-def _part_number(key: str) -> int | None:
-    name = key.rsplit("/", 1)[-1]
-    if name.startswith("part-") and name.endswith(".safetensors"):
-        digits = name[len("part-") : -len(".safetensors")]
-        return int(digits) if digits.isdigit() else None
-    return None
 
 
 def _read_index(storage: Storage, key: str) -> HiddenIndex | None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from common.errors import MalformedName
+
 SHARD_DIGITS = 6
 PART_DIGITS = 4
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SHARD_DIR = re.compile(r"shard-(\d{6})/")
+_SHARD = r"shard-(\d+)"   # what shard_name writes; 6 digits grow to 7 past shard 999999
+_SHARD_NAME = re.compile(_SHARD)
+_SHARD_DIR = re.compile(rf"(?:^|/){_SHARD}/")
 STEP_DIGITS = 6
 _STEP = re.compile(r"/step-(\d{6})(?:\.(\d+))?/_COMMIT\.json$")
-_PART = re.compile(r"part-(\d{4})\.jsonl\.zst$")
 
 
 def valid_run_id(run: str) -> bool:
@@ -25,6 +28,14 @@ def valid_run_id(run: str) -> bool:
 
 def shard_name(shard: int) -> str:
     return f"shard-{shard:0{SHARD_DIGITS}d}"
+
+
+def parse_shard_name(name: str) -> int:
+    """The shard a :func:`shard_name` names (Redis fields, lease keys' last part): its inverse."""
+    match = _SHARD_NAME.fullmatch(name)
+    if match is None:
+        raise MalformedName(f"{name!r} is not a shard name (shard-{'N' * SHARD_DIGITS})")
+    return int(match.group(1))
 
 
 def run_config(run: str) -> str:
@@ -122,9 +133,9 @@ def failed_shard(run: str, shard: int, stamp: str, stage: str = "generate") -> s
     return f"runs/{run}/failed/{where}{shard_name(shard)}/{stamp}.json"
 
 
-def part_number(key: str) -> int | None:
-    """The part index of a generated part key, or None for other keys."""
-    match = _PART.search(key)
+def part_number(key: str, suffix: str = ".jsonl.zst") -> int | None:
+    """The part index of a part key (generated's, or hidden's ``.safetensors``), else None."""
+    match = re.search(rf"(?:^|/)part-(\d+){re.escape(suffix)}$", key)
     return int(match.group(1)) if match else None
 
 
@@ -214,9 +225,11 @@ def lease_owner(worker: str, tag: str, shard: int) -> str:
 
 def lease_shard(token: str | None) -> int | None:
     """The shard a lease token's owner covers (see :func:`lease_owner`), else None."""
-    owner = (token or "").rpartition(" ")[0]
-    match = re.search(r":shard-(\d+)$", owner)
-    return int(match.group(1)) if match else None
+    name = (token or "").rpartition(" ")[0].rpartition(":")[2]
+    try:
+        return parse_shard_name(name)
+    except MalformedName:
+        return None
 
 
 def redis_reconciler() -> str:

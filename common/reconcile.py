@@ -25,7 +25,7 @@ from common import keys
 from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
 from common.dispatch import Marker, publish_shard, queued_in
 from common.errors import DflashError
-from common.keys import lease_is_live, lease_shard
+from common.keys import lease_is_live, lease_shard, parse_shard_name
 from common.runstore import RunStore
 from common.storage import Storage
 
@@ -78,13 +78,13 @@ def read_stage(client: redis.Redis, spec: StageSpec, run: str, lease_ttl: float,
     for key, token, pttl in zip(leases, lease_info[::2], lease_info[1::2], strict=True):
         shard = lease_shard(token)
         if shard is None and not spec.one_per_run:
-            shard = _shard(key)
+            shard = parse_shard_name(key.rpartition(":")[2])
         if shard is not None and lease_is_live(token, pttl):
             live.add(shard)
     in_queue = waiting.get(spec.queue)
     held, retrying, stale = set(), set(), set()
     for name, value in queued.items():
-        shard, mark = _shard(name), Marker.parse(value)
+        shard, mark = parse_shard_name(name), Marker.parse(value)
         seen = None if in_queue is None else (run, shard) in in_queue
         if mark is not None and mark.holds(now, lease_ttl, seen, spec.one_per_run and bool(live)):
             held.add(shard)
@@ -93,8 +93,8 @@ def read_stage(client: redis.Redis, spec: StageSpec, run: str, lease_ttl: float,
         else:
             stale.add(shard)
     return StageView(frozenset(live), frozenset(held), frozenset(retrying), frozenset(stale),
-                     {_shard(k): v for k, v in running.items()},
-                     {_shard(k): v for k, v in parked.items()})
+                     {parse_shard_name(k): v for k, v in running.items()},
+                     {parse_shard_name(k): v for k, v in parked.items()})
 
 
 @dataclass
@@ -222,7 +222,3 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
         with contextlib.suppress(redis.exceptions.LockError):
             lock.release()
     return done
-
-
-def _shard(name: str) -> int:
-    return int(name.rsplit("-", 1)[-1])

@@ -18,10 +18,9 @@ from common.cli import command_option, common_options, setting_option
 from common.config import Settings, load_settings
 from common.entry_points import COMMANDS, EntryPointGroup
 from common.errors import DflashError
+from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
 from common.inputs.layouts import FORMATS
 from producer.services import open_services as _services
-
-EXIT_FAILURE, EXIT_REJECTED = 1, 3
 
 SKIPPABLE_GATES = ("truncated", "thinking", "empty_answer", "leakage", "duplicates")
 
@@ -137,7 +136,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
 
         report = run_dry(settings, config, context_check(settings, config), show)
         click.echo(json.dumps(report.to_json(), sort_keys=True) if as_json else report.render())
-        sys.exit(EXIT_REJECTED if report.rejected else 0)
+        sys.exit(EXIT_REJECTED if report.rejected else EXIT_OK)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
     print_enqueue_report(report, storage, as_json)

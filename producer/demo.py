@@ -29,6 +29,7 @@ import redis
 
 from common.config import load_settings
 from common.errors import ConfigError
+from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.records import RunState
 from producer.children import die_with_parent
 
@@ -184,9 +185,9 @@ def run_demo(options: DemoOptions) -> int:
         if status["state"] == RunState.PAUSED:
             click.echo(render_status(status))
         if status["state"] != RunState.DONE:
-            return 1
+            return EXIT_FAILURE
         code = (finish_training(exe, env, out_dir, run, options.eval_prompts,
-                                 options.eval_max_new_tokens) if online else 0)
+                                 options.eval_max_new_tokens) if online else EXIT_OK)
     click.echo(f"results: {settings.storage}/runs/{run}/generated/  "
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
     click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run}")

@@ -22,6 +22,7 @@ import click
 
 from common.config import env_name
 from common.errors import ConfigError
+from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.records import RunState
 from producer.children import die_with_parent
 from producer.status import StatusReader
@@ -137,7 +138,7 @@ def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str
                        str(out_dir / "export" / "drafter"), "--json")
     click.echo(f"drafter: {drafter['out']}  (step {drafter['step']}, {drafter['dtype']}; "
                "SGLang --speculative-algorithm DFLASH --speculative-draft-model-path ...)")
-    return 0 if exact == lossless["checked"] else 1
+    return EXIT_OK if exact == lossless["checked"] else EXIT_FAILURE
 
 
 def _command(exe: list[str], env: dict[str, str], *args: str) -> dict[str, Any]:

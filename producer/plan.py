@@ -25,6 +25,7 @@ from common import keys
 from common.cli import command_option, setting_option
 from common.config import Settings, load_settings
 from common.errors import ConfigError, DflashError
+from common.exit_codes import EXIT_FAILURE
 from common.storage import Storage, open_storage
 from common.target import TargetShape
 
@@ -230,7 +231,7 @@ def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None
                             shard_size or DEFAULT_SHARD_SIZE)
     except DflashError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FAILURE)
     plan = replace(plan, sources=sources, run=run)
     click.echo(json.dumps(plan.to_json(), sort_keys=True) if as_json else render_plan(plan))
 

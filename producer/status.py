@@ -224,7 +224,7 @@ class StatusReader:
                        for stage, info in stages.items()
                        for s, r in sorted(info.parked.items())
                        if stage != "generate" or s not in self.commits],
-            "partial": {_shard(k): int(v) for k, v in partial.items()},
+            "partial": {keys.parse_shard_name(k): int(v) for k, v in partial.items()},
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
             "engines": {name: json.loads(v) for name, v in engines.items()},
@@ -238,10 +238,6 @@ class StatusReader:
 class StoredProgress:
     samples: int
     rejected: int
-
-
-def _shard(name: str) -> int:
-    return int(name.rsplit("-", 1)[-1])
 
 
 def _eta(state: RunState, remaining: int | None, rate: float | None) -> float | None:

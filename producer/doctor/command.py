@@ -33,6 +33,7 @@ import click
 from common.cli import setting_option
 from common.config import Settings
 from common.errors import ConfigError
+from common.exit_codes import EXIT_FAILURE
 from common.preflight import (
     CheckResult,
     NoNvidiaDriver,
@@ -46,8 +47,6 @@ from common.preflight import (
 from producer.doctor.target import target_dir
 
 log = logging.getLogger(__name__)
-
-EXIT_FAILURE = 1  # as in producer.cli, which this module must not import (it imports us)
 
 _STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 _DOWNLOAD_FIX = ("download it first (e.g. `huggingface-cli download Qwen/Qwen3-8B --local-dir "

@@ -25,8 +25,8 @@ import click
 from common.cli import setting_option
 from common.config import Settings
 from common.errors import ConfigError
+from common.exit_codes import EXIT_FAILURE
 
-EXIT_FAILURE = 1  # as in producer.cli, which this module must not import (it imports us)
 KINDS = ("mtp", "dflash")
 
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import click
 
-from common.cli import EXIT_FAILURE, command_option, common_options
+from common.cli import command_option, common_options
 from common.config import Settings, env_name
 from common.errors import ConfigError, DflashError, InputError
+from common.exit_codes import EXIT_FAILURE
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from common.config import load_settings
@@ -278,14 +277,7 @@ class DataParallelTrainer:
         scale = weight / total
         # DDP averages gradients over ranks; times world, they sum to the global batch's.
         (loss * scale * self.group.world).backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(t.drafter.parameters(), t.config.grad_clip)
-        if isinstance(grad_norm, DTensor):   # FSDP2: already reduced, replicated on every rank
-            grad_norm = grad_norm.full_tensor()
-        lr = t.scheduler.get_last_lr()[0]
-        t.optimizer.step()
-        t.scheduler.step()
-        t.optimizer.zero_grad(set_to_none=True)
-        t.steps += 1
+        grad_norm, lr = t.optimizer_step()
         counts = torch.tensor([batch.rows, batch.blocks, batch.tokens], device=t.device)
         stats = torch.cat([(loss.detach() * scale).reshape(1).float(), per_slot.flatten(),
                            counts.float() * share])

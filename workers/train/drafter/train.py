@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from common.errors import NothingToTrain
@@ -216,14 +217,22 @@ class DrafterTrainer:
         self.drafter.train()
         loss, per_slot = self.forward(batch)
         loss.backward()
+        grad_norm, lr = self.optimizer_step()
+        return self._metrics(batch, skipped, loss, per_slot, grad_norm, lr, started)
+
+    def optimizer_step(self) -> tuple[torch.Tensor, float]:
+        """After backward, one rank's or the group's: clip, step, schedule, clear the gradients;
+        returns the pre-clip gradient norm and the learning rate the step used."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(),
                                                    self.config.grad_clip)
+        if isinstance(grad_norm, DTensor):   # FSDP2: already reduced, replicated on every rank
+            grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        return self._metrics(batch, skipped, loss, per_slot, grad_norm, lr, started)
+        return grad_norm, lr
 
     @torch.no_grad()
     def evaluate(self, rows: Sequence[FeaturedRow], seed: int = 0) -> StepMetrics:
