@@ -107,7 +107,9 @@ def test_a_lost_hidden_message_heals(slow_lease: Pipeline, tmp_path: Path, fault
     pipeline.start_worker("gen")
     enqueue(pipeline, tmp_path, "lost", rows=4, shard_size=2)
     pipeline.wait_done("lost")
-    assert queued_in(client, HIDDEN.queue) == {("lost", 0), ("lost", 1)}
+    # A shard's hand-off follows its commit, so "done" can come a moment before the message.
+    wait_until(lambda: queued_in(client, HIDDEN.queue) == {("lost", 0), ("lost", 1)}, 60,
+               "both hand-offs waiting in the hidden queue")
     if fault == "queue deleted":
         client.delete(HIDDEN.queue)
     else:
