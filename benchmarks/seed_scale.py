@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.seed_run import RUN, Layout, write_run  # noqa: E402
-from common import keys  # noqa: E402
+from common import keys, redis_keys  # noqa: E402
 from common.celery_app import GENERATE  # noqa: E402
 from common.storage import LocalStorage  # noqa: E402
 from producer.demo import free_port, start_redis  # noqa: E402
@@ -68,7 +68,7 @@ def prepare_redis(client, layout, wipe: bool) -> None:  # noqa: ANN001
     names = GENERATE.keys(RUN)
     client.hset(names.parked, mapping={keys.shard_name(s): "engine kept failing"
                                        for s in layout.parked})
-    client.sadd(keys.redis_runs(), RUN)
+    client.sadd(redis_keys.redis_runs(), RUN)
 
 
 def child(step: str, path: str, storage: str, broker: str, latency_ms: float,
@@ -164,7 +164,7 @@ def main() -> None:
                     for path in paths:
                         prepare_redis(client, layout, redis_state == "wipe")
                         if redis_state == "keep" and not client.hexists(
-                                keys.redis_gates(RUN), "ready"):
+                                redis_keys.redis_gates(RUN), "ready"):
                             child("rebuild", "new", url, broker, latency, work / "out",
                                   3600, env)
                             prepare_redis(client, layout, False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from common import keys
+from common import redis_keys
 from common.config import Settings, load_settings
 
 QUEUE_GENERATE = "generate"
@@ -32,8 +32,8 @@ class StageSpec:
     queue: str
     one_per_run: bool = False
 
-    def keys(self, run: str) -> keys.StageKeys:
-        return keys.StageKeys(run, self.name)
+    def keys(self, run: str) -> redis_keys.StageKeys:
+        return redis_keys.StageKeys(run, self.name)
 
     def lease_key(self, run: str, shard: int) -> str:
         return self.keys(run).lease(None if self.one_per_run else shard)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import StageSpec
 from common.records import ShardTask
 
@@ -57,7 +57,7 @@ def publish_shard(app: Celery, client: redis.Redis, spec: StageSpec, run: str, s
     names, field = spec.keys(run), keys.shard_name(shard)
     pipe = client.pipeline(transaction=True)
     pipe.hset(names.queued, field, marker(QUEUED, time.time()))
-    pipe.sadd(keys.redis_runs(), run)
+    pipe.sadd(redis_keys.redis_runs(), run)
     if fresh:
         # Re-queuing a parked shard is the user's decision to try again: a fresh count.
         pipe.hdel(names.parked, field)

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from common import keys
+from common import keys, redis_keys
 from common.errors import RunPaused
 from common.gates import GateConfig
 from common.partstats import example
@@ -58,20 +58,20 @@ class GateState:
         self.client, self.storage, self.run, self.gates = client, storage, run, gates
 
     def thresholds(self) -> Thresholds:
-        rate, after = self.client.hmget(keys.redis_gates(self.run), "max_reject_rate",
+        rate, after = self.client.hmget(redis_keys.redis_gates(self.run), "max_reject_rate",
                                         "pause_after")
         return Thresholds(float(rate) if rate is not None else self.gates.max_reject_rate,
                           int(after) if after is not None else self.gates.pause_after)
 
     def paused(self) -> dict[str, Any] | None:
-        raw = self.client.get(keys.redis_paused(self.run))
+        raw = self.client.get(redis_keys.redis_paused(self.run))
         return json.loads(raw) if raw else None
 
     def ensure_ready(self) -> None:
         """Rebuild the shared state from storage if Redis lost it (one worker does it)."""
-        if self.client.hexists(keys.redis_gates(self.run), "ready"):
+        if self.client.hexists(redis_keys.redis_gates(self.run), "ready"):
             return
-        lock = keys.redis_gate_rebuild(self.run)
+        lock = redis_keys.redis_gate_rebuild(self.run)
         if self.client.set(lock, "1", nx=True, ex=int(REBUILD_WAIT_S)):
             try:  # the lock is renewed as the rebuild goes, so no second worker starts one
                 rebuild(self.client, self.storage, self.run, self.gates,
@@ -79,7 +79,7 @@ class GateState:
             finally:
                 self.client.delete(lock)
             return
-        while not self.client.hexists(keys.redis_gates(self.run), "ready"):
+        while not self.client.hexists(redis_keys.redis_gates(self.run), "ready"):
             if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
                 return self.ensure_ready()
             time.sleep(0.2)
@@ -89,7 +89,7 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
     """Queue the counter updates of ``samples`` on a Redis pipeline."""
     if not samples:
         return
-    gates, hist = keys.redis_gates(run), keys.redis_gate_hist(run)
+    gates, hist = redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run)
     rejected = [s for s in samples if not s["quality"]["passed"]]
     pipe.hincrby(gates, "checked", len(samples))
     pipe.hincrby(gates, "since", len(samples))
@@ -99,12 +99,12 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
     for tokens, count in Counter(t for s in samples
                                  for t in s["quality"]["supervised_tokens"]).items():
         pipe.hincrby(hist, str(tokens), count)
-    pipe.lpush(keys.redis_gate_window(run), *("0" if s["quality"]["passed"] else "1"
+    pipe.lpush(redis_keys.redis_gate_window(run), *("0" if s["quality"]["passed"] else "1"
                                               for s in samples))
-    pipe.ltrim(keys.redis_gate_window(run), 0, window - 1)
+    pipe.ltrim(redis_keys.redis_gate_window(run), 0, window - 1)
     for sample in rejected:
         for reason in sample["quality"]["reasons"]:
-            name = keys.redis_gate_examples(run, reason)
+            name = redis_keys.redis_gate_examples(run, reason)
             pipe.lpush(name, json.dumps(example(sample)))
             pipe.ltrim(name, 0, EXAMPLES - 1)
 
@@ -166,7 +166,7 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     if not pause and not accept and not changed:
         return None
     limits = monitor.thresholds()
-    checked = int(client.hget(keys.redis_gates(run), "checked") or 0)
+    checked = int(client.hget(redis_keys.redis_gates(run), "checked") or 0)
     record = {"accepted": accept, "at": time.time(), "checked": checked,
               "max_reject_rate": max_reject_rate if max_reject_rate is not None
               else limits.max_reject_rate,
@@ -174,12 +174,12 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
               "lifted": pause["reason"] if pause else None}
     storage.put_once(keys.gate_event(run, "resume", stamp()), dumps(record))
     pipe = client.pipeline(transaction=True)
-    pipe.hset(keys.redis_gates(run), mapping={"max_reject_rate": record["max_reject_rate"],
+    pipe.hset(redis_keys.redis_gates(run), mapping={"max_reject_rate": record["max_reject_rate"],
                                               "pause_after": record["pause_after"]})
     if accept:
-        pipe.hset(keys.redis_gates(run), "since", 0)
-        pipe.delete(keys.redis_gate_window(run))
-    pipe.delete(keys.redis_paused(run))
+        pipe.hset(redis_keys.redis_gates(run), "since", 0)
+        pipe.delete(redis_keys.redis_gate_window(run))
+    pipe.delete(redis_keys.redis_paused(run))
     pipe.execute()
     log.info("run %s: gates resumed (accept=%s, max_reject_rate=%s, pause_after=%s)", run, accept,
              record["max_reject_rate"], record["pause_after"])

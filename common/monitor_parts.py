@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from common import keys
+from common import keys, redis_keys
 from common.gates import GateConfig
 from common.monitor import Samples, count_samples, resume_state
 from common.records import decode_jsonl_zst
@@ -79,31 +79,33 @@ def rebuild_from_parts(client: redis.Redis, storage: Storage, run: str,
     started = time.monotonic()
     events, last, size, accepted_at = resume_state(storage, run, gates)
     samples, partial = judged_samples(storage, run)
-    names = [keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
-             keys.redis_answers(run), keys.redis_paused(run), keys.redis_partial(run),
-             *(keys.redis_gate_examples(run, r) for r in _reasons(samples))]
+    names = [redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run),
+             redis_keys.redis_gate_window(run), redis_keys.redis_answers(run),
+             redis_keys.redis_paused(run), redis_keys.redis_partial(run),
+             *(redis_keys.redis_gate_examples(run, r) for r in _reasons(samples))]
     pipe = client.pipeline(transaction=True)
     pipe.delete(*names)
     for first in range(0, len(samples), REBUILD_CHUNK):  # in judgement order, list kept short
         count_samples(pipe, run, samples[first:first + REBUILD_CHUNK], size)
     for sample in samples:
         if sample["quality"]["passed"] and sample["quality"]["answer_hash"]:
-            pipe.hsetnx(keys.redis_answers(run), sample["quality"]["answer_hash"], sample["id"])
+            pipe.hsetnx(redis_keys.redis_answers(run), sample["quality"]["answer_hash"],
+                        sample["id"])
     if partial:
-        pipe.hset(keys.redis_partial(run), mapping={keys.shard_name(s): n
+        pipe.hset(redis_keys.redis_partial(run), mapping={keys.shard_name(s): n
                                                     for s, n in partial.items()})
     since = max(len(samples) - accepted_at, 0)
-    pipe.hset(keys.redis_gates(run), "since", since)
+    pipe.hset(redis_keys.redis_gates(run), "since", since)
     if since == 0:
-        pipe.delete(keys.redis_gate_window(run))
+        pipe.delete(redis_keys.redis_gate_window(run))
     elif since < size:  # the window only holds samples judged since the last acceptance
-        pipe.ltrim(keys.redis_gate_window(run), 0, since - 1)
+        pipe.ltrim(redis_keys.redis_gate_window(run), 0, since - 1)
     for field_name in ("max_reject_rate", "pause_after"):
         if last.get(field_name) is not None:
-            pipe.hset(keys.redis_gates(run), field_name, last[field_name])
+            pipe.hset(redis_keys.redis_gates(run), field_name, last[field_name])
     if events and events[-1][0] == "pause":
-        pipe.set(keys.redis_paused(run), json.dumps(events[-1][1]))
-    pipe.hset(keys.redis_gates(run), "ready", 1)
+        pipe.set(redis_keys.redis_paused(run), json.dumps(events[-1][1]))
+    pipe.hset(redis_keys.redis_gates(run), "ready", 1)
     pipe.execute()
     log.info("run %s: quality monitor rebuilt from %d stored samples in %.1fs", run, len(samples),
              time.monotonic() - started)

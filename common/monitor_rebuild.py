@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from common import keys
+from common import keys, redis_keys
 from common.commit_cache import THREADS, fetch
 from common.partstats import EXAMPLE_FIELDS, SampleStat
 from common.records import decode_jsonl_zst
@@ -88,11 +88,12 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
                            heartbeat: Callable[[], None] = lambda: None) -> int:
     """Write the monitor's state for ``run``; returns the number of judged samples."""
     started = time.monotonic()
-    answers, order = keys.redis_answers(run), keys.redis_answers_order(run)
-    stale = list(client.scan_iter(keys.redis_gate_examples(run, "*"), count=1000))
+    answers, order = redis_keys.redis_answers(run), redis_keys.redis_answers_order(run)
+    stale = list(client.scan_iter(redis_keys.redis_gate_examples(run, "*"), count=1000))
     # UNLINK: a run's answers hash has a million fields; DEL would block Redis while it frees
-    client.unlink(keys.redis_gates(run), keys.redis_gate_hist(run), keys.redis_gate_window(run),
-                  answers, order, keys.redis_paused(run), keys.redis_partial(run), *stale)
+    client.unlink(redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run),
+                  redis_keys.redis_gate_window(run), answers, order,
+                  redis_keys.redis_paused(run), redis_keys.redis_partial(run), *stale)
     claim = client.register_script(_CLAIM)
     packed = client.register_script(_CLAIM_PACKED)
     total = RunSummary()
@@ -124,21 +125,21 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
 def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, accepted_at: int,
                  last_resume: dict[str, Any], pause: dict[str, Any] | None) -> None:
     """Counters, histogram, window and examples in chunks; ``ready`` in the last write."""
-    gates = keys.redis_gates(run)
+    gates = redis_keys.redis_gates(run)
     since = max(total.judged - accepted_at, 0)
     window = total.window(min(size, since))
     pipe = client.pipeline(transaction=False)
     hist = [(str(t), n) for t, n in sorted(total.hist.items())]
     for first in range(0, len(hist), CHUNK):
-        pipe.hset(keys.redis_gate_hist(run), mapping=dict(hist[first:first + CHUNK]))
+        pipe.hset(redis_keys.redis_gate_hist(run), mapping=dict(hist[first:first + CHUNK]))
     for first in range(0, len(window), CHUNK):
-        pipe.rpush(keys.redis_gate_window(run), *map(str, window[first:first + CHUNK]))
+        pipe.rpush(redis_keys.redis_gate_window(run), *map(str, window[first:first + CHUNK]))
     for reason in total.examples:
-        pipe.rpush(keys.redis_gate_examples(run, reason),
+        pipe.rpush(redis_keys.redis_gate_examples(run, reason),
                    *(json.dumps({k: view[k] for k in EXAMPLE_FIELDS})
                      for view in total.newest_examples(reason)))
     if total.partial:
-        pipe.hset(keys.redis_partial(run), mapping={keys.shard_name(s): n
+        pipe.hset(redis_keys.redis_partial(run), mapping={keys.shard_name(s): n
                                                     for s, n in total.partial.items()})
     counters: dict[str, Any] = {"checked": total.judged, "rejected": total.rejected,
                                 "since": since,
@@ -147,6 +148,6 @@ def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, ac
                      if last_resume.get(name) is not None})
     pipe.hset(gates, mapping=counters)
     if pause is not None:
-        pipe.set(keys.redis_paused(run), json.dumps(pause))
+        pipe.set(redis_keys.redis_paused(run), json.dumps(pause))
     pipe.hset(gates, "ready", 1)
     pipe.execute()

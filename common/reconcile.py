@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
 from common.dispatch import Marker, publish_shard, queued_in
 from common.errors import DflashError
-from common.keys import lease_is_live, lease_shard, parse_shard_name
+from common.keys import parse_shard_name
+from common.redis_keys import lease_is_live, lease_shard
 from common.runstore import RunStore
 from common.storage import Storage
 
@@ -117,7 +118,7 @@ def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
     config, manifest = store.config_or_none(), store.manifest()
     if config is None or manifest is None:
         return None
-    plan = RunPlan(run, paused=bool(client.exists(keys.redis_paused(run))))
+    plan = RunPlan(run, paused=bool(client.exists(redis_keys.redis_paused(run))))
     generated = store.committed("generate")
     if not plan.paused:  # a paused run generates nothing new; `resume --accept-gates` lifts it
         plan.due[GENERATE.name] = set(range(manifest.shards)) - generated
@@ -184,7 +185,7 @@ def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
         for shard in view.stale - due:  # done meanwhile: the marker only misleads status
             client.hdel(spec.keys(run).queued, keys.shard_name(shard))
     if plan.finished:
-        client.srem(keys.redis_runs(), run)  # every stage done: nothing left to watch
+        client.srem(redis_keys.redis_runs(), run)  # every stage done: nothing left to watch
     return sent
 
 
@@ -198,7 +199,7 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
     each run, so a holder killed mid-pass delays the next pass by one TTL at most. Returns what
     each run queued, None if skipped.
     """
-    lock = client.lock(keys.redis_reconciler(), timeout=lease_ttl,
+    lock = client.lock(redis_keys.redis_reconciler(), timeout=lease_ttl,
                        blocking=wait_s is not None, blocking_timeout=wait_s,
                        thread_local=False)
     if not lock.acquire():
@@ -206,7 +207,7 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
     done = {}
     try:
         waiting = waiting_messages(client)
-        chosen = sorted(client.smembers(keys.redis_runs())) if runs is None else list(runs)
+        chosen = sorted(client.smembers(redis_keys.redis_runs())) if runs is None else list(runs)
         for run in chosen:
             lock.reacquire()  # LockError: the pass outlived its lock; another one took over
             try:

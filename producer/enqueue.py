@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import GENERATE
 from common.dispatch import publish_shard
 from common.errors import BadRow
@@ -80,7 +80,7 @@ class TaskSender:
         self.storage, self.app, self.client, self.run = storage, app, client, run
         self.committed = RunStore(storage, run).committed("generate")
         self.enqueued = 0
-        client.sadd(keys.redis_runs(), run)  # where the reconciler looks for shards to heal
+        client.sadd(redis_keys.redis_runs(), run)  # where the reconciler looks for shards to heal
 
     def send(self, shard: int) -> bool:
         names, field_name = GENERATE.keys(self.run), keys.shard_name(shard)
@@ -213,7 +213,7 @@ def resume_run(
     if manifest is None:
         # enqueue died while reading the input: finish that first, exactly as enqueue would.
         return enqueue_run(storage, app, client, config, check_for(config))
-    client.sadd(keys.redis_runs(), run)
+    client.sadd(redis_keys.redis_runs(), run)
     flags = Flags(force=force, parked=True, leases=False)
     done = reconcile(storage, app, client, lease_ttl, runs=[run], flags=flags,
                      wait_s=max(2 * lease_ttl, 10.0) + 5)

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import STAGES, TRAIN
 from common.commit_cache import CommitDigest, fetch
 from common.config import load_settings
@@ -207,12 +207,12 @@ class StatusReader:
             stages = {spec.name: read_stage(self.client, spec, self.run, self.lease_ttl, waiting)
                       for spec in STAGES}
             pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(keys.redis_partial(self.run))
-            pipe.lrange(keys.redis_rate(self.run), 0, -1)
-            pipe.hgetall(keys.redis_engines())
-            pipe.hgetall(keys.redis_gates(self.run))
-            pipe.lrange(keys.redis_gate_window(self.run), 0, -1)
-            pipe.get(keys.redis_paused(self.run))
+            pipe.hgetall(redis_keys.redis_partial(self.run))
+            pipe.lrange(redis_keys.redis_rate(self.run), 0, -1)
+            pipe.hgetall(redis_keys.redis_engines())
+            pipe.hgetall(redis_keys.redis_gates(self.run))
+            pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
+            pipe.get(redis_keys.redis_paused(self.run))
             pipe.hgetall(TRAIN.keys(self.run).metrics)
             partial, events, engines, gates, window, pause, train = pipe.execute()
         except redis.RedisError:

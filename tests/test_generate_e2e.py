@@ -10,7 +10,7 @@ import sys
 import boto3
 import pytest
 
-from common import keys
+from common import keys, redis_keys
 from common.records import decode_jsonl_zst
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, RedisServer, TinyTarget, wait_until
@@ -141,7 +141,7 @@ def pipeline_requests(pipeline: Pipeline, run: str, prefix: str) -> int:
     import redis
 
     client = redis.Redis.from_url(pipeline.env["DFLASH_BROKER_URL"], decode_responses=True)
-    counts = client.hgetall(keys.redis_requests(run))
+    counts = client.hgetall(redis_keys.redis_requests(run))
     return sum(int(v) for k, v in counts.items() if k.startswith(prefix))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import keys
+from common import keys, redis_keys
 from common.errors import MalformedName
 
 
@@ -13,8 +13,8 @@ def test_shard_name_round_trips(shard: int) -> None:
     assert keys.parse_shard_name(keys.shard_name(shard)) == shard
     assert keys.shard_of(keys.generated_commit("r-1", shard)) == shard
     assert keys.shard_of(keys.failed_shard("r", shard, "s", "hidden")) == shard
-    owner = keys.lease_owner("w@host", "generate", shard)
-    assert keys.lease_shard(keys.lease_token(owner, 30_000)) == shard
+    owner = redis_keys.lease_owner("w@host", "generate", shard)
+    assert redis_keys.lease_shard(redis_keys.lease_token(owner, 30_000)) == shard
 
 
 @pytest.mark.parametrize("name", ["", "3", "shard-", "shard-12a", "shard--1", "Shard-000001",
@@ -25,8 +25,8 @@ def test_a_malformed_shard_name_is_named(name: str) -> None:
 
 
 def test_a_lease_without_a_shard_reads_as_none() -> None:
-    assert keys.lease_shard(None) is None
-    assert keys.lease_shard(keys.lease_token("w@host:train:run", 30_000)) is None
+    assert redis_keys.lease_shard(None) is None
+    assert redis_keys.lease_shard(redis_keys.lease_token("w@host:train:run", 30_000)) is None
 
 
 def test_a_run_named_like_a_shard_does_not_lend_its_number() -> None:

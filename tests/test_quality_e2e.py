@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common import keys
+from common import keys, redis_keys
 from common.records import decode_jsonl_zst
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, running_simulator, wait_until
@@ -89,4 +89,4 @@ def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tm
 
 def status_running(pipeline: Pipeline) -> bool:
     client = __import__("redis").Redis.from_url(pipeline.env["DFLASH_BROKER_URL"])
-    return bool(list(client.scan_iter(keys.StageKeys("seed", "generate").lease_pattern)))
+    return bool(list(client.scan_iter(redis_keys.StageKeys("seed", "generate").lease_pattern)))

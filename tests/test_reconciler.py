@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import GENERATE, HIDDEN, TRAIN, make_app
 from common.config import load_settings
 from common.dispatch import RETRY, marker, publish_shard, queued_in
-from common.keys import lease_is_live
 from common.reconcile import Flags, reconcile
 from common.records import InputManifest, RunConfig, ShardCommit, dumps
+from common.redis_keys import lease_is_live
 from common.storage import open_storage
 from tests.conftest import RedisServer, wait_until
 from workers.lease import Lease
@@ -45,7 +45,7 @@ def make_run(storage: Any, client: Any, run: str, shards: int, generated: set[in
     for shard in generated:
         commit = ShardCommit(run, shard, [], [f"{run}-{shard}"], {}, {}, "w")
         storage.put_once(keys.generated_commit(run, shard), dumps(commit.to_json()))
-    client.sadd(keys.redis_runs(), run)
+    client.sadd(redis_keys.redis_runs(), run)
 
 
 def messages(client: Any, queue: str) -> list[tuple[str, int]]:
@@ -58,7 +58,7 @@ def test_due_unowned_shards_are_queued_once_and_owned_ones_are_left(env) -> None
     storage.put_once(keys.hidden_commit("r", 2), b"{}")       # hidden done: not due
     client.hset(GENERATE.keys("r").parked, keys.shard_name(3), "bad input")
     client.hset(HIDDEN.keys("r").running, keys.shard_name(1), "dead:1:shard-000001")
-    with Lease(client, HIDDEN.lease_key("r", 0), keys.lease_owner("live", "1", 0), ttl=30):
+    with Lease(client, HIDDEN.lease_key("r", 0), redis_keys.lease_owner("live", "1", 0), ttl=30):
         assert reconcile(storage, app, client, TTL) == {"r": [("hidden", 1)]}
         assert reconcile(storage, app, client, TTL) == {"r": []}, "queued twice"
     assert messages(client, HIDDEN.queue) == [("r", 1)]
@@ -116,7 +116,7 @@ def test_a_run_lease_covers_only_the_shard_it_names(env) -> None:
     make_run(storage, client, "t", shards=3, generated={0, 1, 2}, mode="online")
     # Shard 2 waits for the run lease: its retry is overdue, but the trainer is busy.
     client.hset(TRAIN.keys("t").queued, keys.shard_name(2), marker(RETRY, time.time() - 60))
-    with Lease(client, TRAIN.lease_key("t", 0), keys.lease_owner("trainer", "1", 0), ttl=30):
+    with Lease(client, TRAIN.lease_key("t", 0), redis_keys.lease_owner("trainer", "1", 0), ttl=30):
         assert reconcile(storage, app, client, TTL) == {"t": [("train", 1)]}
     # Its trainer gone (the lease released or expired), the untrained shard is due again.
     assert reconcile(storage, app, client, TTL) == {"t": [("train", 0), ("train", 2)]}

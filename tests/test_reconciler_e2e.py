@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import GENERATE, HIDDEN
 from common.dispatch import queued_in
 from common.storage import open_storage
@@ -162,7 +162,7 @@ def test_a_killed_trainer_s_shard_is_queued_again_within_two_lease_ttls(
                  "--heldout-min", "0", "--heldout-fraction", "0", check=True)
     lease = TRAIN.lease_key("tk", 0)
     token = wait_until(lambda: client.get(lease), 300, "the trainer to lease a shard")
-    shard = keys.lease_shard(token)
+    shard = redis_keys.lease_shard(token)
     assert shard is not None, f"the run lease {token!r} does not name its shard"
     wait_until(lambda: client.hget(TRAIN.keys("tk").metrics, "step"), 300,
                "a first training step (the trainer is mid-shard)")

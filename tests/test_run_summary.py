@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from common import keys
+from common import keys, redis_keys
 from common.gates import GateConfig
 from common.monitor import rebuild, resume_gates
 from common.monitor_parts import rebuild_from_parts
@@ -60,7 +60,7 @@ class Writer:
 
         def written(accepted: list[dict[str, Any]], rejected: list[dict[str, Any]]) -> None:
             self.pause = monitor.record(accepted, rejected)
-            self.client.hincrby(keys.redis_partial(RUN), keys.shard_name(shard),
+            self.client.hincrby(redis_keys.redis_partial(RUN), keys.shard_name(shard),
                                 len(accepted) + len(rejected))
 
         buffer = PartBuffer(parts, 4, 1e9, before_write=monitor.claim_answers,
@@ -71,7 +71,7 @@ class Writer:
         buffer.flush()
         if commit:
             parts.commit([f"{shard}-{i}" for i in range(SHARD)], f"w{shard % 2}")
-            self.client.hdel(keys.redis_partial(RUN), keys.shard_name(shard))
+            self.client.hdel(redis_keys.redis_partial(RUN), keys.shard_name(shard))
         return parts
 
 
@@ -155,17 +155,18 @@ def test_rebuilt_monitor_is_the_same_from_summaries_as_from_parts(run) -> None:
         client.flushall()
         rebuild(client, source, RUN, GATES)
         assert _redis_state(client) == reference
-    gates = reference[keys.redis_gates(RUN)]
+    gates = reference[redis_keys.redis_gates(RUN)]
     assert int(gates["checked"]) == 3 * SHARD + 10 + 3 and int(gates["rejected"]) > 10
-    assert "1" in reference[keys.redis_gate_window(RUN)]
+    assert "1" in reference[redis_keys.redis_gate_window(RUN)]
     assert int(gates["since"]) < int(gates["checked"])  # counted from the accepted pause
-    assert reference[keys.redis_partial(RUN)] == {keys.shard_name(3): "10",
+    assert reference[redis_keys.redis_partial(RUN)] == {keys.shard_name(3): "10",
                                                   keys.shard_name(4): "3"}
-    assert len(reference[keys.redis_answers(RUN)]) == len(live[keys.redis_answers(RUN)])
-    assert reference[keys.redis_answers(RUN)]["h-answer 0-1"] == "0-1"
-    examples = [json.loads(x) for x in reference[keys.redis_gate_examples(RUN, "duplicate")]]
+    assert len(reference[redis_keys.redis_answers(RUN)]) == len(live[redis_keys.redis_answers(RUN)])
+    assert reference[redis_keys.redis_answers(RUN)]["h-answer 0-1"] == "0-1"
+    examples = [json.loads(x) for x in reference[redis_keys.redis_gate_examples(RUN, "duplicate")]]
     assert [e["id"] for e in examples] == ["2-2", "2-1", "2-0"]  # newest first
-    for name in (keys.redis_gates(RUN), keys.redis_gate_hist(RUN)):  # the live counters too
+    # the live counters too
+    for name in (redis_keys.redis_gates(RUN), redis_keys.redis_gate_hist(RUN)):
         assert {k: v for k, v in reference[name].items() if k != "ready"} == \
             {k: v for k, v in live[name].items() if k != "ready"}
 

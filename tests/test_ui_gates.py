@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common import keys
+from common import keys, redis_keys
 from common.gates import GateConfig
 from common.monitor import resume_gates
 from common.records import encode_jsonl_zst
@@ -19,12 +19,12 @@ from workers.generate.monitor import RunMonitor
 
 def _live(client: Any, run: str) -> dict[str, Any]:
     """What the dashboard shows from Redis: histogram, examples per reason, window."""
-    hist = {int(k): int(v) for k, v in client.hgetall(keys.redis_gate_hist(run)).items()}
-    reasons = [k.split(":", 1)[1] for k in client.hgetall(keys.redis_gates(run))
+    hist = {int(k): int(v) for k, v in client.hgetall(redis_keys.redis_gate_hist(run)).items()}
+    reasons = [k.split(":", 1)[1] for k in client.hgetall(redis_keys.redis_gates(run))
                if k.startswith("reason:")]
     examples = {r: [json.loads(x)["id"] for x in
-                    client.lrange(keys.redis_gate_examples(run, r), 0, 2)] for r in reasons}
-    window = [int(x) for x in client.lrange(keys.redis_gate_window(run), 0, -1)]
+                    client.lrange(redis_keys.redis_gate_examples(run, r), 0, 2)] for r in reasons}
+    window = [int(x) for x in client.lrange(redis_keys.redis_gate_window(run), 0, -1)]
     return {"hist": hist, "examples": examples, "window": (len(window), sum(window))}
 
 

@@ -8,7 +8,7 @@ its work inside ``with delivery.claim() as lease:``::
     def hidden_shard(self, payload):
         return run_delivery(self, HIDDEN, payload, process_hidden)
 
-Every stage keeps the same Redis registries (:class:`common.keys.StageKeys`), so ``status``,
+Every stage keeps the same Redis registries (:class:`common.redis_keys.StageKeys`), so ``status``,
 ``resume`` and the reconciler (:mod:`common.reconcile`) treat generate, hidden and train alike.
 A delivery counts itself before it reads anything, so the delivery cap parks a shard whatever
 fails; the hand-off to the next stage is a step here, run after a commit and also when a
@@ -29,7 +29,7 @@ import redis
 from celery import Task
 from kombu.exceptions import OperationalError
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec, app
 from common.dispatch import RETRY, STARTED, marker, publish_shard
 from common.errors import (
@@ -84,10 +84,10 @@ class Delivery:
     _claimed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        self.owner = keys.lease_owner(self.worker, uuid.uuid4().hex[:8], self.task.shard)
+        self.owner = redis_keys.lease_owner(self.worker, uuid.uuid4().hex[:8], self.task.shard)
 
     @property
-    def keys(self) -> keys.StageKeys:
+    def keys(self) -> redis_keys.StageKeys:
         return self.spec.keys(self.task.run)
 
     @property
@@ -103,7 +103,7 @@ class Delivery:
         pipe = self.ctx.redis.pipeline(transaction=True)
         pipe.hincrby(self.keys.attempts, self.field)
         pipe.hset(self.keys.queued, self.field, marker(STARTED, time.time()))
-        pipe.sadd(keys.redis_runs(), self.task.run)
+        pipe.sadd(redis_keys.redis_runs(), self.task.run)
         attempts = int(pipe.execute()[0])
         if attempts > self.ctx.settings.max_deliveries:
             raise DeliveryCapReached(f"started {attempts - 1} times without committing "

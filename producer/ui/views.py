@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from common import keys
+from common import keys, redis_keys
 from common.errors import NotFound, RunNotFound
 from common.records import RunConfig
 from common.run_index import RunIndex
@@ -137,9 +137,9 @@ class Views:
         try:
             if status["redis"]["monitor_ready"]:
                 hist.update({int(k): int(v) for k, v in
-                             self.client.hgetall(keys.redis_gate_hist(run)).items()})
+                             self.client.hgetall(redis_keys.redis_gate_hist(run)).items()})
                 for reason in status["gates"]["reasons"]:
-                    raw = self.client.lrange(keys.redis_gate_examples(run, reason), 0, 2)
+                    raw = self.client.lrange(redis_keys.redis_gate_examples(run, reason), 0, 2)
                     examples[reason] = [json.loads(x) for x in raw]
             else:
                 reachable, source = status["redis"]["reachable"], "storage"

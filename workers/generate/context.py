@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from common import keys
+from common import redis_keys
 from common.config import Settings
 from common.errors import ConfigError
 from common.gates import TokenInfo
@@ -113,7 +113,7 @@ def announce_engine(context: WorkerContext, engine: Engine) -> None:
     record = ({"url": server.url, "log": str(server.log_path), "pid": server.proc.pid}
               if server is not None else {"url": url, "log": None, "pid": None})
     try:
-        context.redis.hset(keys.redis_engines(),
+        context.redis.hset(redis_keys.redis_engines(),
                            f"{socket.gethostname()}:gpu{context.settings.gpu}",
                            json.dumps(record))
     except redis.RedisError as err:

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from common import keys
+from common import keys, redis_keys
 from common.errors import RunPaused
 from common.gates import mark_duplicate
 from common.monitor import EXAMPLES, GateState, Samples, Thresholds, count_samples, stamp
@@ -61,7 +61,7 @@ class RunMonitor(GateState):
         candidates = [s for s in samples if s["quality"]["passed"]]
         if not candidates:
             return
-        answers = keys.redis_answers(self.run)
+        answers = redis_keys.redis_answers(self.run)
         pipe = self.client.pipeline(transaction=False)
         for sample in candidates:
             pipe.hsetnx(answers, sample["quality"]["answer_hash"], sample["id"])
@@ -81,9 +81,9 @@ class RunMonitor(GateState):
         limits = self.thresholds()
         pipe = self.client.pipeline(transaction=False)
         count_samples(pipe, self.run, samples, limits.pause_after)
-        pipe.lrange(keys.redis_gate_window(self.run), 0, -1)
-        pipe.hget(keys.redis_gates(self.run), "since")
-        pipe.get(keys.redis_paused(self.run))
+        pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
+        pipe.hget(redis_keys.redis_gates(self.run), "since")
+        pipe.get(redis_keys.redis_paused(self.run))
         *_, window, since, paused = pipe.execute()
         if paused:
             return json.loads(paused)
@@ -94,12 +94,13 @@ class RunMonitor(GateState):
 
     def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
         """Pause the run (first caller wins) and record why, with examples, in storage."""
-        stats = self.client.hgetall(keys.redis_gates(self.run))
+        stats = self.client.hgetall(redis_keys.redis_gates(self.run))
         reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("reason:")}
         top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
         examples = []
         for name, _ in Counter(reasons).most_common():
-            raw = self.client.lrange(keys.redis_gate_examples(self.run, name), 0, EXAMPLES - 1)
+            raw = self.client.lrange(redis_keys.redis_gate_examples(self.run, name), 0,
+                                     EXAMPLES - 1)
             examples += [json.loads(x) for x in raw if json.loads(x)["id"] not in
                          {e["id"] for e in examples}]
         record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
@@ -107,7 +108,7 @@ class RunMonitor(GateState):
                   "checked": int(stats.get("checked", 0)),
                   "rejected": int(stats.get("rejected", 0)), "reasons": reasons,
                   "window": window}
-        if self.client.set(keys.redis_paused(self.run), json.dumps(record), nx=True):
+        if self.client.set(redis_keys.redis_paused(self.run), json.dumps(record), nx=True):
             log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
             self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))
             return record

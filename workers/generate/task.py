@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from celery import Task
 
-from common import keys
+from common import keys, redis_keys
 from common.celery_app import TASK_GENERATE, app
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.models import template_sha
@@ -133,9 +133,9 @@ class Progress:
         tokens = sum(s["usage"]["completion_tokens"] for s in samples)
         try:
             pipe = self.ctx.redis.pipeline()
-            pipe.hincrby(keys.redis_partial(run), keys.shard_name(task.shard), len(samples))
-            pipe.lpush(keys.redis_rate(run), f"{time.time():.3f} {tokens} {len(samples)}")
-            pipe.ltrim(keys.redis_rate(run), 0, 999)
+            pipe.hincrby(redis_keys.redis_partial(run), keys.shard_name(task.shard), len(samples))
+            pipe.lpush(redis_keys.redis_rate(run), f"{time.time():.3f} {tokens} {len(samples)}")
+            pipe.ltrim(redis_keys.redis_rate(run), 0, 999)
             pipe.execute()
         except redis.RedisError as err:
             log.warning("run %s shard %d: progress not recorded: %s", run, task.shard, err)
@@ -148,7 +148,7 @@ class Progress:
         sent = self.counters.requests
         metrics.REQUESTS.labels(self.task.run).inc(sent - self.reported_requests)
         try:
-            self.ctx.redis.hincrby(keys.redis_requests(self.task.run), self.worker,
+            self.ctx.redis.hincrby(redis_keys.redis_requests(self.task.run), self.worker,
                                    sent - self.reported_requests)
             self.reported_requests = sent
         except redis.RedisError as err:
@@ -158,6 +158,6 @@ class Progress:
 
 def forget_progress(ctx: WorkerContext, task: ShardTask) -> None:
     try:
-        ctx.redis.hdel(keys.redis_partial(task.run), keys.shard_name(task.shard))
+        ctx.redis.hdel(redis_keys.redis_partial(task.run), keys.shard_name(task.shard))
     except redis.RedisError as err:
         log.warning("run %s shard %d: progress not cleared: %s", task.run, task.shard, err)
