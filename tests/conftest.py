@@ -33,7 +33,31 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 ROOT = Path(__file__).resolve().parent.parent
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
-CACHE_DIR = Path(os.environ.get("DFLASH_TEST_CACHE", ROOT / ".dflash" / "test-cache"))
+
+
+def build_fingerprint() -> str:
+    """What the tiny models are built from: the builder's sources, the corpus and the versions
+    of the libraries that write them; a change to any of them builds afresh."""
+    import hashlib
+    from importlib.metadata import version
+
+    digest = hashlib.sha256()
+    for name in ("tinybuild", "tinyconsts", "tinycorpus", "tinyhybrid", "tinymodel"):
+        digest.update((ROOT / "embedded" / f"{name}.py").read_bytes())
+    digest.update(MT_BENCH.read_bytes())
+    for package in ("torch", "transformers", "tokenizers", "safetensors"):
+        digest.update(f"{package}={version(package)};".encode())
+    return digest.hexdigest()[:16]
+
+
+def default_test_cache() -> Path:
+    """Built test models outlive a clone (as pip's cache does), keyed by what builds them."""
+    from common.config import default_cache_dir
+
+    return default_cache_dir() / "test-models" / build_fingerprint()
+
+
+CACHE_DIR = Path(os.environ.get("DFLASH_TEST_CACHE") or default_test_cache())
 
 
 # A deadline is for a hang, not a speed limit: on cores that other processes keep busy it
@@ -196,6 +220,17 @@ def build_models() -> float:
     return time.monotonic() - started
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests first (grouped ones before them), so that the last minutes of an xdist
+    run share out short tests instead of waiting on one long case started late."""
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("xdist_group"):
+            return 0
+        return 1 if item.get_closest_marker("e2e") else 2
+
+    items.sort(key=weight)   # stable: file order within each weight
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the models before the first test that needs them, so that a build (minutes on a
     fresh clone, longer on busy cores) is not timed as part of that test (pytest-timeout counts
@@ -212,7 +247,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
-    """The cache directory holding both tiny CPU targets (built once, under .dflash/)."""
+    """The cache directory holding both tiny CPU targets (built once per build fingerprint)."""
     build_models()   # already done before the first test; a no-op then
     return CACHE_DIR
 
