@@ -68,7 +68,9 @@ def test_status_progress_then_rerun_writes_and_queues_nothing(
     pipeline.cli("enqueue", "--input", src, "--run", "r1", "--shard-size", size,
                  "--max-new-tokens", "96", check=True)
     assert pipeline.status("r1")["state"] == "pending"
-    pipeline.start_worker("w1")
+    # A pause after each commit keeps the run part-way for a few seconds, so that a status
+    # poll (a process of its own, seconds on busy cores) cannot miss every part-way moment.
+    pipeline.start_worker("w1", DFLASH_TEST_FAULT="generate.hand_off=sleep:4")
     seen = []
 
     def finished() -> bool:
