@@ -304,3 +304,14 @@ class CommitSet:
                     == CHUNK:
                 self.done.add(chunk)
         return self.shards
+
+
+def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set[int]:
+    """Shards whose ``stage`` (generate or hidden) commit exists, in requests that grow with
+    chunks: generate through the index (listing the chunks it does not cover), hidden chunk by
+    chunk, concurrently (one listing of a whole area is ~1,000 keys a page, in series)."""
+    total = shard_total(storage, run)
+    if stage == "hidden":
+        return set(CommitSet(storage, run).update(total))
+    return {shard for read in RunIndex(storage, run, keep=False).scan(total)
+            for shard in read.entries}

@@ -14,10 +14,9 @@ from typing import Any
 from common import keys
 from common.errors import NotFound, NotReady, RunNotFound
 from common.records import InputManifest, RunConfig, ShardCommit, decode_jsonl_zst
+from common.run_index import committed_shards
 from common.storage import Storage
 from common.trainrows import TrainingRow, training_rows
-
-_COMMITS = {"generate": keys.generated_prefix, "hidden": keys.hidden_prefix}
 
 
 @dataclass(frozen=True)
@@ -61,9 +60,8 @@ class RunStore:
             raise NotReady(f"shard {shard} of run {self.run} is not committed yet") from exc
 
     def committed(self, stage: str = "generate") -> set[int]:
-        """Shards whose ``stage`` (generate or hidden) commit exists."""
-        return {shard for key in self.storage.list(_COMMITS[stage](self.run))
-                if key.endswith("/_COMMIT.json") and (shard := keys.shard_of(key)) is not None}
+        """Shards whose ``stage`` (generate or hidden) commit exists (see the run index)."""
+        return committed_shards(self.storage, self.run, stage)
 
     def training_rows(self, shard: int) -> list[TrainingRow]:
         """Every accepted sample's rows once, in a fixed order, from the parts its commit names."""

@@ -17,6 +17,7 @@ from common.monitor import rebuild
 from common.monitor_parts import rebuild_from_parts
 from common.records import InputManifest, ShardTask
 from common.run_index import DIGESTS, KINDS, SUMMARIES, RunIndex, write_chunk
+from common.runstore import RunStore
 from common.storage import LocalStorage, Storage, open_storage
 from producer.status import StatusReader
 from producer.ui.gate_source import stored_gates
@@ -151,3 +152,25 @@ def test_concurrent_writers_never_lose_a_commit(run, where, request) -> None:
         assert found == entries and index.direct == (1 if lacking else 0)
     statuses = [_stable(StatusReader(s, client, RUN).read()) for s in (storage, source)]
     assert statuses[0] == statuses[1]
+
+
+def test_committed_shards_through_the_index_equal_a_listing_of_the_commits(run) -> None:
+    _, base = run
+    plain, indexed = _copy(base, "plain"), _copy(base, "committed")
+    list(RunIndex(indexed, RUN, keep=False, compact_at=1).scan(6))  # chunk 0 indexed: 3 of 6
+    assert [keys.index_entry(k) for k in _index_keys(indexed, DIGESTS)] == [(0, 3)]
+    listed = {keys.shard_of(k) for k in plain.list(keys.generated_prefix(RUN))
+              if k.endswith("/_COMMIT.json")}
+    assert listed == {0, 1, 2}
+    for storage in (plain, indexed):
+        assert RunStore(storage, RUN).committed() == listed
+    # A commit the index does not hold yet is found by listing the chunk it lacks.
+    late = ShardParts(indexed, ShardTask(RUN, 4))
+    late.refresh()
+    late.write([_sample(4, i, True) for i in range(SHARD) if f"4-{i}" not in late.done_ids])
+    late.commit([f"4-{i}" for i in range(SHARD)], "w")
+    assert RunStore(indexed, RUN).committed() == {0, 1, 2, 4}
+    for shard in (0, 2):
+        indexed.put_once(keys.hidden_part(RUN, shard, 0), b"x")
+    indexed.put_once(keys.hidden_commit(RUN, 2), b"{}")
+    assert RunStore(indexed, RUN).committed("hidden") == {2}
