@@ -51,9 +51,13 @@ def marker(kind: str, at: float) -> str:
 
 def publish_shard(app: Celery, client: redis.Redis, spec: StageSpec, run: str, shard: int,
                   *, fresh: bool = False) -> None:
-    """Send one shard's task to its stage, then mark it queued; ``fresh`` forgets a parking."""
-    app.send_task(spec.task_name, args=[ShardTask(run, shard).to_json()], queue=spec.queue,
-                  retry=True, retry_policy=RETRY_POLICY)
+    """Mark one shard queued, then send its task; ``fresh`` forgets a parking.
+
+    In that order: a worker may take the message before a later write lands, and a fresh count
+    cleared after its first delivery was counted would park it again at once (a cap of 1). A
+    marker whose message never went out (the broker refused it) stops holding after one lease
+    TTL, and the reconciler queues the shard again.
+    """
     names, field = spec.keys(run), keys.shard_name(shard)
     pipe = client.pipeline(transaction=True)
     pipe.hset(names.queued, field, marker(QUEUED, time.time()))
@@ -63,6 +67,8 @@ def publish_shard(app: Celery, client: redis.Redis, spec: StageSpec, run: str, s
         pipe.hdel(names.parked, field)
         pipe.hdel(names.attempts, field)
     pipe.execute()
+    app.send_task(spec.task_name, args=[ShardTask(run, shard).to_json()], queue=spec.queue,
+                  retry=True, retry_policy=RETRY_POLICY)
 
 
 def queued_in(client: redis.Redis, queue: str) -> set[tuple[str, int]] | None:

@@ -179,8 +179,9 @@ def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
                    "its queued message is gone" if shard in view.stale else "it was never queued")
             log.warning("run %s shard %d (%s): due, not owned (%s); queued again", run, shard,
                         spec.name, why)
-            publish_shard(app, client, spec, run, shard, fresh=shard in view.parked)
+            # before the send: the worker that takes the message shows it running again
             client.hdel(spec.keys(run).running, keys.shard_name(shard))
+            publish_shard(app, client, spec, run, shard, fresh=shard in view.parked)
             sent.append((spec.name, shard))
         for shard in view.stale - due:  # done meanwhile: the marker only misleads status
             client.hdel(spec.keys(run).queued, keys.shard_name(shard))
