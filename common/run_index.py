@@ -309,8 +309,13 @@ class CommitSet:
 def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set[int]:
     """Shards whose ``stage`` (generate or hidden) commit exists, in requests that grow with
     chunks: generate through the index (listing the chunks it does not cover), hidden chunk by
-    chunk, concurrently (one listing of a whole area is ~1,000 keys a page, in series)."""
-    total = shard_total(storage, run)
+    chunk, concurrently (one listing of a whole area is ~1,000 keys a page, in series). Before
+    the manifest gives the shard count, one listing of the stage's area."""
+    total = manifest_shards(storage, run)
+    if total is None:
+        area = keys.hidden_prefix(run) if stage == "hidden" else keys.generated_prefix(run)
+        return {shard for key in storage.list(area)
+                if key.endswith("/_COMMIT.json") and (shard := keys.shard_of(key)) is not None}
     if stage == "hidden":
         return set(CommitSet(storage, run).update(total))
     return {shard for read in RunIndex(storage, run, keep=False).scan(total)

@@ -29,7 +29,7 @@ def test_status_equals_cli_and_series_survive_a_redis_restart(
             return len({n for n in seen if 0 < n < 32}) >= 2
         wait_until(grew, 120, "the series to grow twice while the run goes", interval=0.3)
         running = ui.json("/api/runs/live/status")
-        assert running["state"] == "running"
+        assert running["state"] == "running", (seen, running)
         assert running.keys() == pipeline.status("live").keys()
 
         pipeline.wait_done("live")
