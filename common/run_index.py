@@ -19,7 +19,7 @@ import hashlib
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +39,8 @@ DIGESTS, SUMMARIES = "digests", "summaries"
 KINDS = (DIGESTS, SUMMARIES)
 VERSION = 1
 COMPACT_AT = 16
-FEW_SHARDS = 8
+FEW_SHARDS = 2  # more missing in a listed chunk: one LIST of the chunk (fewer requests)
+FRONTIER_AHEAD = 100  # committed shards past the first missing one: one LIST from there
 FIELDS = {DIGESTS: {"samples", "rejected", "stats", "part_stats", "worker", "committed_at"},
           SUMMARIES: {"v", "judged", "rejected", "reasons", "hist", "groups", "examples",
                       "answers"}}
@@ -286,24 +287,36 @@ class CommitSet:
 
     def update(self, total: int) -> set[int]:
         todo = [c for c in range(math.ceil(total / CHUNK)) if c not in self.done]
-        jobs = []
-        for chunk in todo:  # listed once: then only the shards still without a commit
-            missing = [s for s in range(chunk * CHUNK, chunk * CHUNK + chunk_size(chunk, total))
-                       if s not in self.shards]
-            jobs += ([keys.hidden_shard_prefix(self.run, s) for s in missing]
-                     if chunk in self.listed and len(missing) <= FEW_SHARDS
-                     else [keys.hidden_chunk_prefix(self.run, chunk)])
-            self.listed.add(chunk)
-        if jobs:
-            with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
-                for found in pool.map(lambda prefix: list(self.storage.list(prefix)), jobs):
-                    self.shards |= {s for k in found if k.endswith("/_COMMIT.json")
-                                    and (s := keys.shard_of(k)) is not None}
+        first = next((s for s in range(total) if s not in self.shards), total)
+        ahead = sum(1 for s in self.shards if s > first)
+        if self.listed and ahead <= FRONTIER_AHEAD and first < total:
+            # Warm, with the stage's commits mostly in order: one LIST from the first shard
+            # still missing finds every new commit (a few pages at most), not a LIST per chunk.
+            start = keys.hidden_shard_prefix(self.run, first).rstrip("/")
+            self._add(self.storage.list(keys.hidden_prefix(self.run), start_after=start))
+        else:
+            jobs = []
+            for chunk in todo:  # listed once: then only the shards still without a commit
+                missing = [s for s in range(chunk * CHUNK,
+                                            chunk * CHUNK + chunk_size(chunk, total))
+                           if s not in self.shards]
+                jobs += ([keys.hidden_shard_prefix(self.run, s) for s in missing]
+                         if chunk in self.listed and len(missing) <= FEW_SHARDS
+                         else [keys.hidden_chunk_prefix(self.run, chunk)])
+                self.listed.add(chunk)
+            if jobs:
+                with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
+                    for found in pool.map(lambda prefix: list(self.storage.list(prefix)), jobs):
+                        self._add(found)
         for chunk in todo:
             if sum(1 for s in range(chunk * CHUNK, (chunk + 1) * CHUNK) if s in self.shards) \
                     == CHUNK:
                 self.done.add(chunk)
         return self.shards
+
+    def _add(self, listed: Iterable[str]) -> None:
+        self.shards |= {s for k in listed if k.endswith("/_COMMIT.json")
+                        and (s := keys.shard_of(k)) is not None}
 
 
 def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set[int]:

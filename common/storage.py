@@ -58,8 +58,9 @@ class Storage(ABC):
         """The object's size in bytes; :class:`NotFound` if it does not exist."""
 
     @abstractmethod
-    def list(self, prefix: str) -> Iterator[str]:
-        """Yield every key under ``prefix`` in lexicographic order."""
+    def list(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        """Yield every key under ``prefix`` in lexicographic order (only those after
+        ``start_after``, a key or any string, when given)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root!r})"
@@ -133,7 +134,7 @@ class LocalStorage(Storage):
         except FileNotFoundError as exc:
             raise NotFound(key) from exc
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list(self, prefix: str, start_after: str = "") -> Iterator[str]:
         parent, _, stem = prefix.rpartition("/")
         base = self.path / parent if parent else self.path
         if not base.is_dir():
@@ -148,7 +149,7 @@ class LocalStorage(Storage):
             under = directory[root:].replace(os.sep, "/")
             keys += [f"{under}/{name}" if under else name for name in names
                      if not name.startswith(".")]
-        return iter(sorted(k for k in keys if k.startswith(prefix)))
+        return iter(sorted(k for k in keys if k.startswith(prefix) and k > start_after))
 
 
 class S3Storage(Storage):
@@ -238,11 +239,12 @@ class S3Storage(Storage):
         except BotoCoreError as exc:
             raise StorageError(f"cannot stat {self.root}{key}: {exc}") from exc
 
-    def list(self, prefix: str) -> Iterator[str]:
+    def list(self, prefix: str, start_after: str = "") -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        after = {"StartAfter": self.prefix + start_after} if start_after else {}
         pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix + prefix
+            Bucket=self.bucket, Prefix=self.prefix + prefix, **after
         )
         try:
             for page in pages:

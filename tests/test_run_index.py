@@ -16,7 +16,7 @@ from common import keys
 from common.monitor import rebuild
 from common.monitor_parts import rebuild_from_parts
 from common.records import InputManifest, ShardTask
-from common.run_index import DIGESTS, KINDS, SUMMARIES, RunIndex, write_chunk
+from common.run_index import DIGESTS, KINDS, SUMMARIES, CommitSet, RunIndex, write_chunk
 from common.runstore import RunStore
 from common.storage import LocalStorage, Storage, open_storage
 from producer.status import StatusReader
@@ -174,3 +174,25 @@ def test_committed_shards_through_the_index_equal_a_listing_of_the_commits(run) 
         indexed.put_once(keys.hidden_part(RUN, shard, 0), b"x")
     indexed.put_once(keys.hidden_commit(RUN, 2), b"{}")
     assert RunStore(indexed, RUN).committed("hidden") == {2}
+
+
+def test_a_warm_commit_set_lists_once_from_the_first_missing_shard(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    for shard in (0, 1, 2, 5, 130):
+        storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
+    storage.put_once(keys.hidden_part(RUN, 3, 0), b"x")  # under way, not committed
+    found = CommitSet(storage, RUN)
+    assert found.update(250) == {0, 1, 2, 5, 130}  # cold: chunk by chunk
+    calls: list[tuple[str, str]] = []
+    listing = storage.list
+
+    def counted(prefix: str, start_after: str = "") -> Any:
+        calls.append((prefix, start_after))
+        return listing(prefix, start_after)
+
+    storage.list = counted  # type: ignore[method-assign]
+    for shard in (3, 7, 249):  # at the frontier, past it, in the last chunk
+        storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
+    assert found.update(250) == {0, 1, 2, 3, 5, 7, 130, 249}
+    assert calls == [(keys.hidden_prefix(RUN), keys.hidden_shard_prefix(RUN, 3).rstrip("/"))]
+    assert found.update(250) == {0, 1, 2, 3, 5, 7, 130, 249} and len(calls) == 2

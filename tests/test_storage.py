@@ -37,6 +37,17 @@ def test_list_is_sorted_and_prefix_exact(storage: Storage) -> None:
     assert list(storage.list("runs/zzz/")) == []
 
 
+def test_list_starts_after_a_key_or_any_string(storage: Storage) -> None:
+    for key in ("h/shard-000001/_COMMIT.json", "h/shard-000002/p", "h/shard-000002/_COMMIT.json",
+                "h/shard-000010/p", "i/x"):
+        storage.put_once(key, b"x")
+    assert list(storage.list("h/", start_after="h/shard-000002")) == [
+        "h/shard-000002/_COMMIT.json", "h/shard-000002/p", "h/shard-000010/p"]
+    assert list(storage.list("h/", start_after="h/shard-000002/_COMMIT.json")) == [
+        "h/shard-000002/p", "h/shard-000010/p"]
+    assert list(storage.list("h/", start_after="h/z")) == []
+
+
 def test_concurrent_put_once_has_exactly_one_winner(storage: Storage) -> None:
     wins: list[bytes] = []
     barrier = threading.Barrier(8)
