@@ -315,8 +315,13 @@ class CommitSet:
         return self.shards
 
     def _add(self, listed: Iterable[str]) -> None:
-        self.shards |= {s for k in listed if k.endswith("/_COMMIT.json")
-                        and (s := keys.shard_of(k)) is not None}
+        self.shards |= commits_in(listed)
+
+
+def commits_in(listed: Iterable[str]) -> set[int]:
+    """The shards whose ``_COMMIT.json`` is among ``listed`` keys."""
+    return {s for k in listed
+            if k.endswith("/_COMMIT.json") and (s := keys.shard_of(k)) is not None}
 
 
 def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set[int]:
@@ -327,8 +332,7 @@ def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set
     total = manifest_shards(storage, run)
     if total is None:
         area = keys.hidden_prefix(run) if stage == "hidden" else keys.generated_prefix(run)
-        return {shard for key in storage.list(area)
-                if key.endswith("/_COMMIT.json") and (shard := keys.shard_of(key)) is not None}
+        return commits_in(storage.list(area))
     if stage == "hidden":
         return set(CommitSet(storage, run).update(total))
     return {shard for read in RunIndex(storage, run, keep=False).scan(total)
