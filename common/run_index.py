@@ -41,6 +41,7 @@ VERSION = 1
 COMPACT_AT = 16
 FEW_SHARDS = 2  # more missing in a listed chunk: one LIST of the chunk (fewer requests)
 FRONTIER_AHEAD = 100  # committed shards past the first missing one: one LIST from there
+FEW_HOLES = 8  # at most this many missing below the last commit: a LIST each, one past it
 FIELDS = {DIGESTS: {"samples", "rejected", "stats", "part_stats", "worker", "committed_at"},
           SUMMARIES: {"v", "judged", "rejected", "reasons", "hist", "groups", "examples",
                       "answers"}}
@@ -199,8 +200,10 @@ class RunIndex:
         self.direct += len(new)
         complete = len(commits) == chunk_size(chunk, total)
         if new and (len(new) >= self.compact_at or complete):
-            write_chunk(self.storage, self.run, self.kind, chunk,
-                        {s: e for s, e in known.items() if e is not None})
+            key = write_chunk(self.storage, self.run, self.kind, chunk,
+                              {s: e for s, e in known.items() if e is not None})
+            if key and self.keep:  # what it holds is known: the next scan need not read it
+                self.read_keys.add(key)
 
     def _best(self) -> dict[int, tuple[str, int]]:
         """chunk -> (key, count) of its fullest readable index object."""
@@ -287,32 +290,51 @@ class CommitSet:
 
     def update(self, total: int) -> set[int]:
         todo = [c for c in range(math.ceil(total / CHUNK)) if c not in self.done]
-        first = next((s for s in range(total) if s not in self.shards), total)
-        ahead = sum(1 for s in self.shards if s > first)
-        if self.listed and ahead <= FRONTIER_AHEAD and first < total:
-            # Warm, with the stage's commits mostly in order: one LIST from the first shard
-            # still missing finds every new commit (a few pages at most), not a LIST per chunk.
-            start = keys.hidden_shard_prefix(self.run, first).rstrip("/")
-            self._add(self.storage.list(keys.hidden_prefix(self.run), start_after=start))
-        else:
-            jobs = []
-            for chunk in todo:  # listed once: then only the shards still without a commit
-                missing = [s for s in range(chunk * CHUNK,
-                                            chunk * CHUNK + chunk_size(chunk, total))
-                           if s not in self.shards]
-                jobs += ([keys.hidden_shard_prefix(self.run, s) for s in missing]
-                         if chunk in self.listed and len(missing) <= FEW_SHARDS
-                         else [keys.hidden_chunk_prefix(self.run, chunk)])
-                self.listed.add(chunk)
-            if jobs:
-                with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
-                    for found in pool.map(lambda prefix: list(self.storage.list(prefix)), jobs):
-                        self._add(found)
+        jobs = self._warm_jobs(total) if self.listed else None
+        if jobs is None:
+            jobs = self._chunk_jobs(total, todo)
+        if jobs:
+            with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
+                for found in pool.map(lambda job: list(self.storage.list(*job)), jobs):
+                    self._add(found)
         for chunk in todo:
             if sum(1 for s in range(chunk * CHUNK, (chunk + 1) * CHUNK) if s in self.shards) \
                     == CHUNK:
                 self.done.add(chunk)
         return self.shards
+
+    def _warm_jobs(self, total: int) -> list[tuple[str, str]] | None:
+        """Listings (prefix, start after) that find every new commit of a warm set whose
+        stage runs mostly in order; None if there are too many gaps for that."""
+        area = keys.hidden_prefix(self.run)
+        first = next((s for s in range(total) if s not in self.shards), total)
+        if first >= total:
+            return []
+        if sum(1 for s in self.shards if s > first) <= FRONTIER_AHEAD:
+            # One LIST from the first shard still missing (a few pages at most).
+            return [(area, keys.hidden_shard_prefix(self.run, first).rstrip("/"))]
+        last = max(self.shards)
+        holes = [s for s in range(first, last) if s not in self.shards]
+        if len(holes) > FEW_HOLES:
+            return None
+        # A few shards missing below the last one known (parked upstream, under way): each
+        # listed alone, and one LIST past the last known shard.
+        beyond = [(area, keys.hidden_shard_prefix(self.run, last + 1).rstrip("/"))]
+        return [(keys.hidden_shard_prefix(self.run, s), "") for s in holes] + (
+            beyond if last + 1 < total else [])
+
+    def _chunk_jobs(self, total: int, todo: list[int]) -> list[tuple[str, str]]:
+        """One LIST per chunk not yet complete; a chunk listed before with few shards left
+        lists just those shards."""
+        jobs = []
+        for chunk in todo:
+            missing = [s for s in range(chunk * CHUNK, chunk * CHUNK + chunk_size(chunk, total))
+                       if s not in self.shards]
+            jobs += ([(keys.hidden_shard_prefix(self.run, s), "") for s in missing]
+                     if chunk in self.listed and len(missing) <= FEW_SHARDS
+                     else [(keys.hidden_chunk_prefix(self.run, chunk), "")])
+            self.listed.add(chunk)
+        return jobs
 
     def _add(self, listed: Iterable[str]) -> None:
         self.shards |= commits_in(listed)

@@ -196,3 +196,26 @@ def test_a_warm_commit_set_lists_once_from_the_first_missing_shard(tmp_path: Pat
     assert found.update(250) == {0, 1, 2, 3, 5, 7, 130, 249}
     assert calls == [(keys.hidden_prefix(RUN), keys.hidden_shard_prefix(RUN, 3).rstrip("/"))]
     assert found.update(250) == {0, 1, 2, 3, 5, 7, 130, 249} and len(calls) == 2
+
+
+def test_a_warm_commit_set_with_a_few_gaps_lists_them_and_past_the_last(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    for shard in range(260):
+        if shard not in (70, 176):  # parked upstream: never reached by this stage
+            storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
+    found = CommitSet(storage, RUN)
+    assert len(found.update(400)) == 258
+    calls: list[tuple[str, str]] = []
+    listing = storage.list
+
+    def counted(prefix: str, start_after: str = "") -> Any:
+        calls.append((prefix, start_after))
+        return listing(prefix, start_after)
+
+    storage.list = counted  # type: ignore[method-assign]
+    for shard in (176, 260, 399):  # a gap filled, the next shard, the last one
+        storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
+    assert found.update(400) == set(range(261)) - {70} | {399}
+    assert sorted(calls) == sorted([
+        (keys.hidden_shard_prefix(RUN, 70), ""), (keys.hidden_shard_prefix(RUN, 176), ""),
+        (keys.hidden_prefix(RUN), keys.hidden_shard_prefix(RUN, 260).rstrip("/"))])

@@ -100,13 +100,17 @@ class Group:
         try:
             self.send([("stop", "")] * self.world)
         except (dist.DistError, RuntimeError) as err:
+            self.broken = True
             log.warning("the other ranks are gone already: %s", err)
 
-
-    def close(self) -> None:
+    def close(self, together: bool = True) -> None:
         """Every rank, leaving: tear the process groups down before the interpreter does (left
-        to exit, gloo's threads can abort the process with "terminate called ...")."""
+        to exit, gloo's threads can abort the process with "terminate called ..."). Leaving
+        ``together`` (all ranks are), in step first, so that no rank tears its pairs down
+        while a peer still uses them."""
         try:
+            if together and not self.broken:
+                dist.barrier(group=self.control)
             dist.destroy_process_group()
         except (dist.DistError, RuntimeError, ValueError) as err:
             log.warning("rank %d: process group teardown: %s", self.rank, err)

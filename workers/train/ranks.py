@@ -27,8 +27,10 @@ def main(celery_args: list[str]) -> int:
                                    "%(message)s")
         try:
             follow(group, follower_session)
-        finally:
-            group.close()
+        except BaseException:
+            group.close(together=False)  # rank 0 goes on: the launcher stops the group
+            raise
+        group.close()
         return 0
     from celery.bin.celery import main as celery
 
