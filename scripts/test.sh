@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The test suite: set up (chromium too, for the dashboard's browser tests), then run pytest
 # (tests start their own redis-server, moto S3 server and Celery workers). TEST_WORKERS (default
-# 3) spreads the tests over that many pytest-xdist workers (0: all in this process): with one
-# torch thread per process, and much of an end-to-end test spent waiting on its worker and
-# engine processes, a third pytest worker keeps 2 cores busy where two leave a fifth idle
-# (measured: 1.68 cores in use with 2). TEST_LOAD=2 adds a
+# 2) spreads the tests over that many pytest-xdist workers (0: all in this process); with one
+# torch thread per process a single pytest leaves the second core idle, and a third (measured on
+# 2 cores) made the same tests burn 1.7x the CPU time and run 1.6x longer. TEST_LOAD=2 adds a
 # CPU-bound loop per core. Prints the 10 slowest tests and the wall time of the whole script (with the set-up's
 # share and the load average). Extra arguments go to pytest.
 set -euo pipefail
@@ -22,7 +21,7 @@ done
 trap 'for pid in ${load_pids[@]+"${load_pids[@]}"}; do kill "$pid" 2>/dev/null || true; done' EXIT
 .venv/bin/ruff check .
 rc=0
-.venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-3}" --dist loadgroup \
+.venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup \
   --durations=10 "$@" \
   || rc=$?
 elapsed=$((SECONDS - started))

@@ -243,8 +243,10 @@ def test_redelivery_cap_parks_a_shard_and_resume_unparks_it(
     _interrupt_mid_shard(pipeline, src, "cap", 16, signal.SIGKILL, DFLASH_MAX_DELIVERIES="1")
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
 
-    pipeline.start_worker("strict", DFLASH_MAX_DELIVERIES="1")
+    # Queued again before a worker runs: once the new worker parks the shard (its reconciler
+    # may heal it first), a later resume would be the user's retry and unpark it.
     pipeline.cli("resume", "--run", "cap", check=True)
+    pipeline.start_worker("strict", DFLASH_MAX_DELIVERIES="1")
     wait_until(lambda: pipeline.state("cap") == "failed", 120, "the shard to be parked")
     status = pipeline.status("cap")
     assert status["shards"]["parked"] == 1
