@@ -239,15 +239,18 @@ class Pipeline:
         result = self.cli("status", "--run", run, "--json", check=True)
         return json.loads(result.stdout)
 
-    def state(self, run: str) -> str:
-        """The run's state read in-process by the same code as ``status`` (cheap to poll)."""
+    def read_status(self, run: str) -> dict:
+        """What ``status --json`` prints, read in-process by the same code (cheap to poll)."""
         import redis
 
         from common.storage import open_storage
         from producer.status import StatusReader
 
         client = redis.Redis.from_url(self.env["DFLASH_BROKER_URL"], decode_responses=True)
-        return StatusReader(open_storage(self.env["DFLASH_STORAGE"]), client, run).read()["state"]
+        return StatusReader(open_storage(self.env["DFLASH_STORAGE"]), client, run).read()
+
+    def state(self, run: str) -> str:
+        return self.read_status(run)["state"]
 
     def wait_done(self, run: str, timeout: float = 300) -> None:
         wait_until(lambda: self.state(run) == "done", timeout, f"run {run} to finish",

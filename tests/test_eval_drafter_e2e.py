@@ -48,7 +48,7 @@ def test_eval_drafter_on_a_finished_online_run(pipeline: Pipeline, tmp_path: Pat
     commit = json.loads(storage.get(keys.drafter_checkpoint("ev", final, "_COMMIT.json")))
     # Measured right after each checkpoint is saved: a checkpoint carries the eval before it.
     assert float(commit["metrics"]["tau"]) >= 1.0 and int(commit["metrics"]["tau_step"]) < final
-    down = wait_until(lambda: (d := pipeline.status("ev")["downstream"])["tau_step"] == final
+    down = wait_until(lambda: (d := pipeline.read_status("ev")["downstream"])["tau_step"] == final
                       and d, 60, "the eval of the final checkpoint")
     assert down["tau"] >= 1.0 and down["eval_error"] is None
     assert len(down["train"]["tau_per_position"]) == 15

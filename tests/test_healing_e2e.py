@@ -75,7 +75,7 @@ def test_killed_generate_worker_heals_without_resume(pipeline: Pipeline, tmp_pat
     kept = stored_ids(storage, "heal")
     # Work left, no live worker, nothing queued: status says so instead of "running".
     ttl = float(pipeline.env["DFLASH_LEASE_TTL"])
-    wait_until(lambda: pipeline.status("heal")["state"] == "stalled", 3 * ttl + 30,
+    wait_until(lambda: pipeline.state("heal") == "stalled", 3 * ttl + 30,
                "status to call the run stalled")
 
     pipeline.start_worker("rescuer", "--concurrency", "2")  # no resume from here on

@@ -81,7 +81,7 @@ def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tm
         refused = pipeline.cli("resume", "--run", "seed")
         assert refused.returncode == 1 and "--accept-gates" in refused.stderr
         pipeline.cli("resume", "--run", "seed", "--accept-gates", check=True)
-        wait_until(lambda: pipeline.status("seed")["gates"]["checked"] > stopped, 60,
+        wait_until(lambda: pipeline.read_status("seed")["gates"]["checked"] > stopped, 60,
                    "generation to continue after --accept-gates")
         # The failure goes on, so the monitor, counting afresh, pauses the run again.
         wait_until(lambda: pipeline.state("seed") == "paused", 120, "the run to pause again")

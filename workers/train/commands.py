@@ -41,21 +41,28 @@ def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
                    f"  {result['serve_command']}")
 
 
-def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDrafter:
-    """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
-    from common.drafter_store import committed_steps, load_checkpoint
-    from common.runstore import RunStore
-    from common.storage import open_storage
-    from workers.train.drafter.train import DrafterTrainer
+def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
+    """``NotFound`` unless the run has a checkpoint (at ``step``); cheap: no torch, no model."""
+    from common.drafter_store import committed_steps
 
-    storage = open_storage(settings.storage)
-    config = RunStore(storage, run).config()
     steps = committed_steps(storage, run)
     if not steps:
         raise NotFound(f"run {run!r} has no drafter checkpoint yet (runs/{run}/drafter/); "
                        "train with `dflash-pipeline worker train` on an online run")
     if step is not None and step not in steps:
         raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
+
+
+def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDrafter:
+    """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
+    from common.drafter_store import load_checkpoint
+    from common.runstore import RunStore
+    from common.storage import open_storage
+    from workers.train.drafter.train import DrafterTrainer
+
+    storage = open_storage(settings.storage)
+    config = RunStore(storage, run).config()
+    check_checkpoint(storage, run, step)
     target = load_run_target(settings, config)
     loaded = load_checkpoint(storage, run, step)
     assert loaded is not None  # the step is committed

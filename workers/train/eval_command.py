@@ -76,20 +76,24 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
              prompts_path: str | None, num: int, max_new_tokens: int,
              block_size: int | None) -> dict[str, Any]:
     """Load, pick prompts, decode; the ``--json`` object."""
+    from common.runstore import RunStore
+    from common.storage import open_storage
+    from workers.train.commands import check_checkpoint
+
+    store = RunStore(open_storage(settings.storage), run)
+    config = store.config()  # a missing run or checkpoint: one line before torch is imported
+    if drafter_dir is None:
+        check_checkpoint(store.storage, run, step)
     import torch
     from rich.console import Console
     from rich.progress import Progress
 
-    from common.runstore import RunStore
-    from common.storage import open_storage
     from workers.devices import resolve_device
     from workers.train.commands import load_run_drafter, load_run_target
     from workers.train.drafter.export import fit_problems, load_drafter
     from workers.train.drafter.specdec import DFlashProposer
     from workers.train.evaluation import evaluate, stop_ids
 
-    store = RunStore(open_storage(settings.storage), run)
-    config = store.config()
     if drafter_dir is not None:
         target = load_run_target(settings, config)
         drafter, source_step = load_drafter(drafter_dir, target.model), None
