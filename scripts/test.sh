@@ -2,8 +2,7 @@
 # The test suite: set up (chromium too, for the dashboard's browser tests), then run pytest
 # (tests start their own redis-server, moto S3 server and Celery workers). TEST_WORKERS (default
 # 2) spreads the tests over that many pytest-xdist workers (0: all in this process); with one
-# torch thread per process a single pytest leaves the second core idle, and a third (measured on
-# 2 cores) made the same tests burn 1.7x the CPU time and run 1.6x longer. TEST_LOAD=2 adds a
+# torch thread per process a single pytest leaves the second core idle. TEST_LOAD=2 adds a
 # CPU-bound loop per core. Prints the 10 slowest tests and the wall time of the whole script (with the set-up's
 # share and the load average). Extra arguments go to pytest.
 set -euo pipefail
