@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import keys
+from common.commit_set import committed_shards
 from common.errors import NotFound, NotReady, RunNotFound
 from common.records import InputManifest, RunConfig, ShardCommit, decode_jsonl_zst
-from common.run_index import committed_shards
 from common.storage import Storage
 from common.trainrows import TrainingRow, training_rows
 

@@ -18,11 +18,12 @@ import redis
 from common import keys, redis_keys
 from common.celery_app import STAGES, TRAIN
 from common.commit_cache import CommitDigest, fetch
+from common.commit_set import CommitSet
 from common.config import load_settings
 from common.monitor import pause_from_storage
 from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, decode_jsonl_zst
-from common.run_index import CommitSet, RunIndex, shard_total
+from common.run_index import RunIndex, shard_total
 from common.runstore import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from common import keys
+from common.commit_set import CommitSet
 from common.monitor import rebuild
 from common.monitor_parts import rebuild_from_parts
 from common.records import InputManifest, ShardTask
-from common.run_index import DIGESTS, KINDS, SUMMARIES, CommitSet, RunIndex, write_chunk
+from common.run_index import DIGESTS, KINDS, SUMMARIES, RunIndex, write_chunk
 from common.runstore import RunStore
 from common.storage import LocalStorage, Storage, open_storage
 from producer.status import StatusReader
@@ -183,14 +184,7 @@ def test_a_warm_commit_set_lists_once_from_the_first_missing_shard(tmp_path: Pat
     storage.put_once(keys.hidden_part(RUN, 3, 0), b"x")  # under way, not committed
     found = CommitSet(storage, RUN)
     assert found.update(250) == {0, 1, 2, 5, 130}  # cold: chunk by chunk
-    calls: list[tuple[str, str]] = []
-    listing = storage.list
-
-    def counted(prefix: str, start_after: str = "") -> Any:
-        calls.append((prefix, start_after))
-        return listing(prefix, start_after)
-
-    storage.list = counted  # type: ignore[method-assign]
+    calls = _count_lists(storage)
     for shard in (3, 7, 249):  # at the frontier, past it, in the last chunk
         storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
     assert found.update(250) == {0, 1, 2, 3, 5, 7, 130, 249}
@@ -205,6 +199,17 @@ def test_a_warm_commit_set_with_a_few_gaps_lists_them_and_past_the_last(tmp_path
             storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
     found = CommitSet(storage, RUN)
     assert len(found.update(400)) == 258
+    calls = _count_lists(storage)
+    for shard in (176, 260, 399):  # a gap filled, the next shard, the last one
+        storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
+    assert found.update(400) == set(range(261)) - {70} | {399}
+    assert sorted(calls) == sorted([
+        (keys.hidden_shard_prefix(RUN, 70), ""), (keys.hidden_shard_prefix(RUN, 176), ""),
+        (keys.hidden_prefix(RUN), keys.hidden_shard_prefix(RUN, 260).rstrip("/"))])
+
+
+def _count_lists(storage: LocalStorage) -> list[tuple[str, str]]:
+    """From now on, every LIST of ``storage`` as (prefix, start_after)."""
     calls: list[tuple[str, str]] = []
     listing = storage.list
 
@@ -213,9 +218,4 @@ def test_a_warm_commit_set_with_a_few_gaps_lists_them_and_past_the_last(tmp_path
         return listing(prefix, start_after)
 
     storage.list = counted  # type: ignore[method-assign]
-    for shard in (176, 260, 399):  # a gap filled, the next shard, the last one
-        storage.put_once(keys.hidden_commit(RUN, shard), b"{}")
-    assert found.update(400) == set(range(261)) - {70} | {399}
-    assert sorted(calls) == sorted([
-        (keys.hidden_shard_prefix(RUN, 70), ""), (keys.hidden_shard_prefix(RUN, 176), ""),
-        (keys.hidden_prefix(RUN), keys.hidden_shard_prefix(RUN, 260).rstrip("/"))])
+    return calls
