@@ -67,16 +67,17 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
             else:
                 trainer.state_dict()   # FSDP2: rank 0 gathers the shards
         group.close()
-        return
+        parallel.exit_rank(0)
     Path(out).mkdir(parents=True, exist_ok=True)
     metrics = []
     for s in range(first, first + steps):
         metrics.append(trainer.step(batch(s, target.config.vocab_size)))
         torch.save(trainer.state_dict(), Path(out) / f"state-{trainer.steps}.pt")
-    group.stop()
-    group.close()
     record = {"losses": [m.loss for m in metrics], "grad_norms": [m.grad_norm for m in metrics]}
     (Path(out) / "steps.json").write_text(json.dumps(record))
+    group.stop()
+    group.close()
+    parallel.exit_rank(0)
 
 
 if __name__ == "__main__":

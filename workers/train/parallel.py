@@ -17,12 +17,13 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -114,6 +115,16 @@ class Group:
             dist.destroy_process_group()
         except (dist.DistError, RuntimeError, ValueError) as err:
             log.warning("rank %d: process group teardown: %s", self.rank, err)
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a rank whose group is closed, before the interpreter's teardown: objects that still
+    hold the process groups (FSDP2's modules, their pending work) are freed there, and gloo's
+    threads can then abort the process ("terminate called ...") after its work is done."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 _group: Group | None = None

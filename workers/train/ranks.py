@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from workers.train.parallel import follow, init_group
+from workers.train.parallel import exit_rank, follow, init_group
 from workers.train.session import follower_session
 
 log = logging.getLogger(__name__)
@@ -45,4 +45,4 @@ def main(celery_args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_rank(main(sys.argv[1:]))
