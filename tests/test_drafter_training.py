@@ -17,7 +17,8 @@ from common.errors import NothingToTrain
 from common.target import TargetShape
 from common.trainrows import TrainingRow
 from tests.conftest import MT_BENCH, TinyTarget
-from workers.train.drafter.demo import demo_rows, mt_bench_prompts
+from tests.models_cache import cached_demo_rows
+from workers.train.drafter.demo import mt_bench_prompts
 from workers.train.drafter.export import export_drafter, load_drafter
 from workers.train.drafter.features import FeaturedRow, target_features, with_target_features
 from workers.train.drafter.masks import dense_block_mask
@@ -61,7 +62,8 @@ def tiny(target_model: TinyTarget, one_thread: None) -> Tiny:
     target, tokenizer = load_target(target_model.path)
     mask_id = add_mask_token(tokenizer, target)
     layer_ids = DFlashConfig.from_target(target.config, mask_id).target_layer_ids
-    rows = demo_rows(target, tokenizer, mt_bench_prompts(MT_BENCH, 48), seed=0)
+    rows = cached_demo_rows(target_model.path, target, tokenizer, mt_bench_prompts(MT_BENCH, 48),
+                            seed=0)
     featured = [r for r in with_target_features(target, rows, layer_ids)
                 if r.row.supervised_tokens >= 32]
     assert len(featured) >= 20, [r.supervised_tokens for r in rows]

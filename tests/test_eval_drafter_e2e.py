@@ -15,7 +15,7 @@ from common.drafter_store import committed_steps, read_ledger
 from common.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import HYBRID, MT_BENCH, ROOT, Pipeline, wait_until
-from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+from tests.test_generate_e2e import _commits, _mt_bench_rows, _write_jsonl
 from tests.test_train_e2e import TRAIN_ENV
 
 pytestmark = pytest.mark.e2e
@@ -42,12 +42,17 @@ def test_eval_drafter_on_a_finished_online_run(pipeline: Pipeline, tmp_path: Pat
 
     log = (pipeline.log_dir / "trainer.log").read_text()
     held = sum(int(n) for n in re.findall(r"rows to train, (\d+) held-out samples left out", log))
-    assert held == 3, log[-3000:]          # every held-out sample left out, none twice
+    # Every held-out sample the gates accepted is left out, none twice (the batches a busy CPU
+    # forms change the sampled replies, so which ones the gates reject varies).
+    accepted = {i for c in _commits(pipeline.env["DFLASH_STORAGE"], "ev").values()
+                for i in c["sample_ids"]}
+    assert held == len(manifest.heldout_ids & accepted) >= 1, log[-3000:]
     assert "acceptance length tau" in log
     final = committed_steps(storage, "ev")[-1]
     commit = json.loads(storage.get(keys.drafter_checkpoint("ev", final, "_COMMIT.json")))
-    # Measured right after each checkpoint is saved: a checkpoint carries the eval before it.
-    assert float(commit["metrics"]["tau"]) >= 1.0 and int(commit["metrics"]["tau_step"]) < final
+    # A checkpoint carries the latest eval written before it: an earlier step's, or its own
+    # when a periodic eval fell on the step that ends a shard.
+    assert float(commit["metrics"]["tau"]) >= 1.0 and int(commit["metrics"]["tau_step"]) <= final
     down = wait_until(lambda: (d := pipeline.read_status("ev")["downstream"])["tau_step"] == final
                       and d, 60, "the eval of the final checkpoint")
     assert down["tau"] >= 1.0 and down["eval_error"] is None
@@ -62,16 +67,14 @@ def test_eval_drafter_on_a_finished_online_run(pipeline: Pipeline, tmp_path: Pat
     assert sum(out["accepted_hist"].values()) == out["steps"] > 0
     assert len(out["per_position"]) == 15 and out["tau"] >= 1.0
 
-    text = pipeline.cli("eval-drafter", "--run", "ev", "--prompts", str(MT_BENCH), "--num", "2",
-                        "--max-new-tokens", "24", "--block-size", "4", check=True).stdout
-    assert "on 2 " in text and "block 4" in text and "2/2 prompts decode exactly" in text
-
+    # An exported drafter on prompts of a file, in one process: the text report names both.
     export = tmp_path / "export"
     pipeline.cli("export-drafter", "--run", "ev", "--out", str(export), check=True)
-    by_dir = json.loads(pipeline.cli("eval-drafter", "--run", "ev", "--drafter", str(export),
-                                     "--num", "1", "--max-new-tokens", "24", "--json",
-                                     check=True).stdout)
-    assert by_dir["drafter"] == str(export) and by_dir["lossless"]["checked"] == 1
+    text = pipeline.cli("eval-drafter", "--run", "ev", "--drafter", str(export), "--prompts",
+                        str(MT_BENCH), "--num", "2", "--max-new-tokens", "24", "--block-size",
+                        "4", check=True).stdout
+    assert f"drafter {export} on 2 " in text and "block 4" in text, text
+    assert "2/2 prompts decode exactly" in text, text
 
     config = json.loads((export / "config.json").read_text())
     (export / "config.json").write_text(json.dumps({**config, "hidden_size": 999}))
