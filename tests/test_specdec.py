@@ -207,6 +207,9 @@ def test_a_hybrid_keeps_exactly_the_accepted_prefix_state(hybrid: Setup, rollbac
             assert not torch.allclose(held, reference.layers[i].recurrent_states[0])
     for i in shape.full_attention_layers:
         assert cache.cache.layers[i].get_seq_length() == len(prompt) + kept + 1
+    # The length the model takes its next positions from (layer 0's, a linear-attention layer's
+    # own token count in transformers 5.2x).
+    assert cache.cache.get_seq_length() == reference.get_seq_length() == len(prompt) + kept + 1
 
 
 @pytest.mark.parametrize("rollback", ROLLBACKS)
@@ -251,7 +254,7 @@ def test_lossless_and_training_raises_the_real_acceptance_length(setup: Setup) -
                             max_new_tokens=256 if dense else 48)
     rows = [r for r in with_target_features(setup.target, rows, setup.layer_ids)
             if r.row.supervised_tokens >= 32]
-    steps = 80 if dense else 8
+    steps = 40 if dense else 8     # 40 dense steps: tau 1.24 measured (untrained 1.00)
     trainer = DrafterTrainer(drafter, TrainConfig(total_steps=steps, max_anchors=16))
     for step in range(steps):
         first = (step * 4) % (len(rows) - 4)

@@ -174,13 +174,25 @@ class HybridCache(TargetCache):
             self._restore(self._snapshot)
             for i in self.full:   # back to before the block, which is fed again
                 self.cache.layers[i].crop(-kept)
+            self._set_count(length - kept)
             self.forward(block[:, :kept], logits_to_keep=1)
         else:
             self._restore(self._snapshot)
             for i, mixer in self.mixers.items():
                 mixer(hidden_states=self._inputs[i][:, :kept], cache=self.cache,
                       attention_mask=None)
+        self._set_count(length)
         self._forget()
+
+    def _set_count(self, length: int) -> None:
+        """Set each linear-attention layer's token count to ``length``: transformers counts the
+        tokens a linear-attention layer took in (5.2x on), and the model takes its next positions
+        from layer 0's count, a linear-attention layer on Qwen3.5/3.6; left at the verify's
+        count, every later position would run ahead by the rejected drafts."""
+        for i in self.mixers:
+            count = getattr(self.cache.layers[i], "cumulative_length_linear", None)
+            if isinstance(count, torch.Tensor):
+                count.fill_(length)
 
     def _forget(self) -> None:
         self._snapshot, self._inputs, self._steps = {}, {}, {}
