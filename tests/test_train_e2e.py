@@ -13,8 +13,9 @@ import torch
 
 from common import keys
 from common.drafter_store import committed_steps, load_checkpoint, read_ledger
+from common.records import InputManifest
 from common.storage import open_storage
-from tests.conftest import Pipeline, TinyTarget, wait_until
+from tests.conftest import MT_BENCH, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.e2e
 TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP": "4",
              "DFLASH_TRAIN_TOTAL_STEPS": "40", "DFLASH_TRAIN_EVAL_PROMPTS": "1",
              "DFLASH_TRAIN_EVAL_MAX_NEW_TOKENS": "16"}
+EVAL_FIELDS = {"tau", "tau_pooled", "accepted_hist", "per_position", "prompts", "tokens"}
 
 
 def start_train_worker(pipeline: Pipeline, name: str, **env: str) -> subprocess.Popen[bytes]:
@@ -43,7 +45,7 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     victim = start_train_worker(pipeline, "trainer", **evals)
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "on", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "128", "--heldout-min", "1", check=True)
+                 "online", "--max-new-tokens", "128", "--heldout-min", "2", check=True)
     wait_until(lambda: committed_steps(storage, "on"), 240, "a first drafter checkpoint")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -95,6 +97,46 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
         checks = json.loads(doctor.stdout)["checks"]
         rows = {c["status"] for c in checks if c["name"].startswith("drafter")}
         assert rows == {"PASS"}, checks
+    else:                     # the command's other sources and errors, once
+        check_eval_drafter_command(pipeline, storage, final, out)
+
+
+def check_eval_drafter_command(pipeline: Pipeline, storage: object, final: int,
+                               export: Path) -> None:
+    """eval-drafter on run "on" (finished, trained to ``final``): the status' tau, the run's
+    own checkpoint on its held-out split, an export on a prompt file, and every refusal."""
+    down = wait_until(lambda: (d := pipeline.read_status("on")["downstream"])["tau_step"] == final
+                      and d, 60, "the eval of the final checkpoint")
+    assert down["tau"] >= 1.0 and down["eval_error"] is None
+    assert len(down["train"]["tau_per_position"]) == 15
+    manifest = InputManifest.from_json(json.loads(storage.get(keys.inputs_manifest("on"))))
+
+    out = json.loads(pipeline.cli("eval-drafter", "--run", "on", "--max-new-tokens", "48",
+                                  "--json", check=True).stdout)
+    assert EVAL_FIELDS <= set(out) and out["step"] == final and out["source"] == "heldout"
+    held = len(manifest.heldout)
+    assert out["prompts"] == held and out["tokens"] > held
+    assert out["lossless"] == {"checked": held, "mismatches": []}
+    assert sum(out["accepted_hist"].values()) == out["steps"] > 0
+    assert len(out["per_position"]) == 15 and out["tau"] >= 1.0
+
+    text = pipeline.cli("eval-drafter", "--run", "on", "--drafter", str(export), "--prompts",
+                        str(MT_BENCH), "--num", "2", "--max-new-tokens", "24", "--block-size",
+                        "4", check=True).stdout
+    assert f"drafter {export} on 2 " in text and "block 4" in text, text
+    assert "2/2 prompts decode exactly" in text, text
+
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "hidden_size": 999}))
+    unfit = pipeline.cli("eval-drafter", "--run", "on", "--drafter", str(export))
+    assert unfit.returncode == 1 and "does not fit the target: hidden size 999" in unfit.stderr
+    (export / "model.safetensors").unlink()
+    bad = pipeline.cli("eval-drafter", "--run", "on", "--drafter", str(export))
+    assert bad.returncode == 1 and "not a drafter export" in bad.stderr
+    missing = pipeline.cli("eval-drafter", "--run", "on", "--step", "99999")
+    assert missing.returncode == 1 and "no checkpoint at step 99999" in missing.stderr
+    unknown = pipeline.cli("eval-drafter", "--run", "nosuch")
+    assert unknown.returncode == 1 and "not found" in unknown.stderr, unknown.stderr
 
 
 def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tmp_path: Path
