@@ -4,11 +4,13 @@ acceptance length measured, the dataset and the drafter exported)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ import pytest
 from common import keys
 from common.records import decode_jsonl_zst
 from common.storage import open_storage
-from tests.conftest import MT_BENCH, ROOT
+from producer.demo import free_port
+from tests.conftest import MT_BENCH, ROOT, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -101,25 +104,73 @@ SHORT_TRAIN = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_EVAL_STEPS": 
 @pytest.mark.timeout(1800)  # the whole product end to end; minutes on 2 busy cores
 def test_demo_trains_measures_and_exports_while_generating(model_cache: Path,
                                                            tmp_path: Path) -> None:
-    """The demo's full path on 8 questions: 4 held out, 2 shards trained, all exported."""
-    import pyarrow.parquet as pq
-
-    from common.drafter_store import read_ledger
-
+    """The demo's full path on 8 questions: the dashboard's URL printed and the run served
+    there, its Downstream figures following the trainer; 4 held out, 2 shards trained, the
+    acceptance length measured, all exported."""
     questions = MT_BENCH.read_text().splitlines()[:8]
     (tmp_path / "in.jsonl").write_text("\n".join(questions) + "\n")
     out = tmp_path / "demo"
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache), "PYTHONUNBUFFERED": "1",
            **SHORT_TRAIN}
-    result = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--no-ui", "--out",
-         str(out), "--input", str(tmp_path / "in.jsonl"), "--shard-size", "4",
-         "--max-new-tokens", "64", "--eval-prompts", "2", "--eval-max-new-tokens", "16"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1700,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    text = result.stdout
-    assert "8 samples committed" in text
+    port = free_port()
+    log = tmp_path / "demo.out"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "demo", "--no-flower", "--out", str(out),
+             "--input", str(tmp_path / "in.jsonl"), "--shard-size", "4", "--max-new-tokens",
+             "64", "--eval-prompts", "2", "--eval-max-new-tokens", "16", "--ui-port",
+             str(port)],
+            env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        check_dashboard_follows_the_demo(proc, log, port)
+        assert proc.wait(timeout=1700) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "8 samples committed" in text and "dflash-pipeline ui" in text
+    check_measured_and_exported(text, out, env)
+
+
+def check_dashboard_follows_the_demo(proc: subprocess.Popen[bytes], log: Path,
+                                     port: int) -> None:
+    """The printed URL serves the demo's run; its Downstream panel shows a training step."""
+    line = wait_until(lambda: re.search(r"Dashboard: (http://\S+)  \(user (\w+), password "
+                                        r"(\S+)\)", log.read_text()), 120,
+                      "the demo to print the dashboard URL")
+    url, user, password = line.groups()
+    assert url == f"http://127.0.0.1:{port}/runs/mt-bench-demo"
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    def status() -> dict | None:
+        request = urllib.request.Request(url.replace("/runs/", "/api/runs/") + "/status",
+                                         headers={"Authorization": f"Basic {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+        except OSError:
+            return None
+
+    assert wait_until(status, 60, "the dashboard to serve the demo run")["run"] == \
+        "mt-bench-demo"
+
+    def training_shown() -> dict | None:   # live, not "hidden 0 / N"
+        assert proc.poll() is None, log.read_text()[-3000:]  # the demo still serving
+        shown = status()
+        return shown["downstream"] if shown and shown["downstream"]["train"].get(
+            "step") else None
+
+    down = wait_until(training_shown, 600, "the dashboard to show a training step")
+    assert down["mode"] == "online" and down["stage"] == "train"
+
+
+def check_measured_and_exported(text: str, out: Path, env: dict[str, str]) -> None:
+    """The demo's closing lines: tau on the held-out prompts, the dataset and the drafter."""
+    import pyarrow.parquet as pq
+
+    from common.drafter_store import read_ledger
+
     measured = re.search(r"acceptance length tau ([\d.]+) \(pooled [\d.]+\) with drafter step "
                          r"(\d+) on (\d+) held-out prompts.*; lossless (\d+)/(\d+)", text)
     assert measured, text[-3000:]

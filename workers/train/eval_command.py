@@ -79,11 +79,14 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
     from common.runstore import RunStore
     from common.storage import open_storage
     from workers.train.commands import check_checkpoint
+    from workers.train.drafter.export_files import check_export_dir
 
     store = RunStore(open_storage(settings.storage), run)
     config = store.config()  # a missing run or checkpoint: one line before torch is imported
     if drafter_dir is None:
         check_checkpoint(store.storage, run, step)
+    else:
+        check_export_dir(drafter_dir)
     import torch
     from rich.console import Console
     from rich.progress import Progress

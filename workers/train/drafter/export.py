@@ -28,13 +28,12 @@ from torch import nn
 
 from common.errors import DrafterMismatch
 from common.target import TargetShape
+from workers.train.drafter.export_files import CONFIG_FILE, WEIGHTS_FILE, check_export_dir
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "DFlashDraftModel"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
@@ -157,10 +156,7 @@ def fit_problems(config: DFlashConfig, target: nn.Module) -> list[str]:
 def load_drafter(path: str | Path, target: nn.Module,
                  dtype: torch.dtype | None = None) -> DFlashDraftModel:
     """Rebuild an exported drafter on ``target``'s device, sharing its embedding and LM head."""
-    path = Path(path)
-    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-        raise DrafterMismatch(f"{path} is not a drafter export (needs {CONFIG_FILE} and "
-                              f"{WEIGHTS_FILE}; make one with export-drafter)")
+    path = check_export_dir(path)
     try:
         config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()))
     except (ValueError, KeyError, TypeError) as exc:

@@ -1,0 +1,20 @@
+"""An exported drafter's file names, and the check that a directory holds them (no torch: the
+CLI refuses a wrong directory before it loads a target)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.errors import DrafterMismatch
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def check_export_dir(path: str | Path) -> Path:
+    """``path`` as a Path when it holds an export's config and weights; DrafterMismatch if not."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise DrafterMismatch(f"{path} is not a drafter export (needs {CONFIG_FILE} and "
+                              f"{WEIGHTS_FILE}; make one with export-drafter)")
+    return path
