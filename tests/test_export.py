@@ -40,8 +40,9 @@ def jsonl(path: Path) -> list[dict]:
             for line in f.read_text().splitlines()]
 
 
-def test_every_format_holds_each_accepted_sample_once(pipeline: Pipeline,
-                                                      tmp_path: Path) -> None:
+def test_every_format_holds_each_accepted_sample_once_and_a_killed_export_resumes(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    """One generated run serves both: the exports' contents, then an export killed midway."""
     import datasets
 
     generated_run(pipeline, tmp_path, "ex")
@@ -87,11 +88,11 @@ def test_every_format_holds_each_accepted_sample_once(pipeline: Pipeline,
     rejected = [line for line in jsonl(tmp_path / "all") if line["rejected"]]
     assert sum(everything["samples"].values()) == len(samples) + len(rejected)
     assert all(line["quality_reasons"] for line in rejected)
+    check_killed_export_then_rerun_gives_the_same_files(pipeline)
 
 
-def test_export_killed_midway_then_rerun_gives_the_same_files(pipeline: Pipeline,
-                                                              tmp_path: Path) -> None:
-    generated_run(pipeline, tmp_path, "ex")
+def check_killed_export_then_rerun_gives_the_same_files(pipeline: Pipeline) -> None:
+    """An export killed after two files, run again, writes only the rest: the same files."""
     bucket = pipeline.env["DFLASH_STORAGE"].split("/")[2]
     whole, cut = f"s3://{bucket}/whole", f"s3://{bucket}/cut"
     export(pipeline, whole, "parquet", "--shard-rows", "1")
