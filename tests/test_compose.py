@@ -15,7 +15,10 @@ from click.testing import CliRunner
 from producer.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
+# shared/ is the source; the copy in tests/ serves a clone that has no shared/ beside it.
+SCHEMAS = (ROOT.parent / "shared" / "schemas", ROOT / "tests" / "schemas")
+SCHEMA = next((d / "compose-spec.json" for d in SCHEMAS if (d / "compose-spec.json").exists()),
+              SCHEMAS[-1] / "compose-spec.json")
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,6 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
-@pytest.mark.skipif(not SCHEMA.exists(), reason="shared/schemas/compose-spec.json not present")
 def test_compose_matches_the_official_schema(compose: dict) -> None:
     jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(compose)
 
