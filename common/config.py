@@ -135,6 +135,7 @@ class TrainSettings:
     rows_per_step: int = 8
     total_steps: int = 2000
     min_supervised_tokens: int = setting(0, zero_ok=True)   # 0: two blocks' worth
+    max_anchors: int = 512   # blocks drawn per row and step (DFlash's 512)
     eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)
     eval_prompts: int = 8
     eval_max_new_tokens: int = 256

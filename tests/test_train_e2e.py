@@ -22,7 +22,10 @@ pytestmark = pytest.mark.e2e
 
 TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP": "4",
              "DFLASH_TRAIN_TOTAL_STEPS": "40", "DFLASH_TRAIN_EVAL_PROMPTS": "1",
-             "DFLASH_TRAIN_EVAL_MAX_NEW_TOKENS": "16"}
+             "DFLASH_TRAIN_EVAL_MAX_NEW_TOKENS": "16",
+             # A step's dense attention grows with the square of its blocks: 16 per row keep
+             # each CPU step about a second (DFlash's 512 took 4-10 s on these rows).
+             "DFLASH_TRAIN_MAX_ANCHORS": "16"}
 EVAL_FIELDS = {"tau", "tau_pooled", "accepted_hist", "per_position", "prompts", "tokens"}
 
 
@@ -65,6 +68,7 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     state, _ = load_checkpoint(storage, "on", final)
     # AdamW's per-parameter step count went on from the checkpoint instead of restarting.
     assert final > before and adam_steps(state) == {final} == {state["steps"]}
+    assert state["train_config"]["max_anchors"] == 16    # the worker's setting, kept on resume
     assert not list(storage.list(keys.hidden_prefix("on"))), "online mode stored hidden states"
     down = pipeline.status("on")["downstream"]
     assert down["mode"] == "online" and down["committed"] == 4

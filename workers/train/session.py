@@ -84,7 +84,8 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
                                               num_hidden_layers=ctx.settings.drafter_layers)
         trainer = DrafterTrainer(drafter, TrainConfig(
             total_steps=ctx.settings.train_total_steps,
-            min_supervised_tokens=ctx.settings.train_min_supervised_tokens))
+            min_supervised_tokens=ctx.settings.train_min_supervised_tokens,
+            max_anchors=ctx.settings.train_max_anchors))
         ledger = Ledger()
         log.info("run %s: new drafter (%d layers) on target layers %s", config.run,
                  ctx.settings.drafter_layers, layers)

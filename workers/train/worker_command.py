@@ -19,6 +19,9 @@ worker_train = stage_worker(
     setting_option("train_min_supervised_tokens", "--min-supervised-tokens",
                    type=click.IntRange(min=0),
                    help="Skip rows with fewer supervised tokens (0: 2 x block size)."),
+    setting_option("train_max_anchors", "--max-anchors", type=click.IntRange(min=1),
+                   help="Blocks drawn per row and step (a new drafter's; fewer: less time and "
+                        "memory per step)."),
     setting_option("train_eval_steps", "--eval-steps", type=click.IntRange(min=0),
                    help="Measure the acceptance length on held-out prompts every N steps "
                         "and at each checkpoint (0: never)."),
