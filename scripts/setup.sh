@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian/Ubuntu machine with Python 3.11: redis-server, a venv with CPU torch
 # and this package; with --browser also chromium and chromium-driver (the dashboard's browser
-# tests; scripts/test.sh asks for them). Idempotent: re-running only installs what is missing.
+# tests); with --sglang also .venv-sglang, the pinned SGLang release serving on CPU (the
+# real-engine tests; scripts/test.sh asks for both). Idempotent: re-running only installs what
+# is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BROWSER=0; [ "${1:-}" = "--browser" ] && BROWSER=1
+BROWSER=0; SGLANG=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) BROWSER=1 ;;
+    --sglang) SGLANG=1 ;;
+    *) echo "usage: scripts/setup.sh [--browser] [--sglang]" >&2; exit 2 ;;
+  esac
+done
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
@@ -66,4 +75,20 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "== installing dflash-pipeline[dev]"
   uv_install -e ".[dev]" || "$VENV/bin/pip" install -q -e ".[dev]"
   touch "$stamp"
+fi
+
+# The real SGLang in a venv of its own (PyPI's CUDA torch, which its torchvision needs; it runs
+# on the CPU), every package at the version scripts/sglang/constraints.txt names; sglang and
+# vllm come without their dependencies (the GPU kernels they would pull are not used on CPU).
+SGLANG_VENV=${SGLANG_VENV:-.venv-sglang}
+sglang_stamp="$SGLANG_VENV/.dflash-installed"
+if [ "$SGLANG" = 1 ] && { [ ! -f "$sglang_stamp" ] ||
+    [ scripts/sglang/constraints.txt -nt "$sglang_stamp" ]; }; then
+  echo "== installing $(grep '^sglang==' scripts/sglang/constraints.txt) into $SGLANG_VENV"
+  [ -x "$SGLANG_VENV/bin/python" ] || "$PYTHON" -m venv "$SGLANG_VENV"
+  "$SGLANG_VENV/bin/pip" install -q -r scripts/sglang/requirements.txt \
+    -c scripts/sglang/constraints.txt
+  "$SGLANG_VENV/bin/pip" install -q --no-deps -c scripts/sglang/constraints.txt sglang vllm
+  "$SGLANG_VENV/bin/python" -c "import sglang.launch_server" >/dev/null
+  touch "$sglang_stamp"
 fi

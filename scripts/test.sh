@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: set up (chromium too, for the dashboard's browser tests), then run pytest
+# The test suite: set up (chromium too, for the dashboard's browser tests, and .venv-sglang for
+# the real-engine tests), then run pytest
 # (tests start their own redis-server, moto S3 server and Celery workers). TEST_WORKERS (default
 # 2) spreads the tests over that many pytest-xdist workers (0: all in this process); with one
 # torch thread per process a single pytest leaves the second core idle. TEST_LOAD=2 adds a
@@ -8,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
-bash scripts/setup.sh --browser
+bash scripts/setup.sh --browser --sglang
 set_up=$((SECONDS - started))
 # TEST_LOAD=N runs N CPU-bound loops beside the tests (2: one per core, the "busy cores" check);
 # they stop with the script.

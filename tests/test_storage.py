@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import uuid
+from collections.abc import Iterable, Iterator
 
 import pytest
 
 from common.errors import ConfigError, NotFound, PermanentError, StorageError, StorageRefused
 from common.storage import LocalStorage, Storage, open_storage
+from tests.conftest import AWS_ENV, free_port
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -48,23 +51,87 @@ def test_list_starts_after_a_key_or_any_string(storage: Storage) -> None:
     assert list(storage.list("h/", start_after="h/z")) == []
 
 
-def test_concurrent_put_once_has_exactly_one_winner(storage: Storage) -> None:
-    wins: list[bytes] = []
+class OneRequestAtATime:
+    """moto's WSGI app behind a lock: it checks If-None-Match and then writes, two steps that
+    concurrent requests interleave; S3 makes a conditional write atomic, so this restores that."""
+
+    def __init__(self, app) -> None:  # noqa: ANN001 - moto's dispatcher has no public type
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict, start_response) -> Iterable[bytes]:  # noqa: ANN001
+        """Run one request to completion (body read, response built) while holding the lock."""
+        with self.lock:
+            response = self.app(environ, start_response)
+            try:
+                return [b"".join(response)]
+            finally:
+                if hasattr(response, "close"):
+                    response.close()
+
+
+@pytest.fixture(scope="module")
+def atomic_s3_endpoint() -> Iterator[str]:
+    """A moto S3 server whose requests run one at a time (see OneRequestAtATime).
+
+    Still threaded, over the real S3 HTTP API: clients connect and send concurrently and
+    only the handling of each request is serialised, as S3 serialises writes to one key.
+    """
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    app = OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", free_port(), app, threaded=True,
+                         request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture(params=["local", "s3"])
+def race_storage(request: pytest.FixtureRequest, tmp_path, monkeypatch) -> Storage:  # noqa: ANN001
+    """Like ``storage``, but S3 on the atomic server: the session's moto server can let two
+    If-None-Match writers both win (a moto race, not ours), which made the race test flaky."""
+    if request.param == "local":
+        return open_storage(str(tmp_path / "root"))
+    import boto3
+
+    endpoint = request.getfixturevalue("atomic_s3_endpoint")
+    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(key, value)
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return open_storage(f"s3://{bucket}/data")
+
+
+def test_concurrent_put_once_has_exactly_one_winner(race_storage: Storage) -> None:
+    outcomes: dict[int, bool] = {}
+    errors: list[Exception] = []
     barrier = threading.Barrier(8)
 
     def writer(i: int) -> None:
-        data = f"writer-{i}".encode()
         barrier.wait()
-        if storage.put_once("runs/race/_COMMIT.json", data):
-            wins.append(data)
+        try:
+            outcomes[i] = race_storage.put_once("runs/race/_COMMIT.json", f"writer-{i}".encode())
+        except Exception as exc:  # a thread's exception would only be printed: fail on it
+            errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(wins) == 1
-    assert storage.get("runs/race/_COMMIT.json") == wins[0]
+    assert not errors, errors
+    # Every writer got an answer: one True (it wrote), seven False (already there).
+    winners = [i for i, won in outcomes.items() if won]
+    assert len(outcomes) == 8 and len(winners) == 1, outcomes
+    assert race_storage.get("runs/race/_COMMIT.json") == f"writer-{winners[0]}".encode()
 
 
 def test_local_storage_leaves_no_temporary_files(tmp_path) -> None:  # noqa: ANN001
