@@ -16,8 +16,15 @@ from typing import Any
 import click
 
 from common.config import Settings, env_name, load_settings, mask_url
-from common.errors import ConfigError, DflashError, InputError, NotFound, RunConfigMismatch
-from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH
+from common.errors import (
+    ConfigError,
+    DflashError,
+    InputError,
+    NotFound,
+    OptionRefused,
+    RunConfigMismatch,
+)
+from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH, EXIT_USAGE
 from common.options import OPTIONS
 
 log = logging.getLogger("dflash")
@@ -85,6 +92,9 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
         except RunConfigMismatch as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_MISMATCH)
+        except OptionRefused as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
         except (ConfigError, InputError, NotFound) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_FAILURE)

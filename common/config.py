@@ -108,11 +108,16 @@ class GenerateSettings:
     engine_url: str = ""
     engine_cmd: str = ""
     engine_args: str = ""
+    # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
+    # worker's own.
+    engine_python: str = ""
     engine_port: int = 30000
     tp: int = 1
     mem_fraction_static: str = ""
     max_in_flight: int = 128
     engine_startup_timeout: float = 900.0
+    # On a stop SGLang finishes the requests it runs (SIGTERM), then the tree is killed.
+    engine_drain_timeout: float = 30.0
     request_timeout: float = 3600.0
 
 

@@ -104,3 +104,22 @@ class RankFailed(PermanentError):
 class MalformedName(PermanentError):
     """A key or Redis field does not have the form :mod:`common.keys` writes (a bug or a hand
     edit): named, never read as some other shard."""
+
+
+class RequestRefused(DflashError):
+    """The engine cannot answer one request (HTTP 4xx, or it cannot fit the server's context):
+    that sample is rejected with ``reason``, its shard goes on."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class EngineRefusesAll(PermanentError):
+    """Every request of a shard was refused by the engine (a setting it rejects): park the
+    shard with the engine's message rather than store every sample as rejected."""
+
+
+class OptionRefused(ConfigError):
+    """An option value the engine would refuse on every request: refused at the command line
+    (exit 2, like click's own usage errors)."""

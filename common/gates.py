@@ -27,6 +27,10 @@ class Reason(StrEnum):
     TOO_FEW_TOKENS = "too_few_tokens"
     TEMPLATE_LEAKAGE = "template_leakage"
     DUPLICATE = "duplicate"
+    # Decided by the engine, not the output: the turn was never generated.
+    CONTEXT_OVERFLOW = "context_overflow"   # the prompt leaves no room to answer
+    ENGINE_REFUSED = "engine_refused"       # the engine answered 4xx for this request
+    ENGINE_MISMATCH = "engine_mismatch"     # the response's token counts disagree with its ids
 
 
 @dataclass(frozen=True)

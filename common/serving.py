@@ -7,7 +7,9 @@
 
 Every flag is a name of the pinned release's ``server_args.py`` (tests/test_serving_lines.py
 holds them to ``workers/generate/engines/sglang_args_<pin>.txt``). Pure functions of their
-arguments: no SGLang import, so the CPU tests and ``doctor`` run them anywhere.
+arguments: no SGLang import, so the CPU tests and ``doctor`` run them anywhere. Pools SGLang
+sizes itself (the KV cache, a hybrid's mamba state cache) are never sized here: the worker reads
+back the running-request limit the server settled on.
 """
 
 from __future__ import annotations
@@ -25,18 +27,31 @@ NEXTN = "NEXTN"   # SGLang's name for a checkpoint's own MTP head as the draft (
 # SGLang's Qwen3.5/Qwen3-Next recipes: 3 MTP steps, a chain (top-1), 4 tokens verified per step.
 MTP_STEPS, MTP_TOPK, MTP_DRAFT_TOKENS = 3, 1, 4
 DFLASH_BLOCK_SIZE = 16
+# SGLang's mamba state slots per running request (mem_cache/kv_cache_configurator.py,
+# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO), up to 2 more with the extra-buffer strategy;
+# 1 without the radix cache. Speculative intermediate states are a separate allocation.
+MAMBA_SLOTS_PER_REQUEST, MAMBA_EXTRA_BUFFER_SLOTS = 3, 2
 
 
 def launch_argv(model: str | Path, *, host: str = "127.0.0.1", port: int = 30000, tp: int = 1,
                 mem_fraction_static: str = "", engine_args: str | Sequence[str] = "",
-                python: str = sys.executable) -> list[str]:
-    """``python -m sglang.launch_server --model-path M --host H --port P --tp-size N ...``."""
+                python: str = sys.executable,
+                max_running_requests: int | None = None) -> list[str]:
+    """``python -m sglang.launch_server --model-path M --host H --port P --tp-size N ...``.
+
+    ``--enable-metrics`` always (the dashboard's Engines panel reads ``/metrics``, which exists
+    only with it); with a speculative algorithm, ``--max-running-requests`` (SGLang caps such a
+    server at 48 running requests otherwise) unless the engine args name it.
+    """
     argv = [python, "-m", "sglang.launch_server", "--model-path", str(model), "--host", host,
-            "--port", str(port), "--tp-size", str(tp)]
+            "--port", str(port), "--tp-size", str(tp), "--enable-metrics"]
     if mem_fraction_static:
         argv += ["--mem-fraction-static", str(mem_fraction_static)]
     extra = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
-    return argv + extra
+    spec = spec_settings(extra)
+    if spec.algorithm and spec.max_running_requests is None and max_running_requests:
+        extra += ["--max-running-requests", str(max_running_requests)]
+    return argv + [part for part in extra if part != "--enable-metrics"]
 
 
 def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = MTP_TOPK,
@@ -44,8 +59,8 @@ def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = M
                     max_running_requests: int | None = None) -> list[str]:
     """Generation with the target's own MTP head (Qwen3.5/3.6: ``mtp.*``), for DFLASH_ENGINE_ARGS.
 
-    On a hybrid target the mamba state cache is sized for ``max_running_requests`` requests of
-    ``1 + draft_tokens`` slots each, so SGLang does not cap the concurrency below it.
+    ``max_running_requests`` is passed on (a speculative server runs 48 otherwise); SGLang fits
+    a hybrid's mamba state cache to it from free memory.
     """
     if not shape.has_mtp:
         raise ValueError("the target states no MTP head (text_config.mtp_num_hidden_layers): "
@@ -53,7 +68,7 @@ def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = M
     args = ["--speculative-algorithm", NEXTN, "--speculative-num-steps", str(steps),
             "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens",
             str(draft_tokens)]
-    return args + _concurrency_args(shape, draft_tokens, max_running_requests)
+    return args + _concurrency_args(max_running_requests)
 
 
 def dflash_engine_args(drafter: str | Path, *, block_size: int = DFLASH_BLOCK_SIZE,
@@ -62,21 +77,21 @@ def dflash_engine_args(drafter: str | Path, *, block_size: int = DFLASH_BLOCK_SI
     """DFLASH serving of an ``export-drafter`` directory; ``block_size`` is the verify window."""
     args = ["--speculative-algorithm", DFLASH, "--speculative-draft-model-path", str(drafter),
             "--speculative-num-draft-tokens", str(block_size)]
-    return args + (_concurrency_args(shape, block_size, max_running_requests) if shape else [])
+    return args + _concurrency_args(max_running_requests)
 
 
-def _concurrency_args(shape: TargetShape, draft_tokens: int,
-                      max_running_requests: int | None) -> list[str]:
-    if max_running_requests is None or not shape.is_hybrid:
-        return []   # a dense target has no mamba state cache to size
-    return ["--max-running-requests", str(max_running_requests), "--max-mamba-cache-size",
-            str(mamba_slots_needed(max_running_requests, draft_tokens))]
+def _concurrency_args(max_running_requests: int | None) -> list[str]:
+    return [] if max_running_requests is None else ["--max-running-requests",
+                                                    str(max_running_requests)]
 
 
-def mamba_slots_needed(running: int, draft_tokens: int) -> int:
-    """Mamba state slots for ``running`` speculative requests: ``1 + draft_tokens`` each
-    (sgl-project/sglang#36889)."""
-    return running * (1 + draft_tokens)
+def mamba_slots_per_request(engine_args: str | Sequence[str]) -> int:
+    """State slots SGLang gives each running request of a hybrid target, by its own ratio."""
+    argv = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
+    if "--disable-radix-cache" in argv:
+        return 1
+    extra = any("extra_buffer" in part for part in argv)
+    return MAMBA_SLOTS_PER_REQUEST + (MAMBA_EXTRA_BUFFER_SLOTS if extra else 0)
 
 
 def shell_line(argv: Sequence[str]) -> str:

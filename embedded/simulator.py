@@ -13,8 +13,13 @@ also the tokenizer when it holds one)::
 It prints ``simulator listening on http://HOST:PORT`` when ready and exits cleanly on SIGTERM.
 Endpoints: ``POST /generate`` (SGLang's native shape, ``input_ids`` only, a list of lists for a
 batch), ``POST /v1/chat/completions``, ``GET /health`` (503 during --startup-delay),
-``/health_generate``, ``/get_model_info``, ``/metrics`` (SGLang's ``sglang:*`` names plus
-``sim_max_running_reqs``, the batch cap) and ``/sim/stats`` (counters for tests).
+``/health_generate``, ``/get_model_info``, ``/v1/models`` (``max_model_len``: the context),
+``/get_server_info`` (``max_req_input_len``, the running-request limit), ``/metrics`` (only with
+``--enable-metrics``, as SGLang: its ``sglang:*`` names plus ``sim_max_running_reqs``, the batch
+cap) and ``/sim/stats`` (counters for tests). Requests SGLang refuses are refused with its
+status and words (tests/test_sglang_real.py holds the two side by side): a prompt too long for
+``--context-length`` (default: the model's ``max_position_embeddings``, else 32768), prompt plus
+``max_new_tokens`` beyond it, sampling values outside SGLang's limits.
 
 Latency model: one asyncio loop steps all running requests together (continuous batching). At
 most --max-running requests run; the rest queue in arrival order. Each step lasts::
@@ -44,6 +49,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -53,6 +59,7 @@ from embedded.sim_model import (
     LatencyModel,
     Scheduler,
     Vocab,
+    check_context,
     finish,
     parse_generate,
     parse_sampling,
@@ -62,7 +69,9 @@ from embedded.sim_model import (
 log = logging.getLogger(__name__)
 
 CHAT_MAX_TOKENS = 4096  # chat requests without max_tokens run to "the context length"
-SGLANG_FLAGS = ("model_path", "tp", "mem_fraction_static", "served_model_name")
+DEFAULT_CONTEXT = 32768  # a model directory that states none
+SGLANG_FLAGS = ("model_path", "tp", "mem_fraction_static", "served_model_name",
+                "context_length", "enable_metrics")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -84,15 +93,27 @@ class Simulator:
         self.ready_at = float("inf")
         self.stopping = False
         self.model_name = args.served_model_name or args.model_path or "sglang-simulator"
+        self.context = args.context_length or model_context(args) or DEFAULT_CONTEXT
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """SGLang's --api-key: 401 without the bearer key, except health and metrics."""
+        key = self.args.api_key
+        if key and not request.path.startswith(("/health", "/metrics")) \
+                and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024**2)
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[self._auth])
         app.add_routes([
             web.post("/generate", self.generate), web.post("/v1/chat/completions", self.chat),
             web.get("/health", self.health), web.get("/health_generate", self.health),
-            web.get("/get_model_info", self.model_info), web.get("/metrics", self.metrics),
-            web.get("/sim/stats", self.sim_stats),
+            web.get("/get_model_info", self.model_info), web.get("/v1/models", self.models),
+            web.get("/get_server_info", self.server_info), web.get("/sim/stats", self.sim_stats),
         ])
+        if self.args.enable_metrics:
+            app.add_routes([web.get("/metrics", self.metrics)])
         app.cleanup_ctx.append(self._run_scheduler)
         return app
 
@@ -129,6 +150,8 @@ class Simulator:
             return refused
         try:
             prompts, params, rids, batch = parse_generate(await request.json())
+            for prompt, sampling in zip(prompts, params, strict=True):
+                check_context(len(prompt), sampling[0], self.context)
         except ValueError as exc:  # BadRequest, or a body that is not JSON
             return _error(400, str(exc))
         results = await asyncio.gather(*(self._run(p, s[0], s[1]) for p, s in
@@ -189,6 +212,19 @@ class Simulator:
                                   "tokenizer_path": str(path) if path else None,
                                   "is_generation": True})
 
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "owned_by": "sglang",
+            "max_model_len": self.context}]})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "version": "simulator", "max_req_input_len": self.context - 6,
+            "context_length": self.args.context_length,
+            "max_running_requests": self.args.max_running,
+            "internal_states": [{"effective_max_running_requests_per_dp":
+                                 self.args.max_running}]})
+
     def snapshot(self) -> dict[str, int]:
         return {**self.stats, "running": len(self.scheduler.running),
                 "queued": len(self.scheduler.queue)}
@@ -220,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=30000, help="0 picks a free port (printed)")
     add("--tokenizer", type=Path, help="HF tokenizer directory (default: built-in vocabulary)")
-    add("--max-running", type=int, default=64, help="batch cap; more requests queue")
+    add("--max-running", "--max-running-requests", dest="max_running", type=int, default=64,
+        help="batch cap; more requests queue")
     add("--decode-base-ms", type=float, default=2.0)
     add("--decode-per-req-ms", type=float, default=0.05)
     add("--prefill-per-token-us", type=float, default=20.0)
@@ -240,7 +277,26 @@ def build_parser() -> argparse.ArgumentParser:
     sglang.add_argument("--tp", "--tp-size", dest="tp", type=int)
     sglang.add_argument("--mem-fraction-static", type=float)
     sglang.add_argument("--served-model-name")
+    sglang.add_argument("--context-length", type=int,
+                        help="prompt + new tokens at most [default: the model's]")
+    sglang.add_argument("--api-key", help="requests without it are answered 401")
+    sglang.add_argument("--enable-metrics", action="store_true", default=None,
+                        help="serve /metrics (SGLang serves it only then)")
     return p
+
+
+def model_context(args: argparse.Namespace) -> int | None:
+    """The model directory's ``max_position_embeddings`` (``text_config``'s when nested)."""
+    import json
+
+    for where in (args.model_path, args.tokenizer):
+        config = Path(where) / "config.json" if where else None
+        if config is not None and config.is_file():
+            data = json.loads(config.read_text())
+            value = (data.get("text_config") or data).get("max_position_embeddings")
+            if isinstance(value, int):
+                return value
+    return None
 
 
 def tokenizer_path(args: argparse.Namespace) -> Path | None:

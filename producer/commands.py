@@ -22,6 +22,7 @@ from common.inputs.sources import is_glob
 from common.layers import DEFAULT_K, resolve_target_layers
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
+from common.sampling_rules import check_sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from common.storage import Storage
 from common.target import TargetShape
@@ -49,6 +50,9 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         if not template_fields(prompt_template):
             raise ConfigError(f"--prompt-template {prompt_template!r} names no field; use "
                               "{field} placeholders, e.g. '{instruction}\\n\\n{context}'")
+    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        top_k=top_k, thinking=thinking)
+    check_sampling(sampling)
     specs = [input_path] if isinstance(input_path, str) else list(input_path)
     sources = [input_source(spec) for spec in specs]
     if settings.model_is_tiny:
@@ -63,9 +67,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
     return RunConfig(
         run=run, model=settings.model, input=sources[0] if len(sources) == 1 else sources,
         format=fmt, prompt_field=prompt_field, shard_size=shard_size, limit=limit,
-        sampling=Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                          top_k=top_k, thinking=thinking),
-        gates=gates or GateConfig(), mode=mode, layout=layout,
+        sampling=sampling, gates=gates or GateConfig(), mode=mode, layout=layout,
         target_layers=len(layer_ids) if layer_ids else DEFAULT_K, target_layer_ids=layer_ids,
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
         strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,

@@ -96,3 +96,22 @@ def test_stale_engine_of_a_killed_worker_is_cleaned_up_by_the_next(
     wait_until(lambda: not _alive(orphan[0]), 30, "the stale engine to be stopped")
     engines = _engines(port)
     assert len(engines) == 1 and engines[0].pid != orphan[0].pid
+
+
+def test_an_engine_refusing_every_request_parks_the_shard_with_its_words(
+        pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    # A server launched with --api-key answers 401 to every request: a setting, not the data.
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(6))
+    pipeline.cli("enqueue", "--input", src, "--run", "locked", "--shard-size", "6",
+                 "--max-new-tokens", "64", check=True)
+    pipeline.start_worker("locked", "--engine", "sglang", "--engine-cmd",
+                          f"{SIM_CMD} --api-key sesame", DFLASH_ENGINE_PORT=str(free_port()))
+    wait_until(lambda: pipeline.state("locked") == "failed", 120, "the shard to be parked")
+    status = pipeline.status("locked")
+    assert status["shards"]["parked"] == 1
+    reason = status["parked"][0]["reason"]
+    assert "refused all 6 requests" in reason and "HTTP 401: Unauthorized" in reason, reason
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    assert not list(storage.list(keys.rejected_prefix("locked"))), "samples stored as rejected"
+    assert not list(storage.list(keys.generated_prefix("locked")))
+    assert "sesame" not in (pipeline.log_dir / "locked.log").read_text()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+from pathlib import Path
 
 import click
 from click.testing import CliRunner
@@ -29,11 +31,20 @@ def _assigned_names(tree: ast.AST) -> set[str]:
     return names
 
 
+def _python_files(root: Path) -> list[Path]:
+    """The tree's .py files, never descending into a venv (.venv, .venv-sglang) or _SKIP."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _SKIP and not d.startswith(".venv")]
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return found
+
+
 def test_no_other_module_defines_an_exit_code() -> None:
     definer = ROOT / "common" / "exit_codes.py"
     offenders = []
-    for path in sorted(ROOT.rglob("*.py")):
-        if path == definer or _SKIP & set(path.relative_to(ROOT).parts):
+    for path in sorted(_python_files(ROOT)):
+        if path == definer:
             continue
         names = _assigned_names(ast.parse(path.read_text(), str(path)))
         offenders += [f"{path.relative_to(ROOT)}: {n}" for n in sorted(names)

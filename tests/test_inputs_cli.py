@@ -122,6 +122,25 @@ def test_empty_inputs_and_bad_templates_fail_with_one_line(env, tmp_path: Path) 
     assert "placeholder {instruction.__class__} is not allowed" in result.stderr
 
 
+@pytest.mark.parametrize("args, words", [
+    (("--top-k", "0"), "--top-k 0: must be -1 (off) or at least 1"),
+    (("--top-p", "1.5"), "1.5"),          # click's own range check: exit 2 as well
+    (("--top-k", "-1", "--temperature", "0", "--max-new-tokens", "0"), "--max-new-tokens"),
+])
+def test_sampling_sglang_refuses_is_one_error_line_exit_2(env, tmp_path: Path, args: tuple,
+                                                          words: str) -> None:
+    src = write(tmp_path / "in.jsonl", [{"prompt": "Hi"}])
+    for extra in ((), ("--dry-run",)):
+        result = enqueue(env, "bad", "--input", src, *args, *extra)
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
+    assert not list(open_storage(env["DFLASH_STORAGE"]).list("runs/bad/")), "a run was made"
+    # Greedy decoding takes any top-k: SGLang replaces it with 1.
+    greedy = enqueue(env, "greedy", "--input", src, "--top-k", "0", "--temperature", "0",
+                     "--dry-run")
+    assert greedy.returncode == 0, greedy.stderr
+
+
 def test_dry_run_reports_what_the_real_run_does(env, tmp_path: Path) -> None:
     bad = [{"id": f"b{i}", "question": "Q?", "followups": [f"then {i}?"]} for i in range(24)]
     good = [{"question_id": 1, "turns": ["First question?", "Second question?"]}]

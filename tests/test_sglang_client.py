@@ -8,16 +8,18 @@ import urllib.request
 
 import pytest
 
-from common.errors import EngineError
+from common.errors import EngineError, RequestRefused
 from common.records import Sampling
 from tests.conftest import free_port, running_simulator
 from tests.test_bench import simulator  # noqa: F401 - fixture
-from workers.generate.engines.base import GenRequest
+from workers.generate.engines.base import GenRequest, ServerLimits, fit_request
 from workers.generate.engines.sglang import (
     RetryableEngineError,
     SglangEngine,
+    error_message,
     parse_finish_reason,
     parse_response,
+    read_limits,
 )
 
 REQ = GenRequest(input_ids=[5, 6, 7], sampling=Sampling(max_new_tokens=8))
@@ -75,10 +77,11 @@ def _stats(url: str) -> dict | None:
         return None
 
 
-def test_4xx_is_not_retried(simulator: str) -> None:  # noqa: F811
+def test_4xx_is_not_retried_and_rejects_only_that_request(simulator: str) -> None:  # noqa: F811
     engine = _engine(simulator)
-    with pytest.raises(EngineError, match="HTTP 400"):
+    with pytest.raises(RequestRefused, match="HTTP 400: input_ids must not be empty") as refused:
         asyncio.run(_gather(engine, [GenRequest([], Sampling())]))
+    assert refused.value.reason == "engine_refused"
     assert engine.requests == 1
 
 
@@ -87,3 +90,42 @@ def test_unreachable_engine_gives_up_after_the_window() -> None:
     with pytest.raises(EngineError, match="failed for"):
         asyncio.run(_gather(engine, [REQ]))
     assert engine.requests >= 2
+
+
+def test_counts_that_disagree_with_the_ids_reject_that_sample() -> None:
+    def body(ids: list[int], prompt: int, completion: int) -> dict:
+        return {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"},
+                                                 "prompt_tokens": prompt,
+                                                 "completion_tokens": completion}}
+
+    ok = parse_response(body([9, 2], 3, 2), REQ, 0.1)
+    assert (ok.prompt_tokens, ok.completion_tokens) == (3, 2)
+    # output_ids that begin with the prompt's tokens (sgl-project/sglang#10896): 5 ids, 2 new
+    for wrong in (body([5, 6, 7, 9, 2], 3, 2), body([9, 2], 4, 2)):
+        with pytest.raises(RequestRefused, match="output ids") as refused:
+            parse_response(wrong, REQ, 0.1)
+        assert refused.value.reason == "engine_mismatch"
+
+
+def test_server_limits_are_read_from_sglangs_own_answers() -> None:
+    models = {"data": [{"id": "m", "max_model_len": 4096}]}
+    info = {"max_req_input_len": 4090,
+            "internal_states": [{"effective_max_running_requests_per_dp": 48}]}
+    assert read_limits(models, info) == ServerLimits(4096, 4090, 48)
+    assert read_limits(models, None) == ServerLimits(4096, 4096, None)
+    assert read_limits(None, info) is None and read_limits({"data": []}, info) is None
+    assert error_message('{"error": {"message": "top_k must be -1"}}') == "top_k must be -1"
+    assert error_message('{"detail": "Not Found"}') == "Not Found"
+
+
+def test_a_request_is_fitted_to_the_servers_context() -> None:
+    limits = ServerLimits(context_length=100, max_input_tokens=95)
+    asked = GenRequest(list(range(60)), Sampling(max_new_tokens=64), min_answer_tokens=16)
+    assert fit_request(asked, limits)[1] == 40           # capped to the room left
+    assert fit_request(asked, None)[1] == 64             # a server stating no context
+    short = GenRequest(list(range(10)), Sampling(max_new_tokens=8), min_answer_tokens=16)
+    assert fit_request(short, limits)[1] == 8            # asks less than the floor: fine
+    for ids in (list(range(90)), list(range(95))):       # 10 left < 16; prompt at the bound
+        with pytest.raises(RequestRefused, match="context") as refused:
+            fit_request(GenRequest(ids, Sampling(max_new_tokens=64), 16), limits)
+        assert refused.value.reason == "context_overflow"

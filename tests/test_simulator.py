@@ -100,7 +100,8 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    server = launch(tmp_path_factory.mktemp("sim"), "--max-running", "8", "--time-scale", "0.05")
+    server = launch(tmp_path_factory.mktemp("sim"), "--max-running", "8", "--time-scale", "0.05",
+                    "--enable-metrics")
     yield server
     server.stop()
 
@@ -212,7 +213,7 @@ def test_tokenizer_ids_are_real(start: Any, model_cache: Path) -> None:
     # SGLang's own flags, as the worker passes them; --model-path doubles as the tokenizer.
     sim = start("--model-path", str(model), "--tp", "1", "--mem-fraction-static", "0.8",
                 "--served-model-name", "tiny", "--time-scale", "0.05")
-    out = sim.generate(tok.encode("hello there").ids, max_new_tokens=8192)
+    out = sim.generate(tok.encode("hello there").ids, max_new_tokens=4000)   # the model's 4096
     ids = out["output_ids"]
     assert ids[0] == think and end_think in ids and ids[-1] == im_end
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": im_end}
@@ -233,7 +234,7 @@ def test_degenerate_mode_gives_six_tokens(start: Any, request: pytest.FixtureReq
         extra = ["--tokenizer", str(model)]
         end = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|im_end|>")
     sim = start("--answer-mode", "degenerate", "--time-scale", "0.05", *extra)
-    out = sim.generate(PROMPT, max_new_tokens=8192)
+    out = sim.generate(PROMPT, max_new_tokens=4000)
     assert len(out["output_ids"]) == out["meta_info"]["completion_tokens"] == 6
     assert out["output_ids"][-1] == end
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": end}
@@ -314,3 +315,25 @@ def test_requests_run_together_up_to_the_cap_then_queue(start: Any) -> None:
     seen = asyncio.run(_hold_open(sim.url, levels))
     assert {n: (s["running"], s["queued"]) for n, s in seen.items()} == levels, seen
     assert seen[256]["max_running_seen"] == 64 and seen[256]["completed"] == 0
+
+
+def test_the_simulator_refuses_what_sglang_refuses(start: Any) -> None:
+    # SGLang's own limits and words (tests/test_sglang_real.py compares them with the server).
+    sim = start("--context-length", "64", "--time-scale", "0.05", "--max-running", "5")
+    assert sim.call("/v1/models")[1]["data"][0]["max_model_len"] == 64
+    info = sim.call("/get_server_info")[1]
+    assert info["max_req_input_len"] == 58
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 5
+    assert sim.call("/metrics")[0] == 404                       # no --enable-metrics
+    for body, words in [
+            ({"input_ids": list(range(1, 59))}, "Input length (58 tokens) exceeds"),
+            ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 63}},
+             "Requested token count exceeds the model's maximum context length of 64"),
+            ({"input_ids": [1, 2], "sampling_params": {"temperature": 0.6, "top_k": 0}},
+             "top_k must be -1 (disable) or at least 1, got 0."),
+            ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1]")]:
+        status, out = sim.call("/generate", body)
+        assert status == 400 and words in out["error"]["message"], (body, out)
+    greedy = {"input_ids": [1, 2], "sampling_params": {"temperature": 0, "top_k": 0,
+                                                       "max_new_tokens": 62}}
+    assert sim.call("/generate", greedy)[0] == 200              # greedy replaces top_k

@@ -85,7 +85,7 @@ def simulated_worker(pipeline: Pipeline, model_cache: Path, *sim_args: str) -> I
 
     tiny = ensure_tiny_model(model_cache)
     with running_simulator("--tokenizer", str(tiny), "--len-mu", "4.5", "--len-sigma", "0.3",
-                           *sim_args) as url:
+                           "--enable-metrics", *sim_args) as url:
         # One shard at a time (the SGLang default holds two): commits, and so the page's
         # counts, step through every shard.
         pipeline.start_worker("gen", "--engine", "sglang", "--engine-url", url,

@@ -25,6 +25,11 @@ def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     ]
 
 
+def visible_devices(gpu: int, tp: int) -> str:
+    """The GPUs a worker owns: ``gpu`` alone, or a tensor-parallel engine's ``tp`` from it."""
+    return ",".join(str(gpu + i) for i in range(tp))
+
+
 def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
                 name: str | None, loglevel: str, overrides: dict[str, Any]) -> None:
     """Replace this process with the Celery worker, so signals reach it directly.
@@ -35,9 +40,10 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     given = {"storage": settings.storage, "broker_url": settings.broker_url, "gpu": gpu,
              **overrides}
     env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, resolved.tp if queue == "generate"
+                                                      else 1)
     group = queue == "train" and is_group(resolved)
     if group and not name:
         name = f"train-x{resolved.train_nproc_per_node}-node{resolved.train_node_rank}@%h"

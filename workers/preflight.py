@@ -78,6 +78,19 @@ def _descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
     return list(found.values())
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and its descendants now (empty when it is gone)."""
+    try:
+        return _descendants([psutil.Process(pid)])
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_processes(procs: list[psutil.Process], timeout: float = 10.0) -> list[int]:
+    """SIGTERM those of ``procs`` still alive, SIGKILL survivors after ``timeout``."""
+    return _stop([p for p in procs if _alive(p)], timeout)
+
+
 def kill_tree(pid: int, timeout: float = 10.0) -> list[int]:
     """SIGTERM ``pid`` and its descendants, SIGKILL survivors after ``timeout``; pids signalled."""
     try:

@@ -113,42 +113,39 @@ def _nvml_rows(nvml: Any) -> list[CheckResult]:
 
 def check_mamba_cache(shape: TargetShape, engine_args: str, concurrency: int,
                       drafter_block_size: int | None = None) -> CheckResult | None:
-    """Whether SGLang's mamba state cache would cap DFLASH concurrency on a hybrid target.
+    """Whether SGLang's mamba state cache would cap speculative concurrency on a hybrid target.
 
-    Each running DFLASH request holds ``1 + draft tokens`` state slots; when
-    ``--max-mamba-cache-size`` is smaller than that times the requests wanted (``concurrency``,
-    the worker's requests in flight, or ``--max-running-requests``), SGLang quietly runs fewer
-    at a time and logs it at info level only (sgl-project/sglang#36889). None when it does
-    not apply: a dense target, or a launch line without DFLASH and no drafter to serve.
+    SGLang gives each running request a fixed number of state slots (3, by its own ratio; up
+    to 5 with the extra-buffer strategy) and fits the cache to free memory unless
+    ``--max-mamba-cache-size`` says otherwise; an explicit size that holds fewer than the
+    requests wanted (``--max-running-requests`` or the worker's in-flight cap) caps them. None
+    when it does not apply: a dense target, or no speculative decoding and no drafter to serve.
     """
-    from common.serving import DFLASH, DFLASH_BLOCK_SIZE, mamba_slots_needed, spec_settings
+    from common.serving import mamba_slots_per_request, spec_settings
 
     spec = spec_settings(engine_args)
-    if not shape.is_hybrid or (spec.algorithm != DFLASH and drafter_block_size is None):
+    if not shape.is_hybrid or (spec.algorithm is None and drafter_block_size is None):
         return None
     name = "mamba state cache"
-    draft = spec.draft_tokens or drafter_block_size or DFLASH_BLOCK_SIZE
     running = spec.max_running_requests or concurrency
-    needed = mamba_slots_needed(running, draft)
-    per_request = f"{1 + draft} state slots per request (1 + {draft} draft tokens)"
-    fix = (f"add `--max-running-requests {running} --max-mamba-cache-size {needed}` to "
-           "DFLASH_ENGINE_ARGS (or lower --max-running-requests / DFLASH_MAX_IN_FLIGHT); "
-           "SGLang logs 'max_running_requests is capped to N by the mamba state cache' when it "
-           "caps")
+    ratio = mamba_slots_per_request(engine_args)
+    per_request = f"{ratio} state slots per running request (SGLang's ratio)"
     layers = f"{len(shape.linear_attention_layers)} linear-attention layers"
     if spec.max_mamba_cache_size is None:
-        return CheckResult(name, ok=True, warn=True,
-                           detail=f"hybrid target ({layers}) with DFLASH: {running} requests "
-                                  f"need {needed} mamba slots, {per_request}; "
-                                  "--max-mamba-cache-size is unset, so SGLang sizes the cache "
-                                  "from free memory and may cap concurrency below "
-                                  f"{running}", fix=fix)
-    cap = spec.max_mamba_cache_size // (1 + draft)
+        return CheckResult(name, ok=True,
+                           detail=f"hybrid target ({layers}): SGLang fits the mamba state cache "
+                                  f"to free memory, {per_request}; the worker reads back the "
+                                  "running-request limit it settles on and keeps its in-flight "
+                                  "cap at or below it")
+    cap = spec.max_mamba_cache_size // ratio
     if cap < running:
         return CheckResult(name, ok=True, warn=True,
                            detail=f"--max-mamba-cache-size {spec.max_mamba_cache_size} caps "
-                                  f"DFLASH at {cap} running requests of the {running} wanted "
-                                  f"({per_request}, {layers})", fix=fix)
+                                  f"the engine at {cap} running requests of the {running} "
+                                  f"wanted ({per_request}, {layers})",
+                           fix="drop --max-mamba-cache-size from DFLASH_ENGINE_ARGS (SGLang "
+                               "sizes the cache from free memory), or lower "
+                               "--max-running-requests / DFLASH_MAX_IN_FLIGHT")
     return CheckResult(name, ok=True,
                        detail=f"--max-mamba-cache-size {spec.max_mamba_cache_size} holds "
-                              f"{running} DFLASH requests ({per_request})")
+                              f"{running} running requests ({per_request})")

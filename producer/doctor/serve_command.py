@@ -90,8 +90,9 @@ def serve_command_command(common_options: Callable[[Callable[..., Any]], Callabl
     @click.option("--drafter", type=click.Path(path_type=Path, file_okay=False), default=None,
                   help="The export-drafter directory to serve (dflash).")
     @click.option("--max-running-requests", type=click.IntRange(min=1), default=None,
-                  help="Requests SGLang runs at once; on a hybrid target the mamba state cache "
-                       "is sized for them [default: DFLASH_MAX_IN_FLIGHT].")
+                  help="Requests SGLang runs at once (a speculative server runs 48 "
+                       "otherwise; SGLang sizes its pools for them) "
+                       "[default: DFLASH_MAX_IN_FLIGHT].")
     @click.option("--host", default="127.0.0.1", show_default=True,
                   help="Address SGLang listens on (0.0.0.0 to serve other hosts).")
     @click.option("--json", "as_json", is_flag=True, help="Print the line as one JSON object.")

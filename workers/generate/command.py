@@ -29,8 +29,15 @@ SGLANG_SHARDS = 2
                                    "{gpu}, {tp} are filled in (empty: python -m "
                                    "sglang.launch_server ...).")
 @setting_option("engine_args", help="Extra SGLang launch flags, e.g. speculative/MTP options.")
+@setting_option("engine_python",
+                help="Python that runs `-m sglang.launch_server` (SGLang in a venv of its own, "
+                     "e.g. .venv-sglang/bin/python) [default: the worker's own python].")
+@setting_option("engine_drain_timeout", type=click.FloatRange(min=0),
+                help="Seconds a stopping engine may finish its running requests before its "
+                     "process tree is killed.")
 @setting_option("tp", type=click.IntRange(min=1),
-                help="Tensor-parallel size of the engine server.")
+                help="Tensor-parallel size of the engine server; with --gpu G it gets GPUs "
+                     "G..G+tp-1 (CUDA_VISIBLE_DEVICES).")
 @setting_option("mem_fraction_static", help="SGLang --mem-fraction-static.")
 @setting_option("max_in_flight", type=click.IntRange(min=1),
                 help="Requests kept in flight per engine, shared by held shards.")

@@ -41,7 +41,8 @@ def build_engine(settings: Settings) -> Engine:
     if not url:
         url = f"http://127.0.0.1:{settings.engine_server_port}"
         server = EngineServer(server_command(settings, model_path), url,
-                              settings.cache_dir / "engines", settings.engine_startup_timeout)
+                              settings.cache_dir / "engines", settings.engine_startup_timeout,
+                              settings.engine_drain_timeout)
         server.start()
     return SglangEngine(url, AutoTokenizer.from_pretrained(model_path), settings.max_in_flight,
                         settings.request_timeout, retry_window=settings.engine_startup_timeout,

@@ -15,10 +15,24 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.gates import END_THINK, THINK, GateConfig, TokenInfo, TurnFacts, inspect_turn, judge
+from common.errors import EngineRefusesAll, RequestRefused
+from common.gates import (
+    END_THINK,
+    THINK,
+    GateConfig,
+    Reason,
+    TokenInfo,
+    TurnFacts,
+    inspect_turn,
+    judge,
+)
 from common.models import render_chat
 from common.records import Sampling
 from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
+
+# A shard parks (instead of storing every sample as rejected) when this many of its first
+# requests, or all of a smaller shard's, are refused by the engine with none answered.
+REFUSALS_TO_PARK = 8
 
 
 @dataclass
@@ -26,6 +40,7 @@ class ShardCounters:
     """Engine requests sent for one shard (read by the task thread when it writes a part)."""
 
     requests: int = 0
+    answered: int = 0   # requests the engine answered (2xx)
 
 
 def split_reasoning(text: str, thinking: bool) -> tuple[str, str]:
@@ -113,11 +128,19 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     facts: list[TurnFacts] = []
+    refused: RequestRefused | None = None
     for group in row["turns"]:
         messages.extend(group)
-        request = GenRequest(render_prompt(tokenizer, messages, sampling), sampling)
+        request = GenRequest(render_prompt(tokenizer, messages, sampling), sampling,
+                             job.gates.min_answer_tokens)
         job.counters.requests += 1
-        result = await job.engine.generate(request)
+        try:
+            result = await job.engine.generate(request)
+        except RequestRefused as exc:   # this sample only: the turns after it are not sent
+            refused = exc
+            turns.append(_refused_turn(request, exc))
+            break
+        job.counters.answered += 1
         raw = _decode(tokenizer, result.output_ids)
         answer = _answer(job.tokens, raw, sampling.thinking)
         messages.append(answer)
@@ -125,7 +148,22 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
         facts.append(inspect_turn(job.tokens, request.input_ids, result.output_ids, raw,
                                   answer["content"], result.finish_reason))
     quality = judge(facts, job.gates, sampling.thinking)
+    if refused is not None:
+        quality["passed"] = False
+        quality["reasons"].append(str(refused.reason))
+        quality["details"].append(f"turn {len(turns)}: {refused}")
     return _record(row, job.shard, messages, turns, job.engine.info(), quality)
+
+
+def _refused_turn(request: GenRequest, refused: RequestRefused) -> dict[str, Any]:
+    """A turn the engine never generated: its prompt, no output, and why."""
+    return {"prompt_ids": request.input_ids, "output_ids": [], "finish_reason": "abort",
+            "prompt_tokens": len(request.input_ids), "completion_tokens": 0, "latency_s": 0.0,
+            "refused": {"reason": str(refused.reason), "message": str(refused)}}
+
+
+def _refused_by_engine(sample: dict[str, Any]) -> bool:
+    return Reason.ENGINE_REFUSED.value in sample["quality"]["reasons"]
 
 
 def regenerate(loop: EngineLoop, job: Job,
@@ -144,12 +182,24 @@ def regenerate(loop: EngineLoop, job: Job,
 
     # One cross-thread future per shard, not per row: results come back through the queue.
     future = loop.submit(every_row())
+    # Refused samples wait until the engine has answered one request of this shard: a setting
+    # the engine refuses parks the shard instead of being stored as every sample's fault.
+    held: list[dict[str, Any]] = []
     try:
         for _ in rows:
             item = done.get()
             if isinstance(item, _Failed):
                 raise item.error
+            if job.counters.answered == 0 and _refused_by_engine(item):
+                held.append(item)
+                if len(held) >= min(len(rows), REFUSALS_TO_PARK):
+                    raise EngineRefusesAll(f"the engine refused all {len(held)} requests "
+                                           f"sent: {item['quality']['details'][-1]}")
+                continue
+            yield from held
+            held.clear()
             yield item
+        yield from held
     finally:
         future.cancel()
 

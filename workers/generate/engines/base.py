@@ -13,6 +13,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from common.errors import RequestRefused
+from common.gates import Reason
 from common.records import Sampling
 
 T = TypeVar("T")
@@ -22,6 +24,41 @@ T = TypeVar("T")
 class GenRequest:
     input_ids: list[int]
     sampling: Sampling
+    # The fewest new tokens worth asking for: a prompt that leaves less room is not sent.
+    min_answer_tokens: int = 1
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What the serving engine holds, read from it: no request may ask for more."""
+
+    context_length: int            # prompt + new tokens, at most (SGLang: the model's context)
+    max_input_tokens: int          # a prompt must be shorter (SGLang's max_req_input_len)
+    max_running_requests: int | None = None   # the running-request limit the server settled on
+
+
+def fit_request(request: GenRequest, limits: ServerLimits | None) -> tuple[GenRequest, int]:
+    """The request's ``max_new_tokens`` capped to the room its prompt leaves in the context.
+
+    Refuses (``context_overflow``) a prompt the server would refuse, or one that leaves fewer
+    than ``min_answer_tokens``: a 400 for that request, never a failed shard.
+    """
+    if limits is None:
+        return request, request.max_new_tokens
+    prompt = len(request.input_ids)
+    room = limits.context_length - prompt
+    need = max(1, min(request.min_answer_tokens, request.max_new_tokens))
+    if prompt >= limits.max_input_tokens or room < need:
+        raise RequestRefused(Reason.CONTEXT_OVERFLOW,
+                             f"a prompt of {prompt} tokens leaves {max(room, 0)} of the "
+                             f"server's {limits.context_length}-token context (at most "
+                             f"{limits.max_input_tokens - 1} prompt tokens, at least "
+                             f"{need} to answer)")
+    return request, min(request.max_new_tokens, room)
 
 
 @dataclass(frozen=True, slots=True)

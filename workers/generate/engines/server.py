@@ -10,8 +10,11 @@ earlier crash left behind.
 from __future__ import annotations
 
 import logging
+import os
 import shlex
+import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -21,7 +24,13 @@ from pathlib import Path
 from common.config import Settings
 from common.errors import EngineError
 from common.serving import launch_argv
-from workers.preflight import EnginePidFile, kill_tree, worker_preflight
+from workers.preflight import (
+    EnginePidFile,
+    kill_tree,
+    process_tree,
+    stop_processes,
+    worker_preflight,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +48,29 @@ def server_command(settings: Settings, model_path: Path) -> list[str]:
     return launch_argv(model_path, port=settings.engine_server_port, tp=settings.tp,
                        mem_fraction_static=settings.mem_fraction_static,
                        engine_args=[part.format(**fields)
-                                    for part in shlex.split(settings.engine_args)])
+                                    for part in shlex.split(settings.engine_args)],
+                       python=settings.engine_python or sys.executable,
+                       max_running_requests=settings.max_in_flight)
 
 
-def healthy(url: str, timeout: float = 2.0) -> bool:
+_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
+
+
+def shown_argv(argv: list[str]) -> str:
+    """The command line for logs, with the values of secret flags hidden."""
+    shown, hide = [], False
+    for part in argv:
+        name, eq, _ = part.partition("=")
+        shown.append("***" if hide else f"{name}=***" if eq and name in _SECRET_FLAGS else part)
+        hide = part in _SECRET_FLAGS
+    return shlex.join(shown)
+
+
+# SGLang's /health runs a one-token generation: 1 s or more, up to 20 s on a busy engine.
+HEALTH_TIMEOUT_S = 30.0
+
+
+def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
             return response.status == 200
@@ -53,8 +81,10 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 class EngineServer:
     """One engine process (tree) per worker, kept alive until :meth:`stop`."""
 
-    def __init__(self, argv: list[str], url: str, run_dir: Path, startup_timeout: float) -> None:
+    def __init__(self, argv: list[str], url: str, run_dir: Path, startup_timeout: float,
+                 drain_timeout: float = 30.0) -> None:
         self.argv, self.url, self.startup_timeout = argv, url, startup_timeout
+        self.drain_timeout = drain_timeout
         run_dir.mkdir(parents=True, exist_ok=True)
         port = url.rsplit(":", 1)[-1]
         self.log_path = run_dir / f"engine-{port}.log"
@@ -80,7 +110,7 @@ class EngineServer:
                 log.warning("preflight %s: %s", result.name, result.detail)
 
     def _launch(self) -> None:
-        log.info("starting engine: %s (log %s)", " ".join(self.argv), self.log_path)
+        log.info("starting engine: %s (log %s)", shown_argv(self.argv), self.log_path)
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -119,12 +149,28 @@ class EngineServer:
             kill_tree(self.proc.pid)
             self.proc.wait()
 
+    def _drain(self) -> None:
+        """SIGTERM the server alone (SGLang finishes what it runs), wait, then end the tree."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._kill()
+            return
+        tree = process_tree(self.proc.pid)   # before the server exits and orphans its children
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=self.drain_timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("engine pid %d still draining after %.0fs: killing its tree",
+                        self.proc.pid, self.drain_timeout)
+        except ProcessLookupError:
+            pass
+        stop_processes(tree, timeout=10.0)   # whatever of the tree outlived the drain
+
     def stop(self) -> None:
-        """Stop watching and end the engine's whole process tree."""
+        """Stop watching, let the engine drain, then end its whole process tree."""
         self._stopping.set()
         if self._watcher is not None:
             self._watcher.join(timeout=5)
-        self._kill()
+        self._drain()
         self.pid_file.clear()
         log.info("engine at %s stopped", self.url)
 

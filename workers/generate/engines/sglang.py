@@ -3,6 +3,9 @@
 Requests carry ``input_ids`` (the chat template was applied once by the worker) and come back
 with the exact ``output_ids``. Connection errors, timeouts, 5xx and aborted requests are retried
 with capped backoff until ``retry_window`` seconds pass, which covers an engine server restart.
+The server's own limits are read once (``/v1/models``, ``/get_server_info``): no request asks
+for more than its context holds, and the in-flight cap never exceeds its running-request limit.
+A 4xx answer, or a response whose counts disagree with its ids, rejects that one sample.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from common.errors import EngineError
-from workers.generate.engines.base import GenRequest, GenResult
+from common.errors import EngineError, RequestRefused
+from common.gates import Reason
+from workers.generate.engines.base import GenRequest, GenResult, ServerLimits, fit_request
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +55,48 @@ def parse_response(body: Any, request: GenRequest, latency: float) -> GenResult:
     finish = parse_finish_reason(meta)
     if finish == "abort":
         raise RetryableEngineError(f"request aborted by the engine: {meta.get('finish_reason')}")
+    prompt_tokens = int(meta.get("prompt_tokens", len(request.input_ids)))
+    completion_tokens = int(meta.get("completion_tokens", len(output_ids)))
+    # Some SGLang builds returned output_ids that begin with prompt tokens: the counts tell.
+    if completion_tokens != len(output_ids) or prompt_tokens != len(request.input_ids):
+        raise RequestRefused(Reason.ENGINE_MISMATCH,
+                             f"the engine answered {len(output_ids)} output ids but "
+                             f"completion_tokens {completion_tokens}, prompt_tokens "
+                             f"{prompt_tokens} for {len(request.input_ids)} input ids")
     return GenResult(
         output_ids=output_ids,
         finish_reason=finish,
-        prompt_tokens=int(meta.get("prompt_tokens", len(request.input_ids))),
-        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         latency_s=latency,
     )
 
 
-def payload(request: GenRequest, stop_ids: list[int]) -> dict[str, Any]:
+def read_limits(models: Any, server_info: Any) -> ServerLimits | None:
+    """The server's context, prompt bound and running-request limit from ``/v1/models`` and
+    ``/get_server_info`` (SGLang's names), or None when it states no context."""
+    models = models.get("data") if isinstance(models, dict) else None
+    context = next((m.get("max_model_len") for m in models or [] if isinstance(m, dict)), None)
+    if not isinstance(context, int) or context < 2:
+        return None
+    info = server_info if isinstance(server_info, dict) else {}
+    states = info.get("internal_states")
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) \
+        else {}
+    max_input = info.get("max_req_input_len")
+    running = state.get("effective_max_running_requests_per_dp",
+                        state.get("max_running_requests", info.get("max_running_requests")))
+    return ServerLimits(
+        context_length=context,
+        max_input_tokens=max_input if isinstance(max_input, int) and max_input > 0 else context,
+        max_running_requests=running if isinstance(running, int) and running > 0 else None)
+
+
+def payload(request: GenRequest, stop_ids: list[int],
+            max_new_tokens: int | None = None) -> dict[str, Any]:
     sampling = request.sampling
     params: dict[str, Any] = {
-        "max_new_tokens": sampling.max_new_tokens,
+        "max_new_tokens": sampling.max_new_tokens if max_new_tokens is None else max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -72,6 +105,18 @@ def payload(request: GenRequest, stop_ids: list[int]) -> dict[str, Any]:
     if stop_ids:
         params["stop_token_ids"] = stop_ids
     return {"input_ids": request.input_ids, "sampling_params": params, "stream": False}
+
+
+def error_message(text: str) -> str:
+    """SGLang's ``{"error": {"message": ...}}`` (or FastAPI's ``detail``) as one short line."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text.strip()[:300]
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return str(message or detail or body)[:300]
 
 
 class SglangEngine:
@@ -87,12 +132,50 @@ class SglangEngine:
         self.server = server
         self.in_flight = 0
         self.requests = 0
+        self.limits: ServerLimits | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._opening: asyncio.Lock | None = None
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
         return {"engine": "sglang", "url": self.url}
+
+    async def _open(self) -> None:
+        """The HTTP session, the server's limits and the in-flight slots, once per loop."""
+        self._loop = asyncio.get_running_loop()
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.request_timeout),
+            connector=aiohttp.TCPConnector(limit=self.max_in_flight),
+        )
+        self.limits = await self._read_limits()
+        running = self.limits.max_running_requests if self.limits else None
+        if running is not None and running < self.max_in_flight:
+            log.warning("engine %s runs at most %d requests: in-flight cap lowered from %d",
+                        self.url, running, self.max_in_flight)
+            self.max_in_flight = running
+        self._slots = asyncio.Semaphore(self.max_in_flight)
+
+    async def _read_limits(self) -> ServerLimits | None:
+        assert self._session is not None
+        bodies = []
+        for path in ("/v1/models", "/get_server_info"):
+            try:
+                async with self._session.get(f"{self.url}{path}",
+                                             timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                    bodies.append(orjson.loads(await resp.read()) if resp.status == 200 else None)
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                log.warning("engine %s: %s not read: %r", self.url, path, exc)
+                bodies.append(None)
+        limits = read_limits(*bodies)
+        if limits is None:
+            log.warning("engine %s states no context length: max_new_tokens sent as given",
+                        self.url)
+        else:
+            log.info("engine %s: context %d tokens, prompts under %d, running requests %s",
+                     self.url, limits.context_length, limits.max_input_tokens,
+                     limits.max_running_requests)
+        return limits
 
     async def aclose(self) -> None:
         """Close the HTTP session (on the loop that made it)."""
@@ -112,12 +195,11 @@ class SglangEngine:
 
     async def generate(self, request: GenRequest) -> GenResult:
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_in_flight)
-            self._loop = asyncio.get_running_loop()
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout),
-                connector=aiohttp.TCPConnector(limit=self.max_in_flight),
-            )
+            self._opening = self._opening or asyncio.Lock()
+            async with self._opening:
+                if self._slots is None:
+                    await self._open()
+        assert self._slots is not None
         async with self._slots:
             self.in_flight += 1
             try:
@@ -126,11 +208,12 @@ class SglangEngine:
                 self.in_flight -= 1
 
     async def _with_retries(self, request: GenRequest) -> GenResult:
+        request, max_new = fit_request(request, self.limits)
         deadline = time.monotonic() + self.retry_window
         attempt = 0
         while True:
             try:
-                return await self._post(request)
+                return await self._post(request, max_new)
             except (TimeoutError, RetryableEngineError, aiohttp.ClientConnectionError) as exc:
                 attempt += 1
                 if time.monotonic() >= deadline:
@@ -140,18 +223,18 @@ class SglangEngine:
                 log.warning("engine %s: %r; retry %d in %.1fs", self.url, exc, attempt, delay)
                 await asyncio.sleep(delay)
 
-    async def _post(self, request: GenRequest) -> GenResult:
+    async def _post(self, request: GenRequest, max_new: int) -> GenResult:
         assert self._session is not None
         started = time.perf_counter()
         self.requests += 1
         async with self._session.post(f"{self.url}/generate", data=orjson.dumps(
-                payload(request, self.stop_ids)), headers=_JSON) as response:
+                payload(request, self.stop_ids, max_new)), headers=_JSON) as response:
             if response.status >= 500:
                 raise RetryableEngineError(f"HTTP {response.status}: "
                                            f"{(await response.text())[:200]}")
             if response.status >= 400:
-                raise EngineError(f"engine refused the request: HTTP {response.status}: "
-                                  f"{(await response.text())[:300]}")
+                message = error_message(await response.text())
+                raise RequestRefused(Reason.ENGINE_REFUSED, f"HTTP {response.status}: {message}")
             raw = await response.read()
         try:
             body = orjson.loads(raw)
