@@ -1,11 +1,14 @@
-"""A generate worker owns its engine server: start, health, restart after kill -9, clean stop.
+"""A generate worker owns its engine server: start, health, restart after kill -9, clean stop,
+and death with the worker however it dies.
 
 The engine is the SGLang-protocol simulator, launched by the worker through ``--engine-cmd``
-exactly as it would launch ``python -m sglang.launch_server``.
+exactly as it would launch ``python -m sglang.launch_server`` (under the same supervisor);
+tests/test_sglang_real.py does the same with the real SGLang.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -17,6 +20,7 @@ from common import keys
 from common.storage import open_storage
 from tests.conftest import Pipeline, free_port, wait_until
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
+from workers.generate.engines.supervisor import SUPERVISOR_MODULE
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +29,27 @@ SIM_CMD = (f"{sys.executable} -m embedded.simulator --host 127.0.0.1 --port {{po
 
 
 def _engines(port: int) -> list[psutil.Process]:
-    """Simulator processes serving ``port`` (matched on their command line)."""
+    """Simulator processes serving ``port`` (matched on their command line; not supervisors)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "embedded.simulator" in cmdline and str(port) in cmdline and _alive(proc):
+        if "embedded.simulator" in cmdline and str(port) in cmdline and _alive(proc) \
+                and SUPERVISOR_MODULE not in cmdline:
             found.append(proc)
     return found
+
+
+def _supervisors(port: int) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if SUPERVISOR_MODULE in (p.info["cmdline"] or []) and str(port) in
+            (p.info["cmdline"] or []) and _alive(p)]
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -82,20 +100,57 @@ def test_engine_killed_mid_shard_is_restarted_and_nothing_is_left(
     wait_until(lambda: not _engines(port), 30, "the engine to be gone after the worker stopped")
 
 
-def test_stale_engine_of_a_killed_worker_is_cleaned_up_by_the_next(
+def test_kill9_of_the_worker_takes_its_engine_down_and_the_shard_heals(
+        pipeline: Pipeline, tmp_path) -> None:  # noqa: ANN001
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(24))
+    pipeline.cli("enqueue", "--input", src, "--run", "dies", "--shard-size", "12",
+                 "--max-new-tokens", "256", check=True)
+    port = free_port()
+    victim = _sglang_worker(pipeline, "victim", port)
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    wait_until(lambda: storage.exists(keys.generated_part("dies", 0, 0)), 120, "a first part")
+    engine = _engines(port)
+    assert len(engine) == 1 and _listening(port)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert not storage.exists(keys.generated_commit("dies", 1)), "the run ended before the kill"
+    wait_until(lambda: not _alive(engine[0]) and not _engines(port) and not _supervisors(port)
+               and not _listening(port), 30, "the engine to die with its worker")
+    pipeline.start_worker("heir", "--engine", "sglang", "--engine-cmd", SIM_CMD,
+                          DFLASH_ENGINE_PORT=str(free_port()))
+    pipeline.wait_done("dies", timeout=300)
+    ids = [s["id"] for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], "dies")]
+    assert sorted(ids) == sorted(str(r["question_id"]) for r in _mt_bench_rows(24))
+
+
+def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_by_the_next(
         pipeline: Pipeline) -> None:
     port = free_port()
     victim = _sglang_worker(pipeline, "victim", port)
     orphan = _engines(port)
     assert len(orphan) == 1
+    # The one way an engine outlives its worker: its supervisor is killed first.
+    for supervisor in _supervisors(port):
+        supervisor.kill()
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
-    assert _alive(orphan[0]), "the engine should outlive a kill -9 of its worker"
+    assert _alive(orphan[0]), "the engine should outlive a kill -9 of its supervisor"
+
+    doctor = pipeline.cli("doctor", "--json")
+    rows = [c for c in json.loads(doctor.stdout)["checks"]
+            if c["name"].startswith("engine leftover")]
+    assert len(rows) == 1 and rows[0]["status"] == "FAIL", rows
+    assert str(orphan[0].pid) in rows[0]["detail"] and "engine-" in rows[0]["detail"]
+    pgid = os.getpgid(orphan[0].pid)
+    assert rows[0]["fix"] == f"stop it: kill -TERM -- -{pgid}"
 
     _sglang_worker(pipeline, "successor", port)
     wait_until(lambda: not _alive(orphan[0]), 30, "the stale engine to be stopped")
     engines = _engines(port)
     assert len(engines) == 1 and engines[0].pid != orphan[0].pid
+    doctor = pipeline.cli("doctor", "--json")
+    assert [c["status"] for c in json.loads(doctor.stdout)["checks"]
+            if c["name"].startswith("engine leftover")] == ["PASS"]
 
 
 def test_an_engine_refusing_every_request_parks_the_shard_with_its_words(

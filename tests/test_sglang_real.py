@@ -28,6 +28,7 @@ from common.storage import open_storage
 from tests.conftest import Pipeline, free_port, running_simulator, wait_until
 from tests.sglang_real import CONTEXT, engine_env, real_server, require_sglang
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
+from workers.generate.engines.supervisor import SUPERVISOR_MODULE
 
 # One worker process runs them all, one after the other: each server takes a core.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("sglang")]
@@ -165,10 +166,11 @@ def test_the_simulator_answers_as_the_real_server_does(sglang_url: str, tiny: Pa
 
 
 def _engine_tree(port: int) -> list[psutil.Process]:
-    """The SGLang server listening on ``port`` and its children."""
+    """The SGLang server listening on ``port`` and its children (not its supervisor)."""
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "sglang.launch_server" in cmdline and str(port) in cmdline:
+        if "sglang.launch_server" in cmdline and str(port) in cmdline \
+                and SUPERVISOR_MODULE not in cmdline:
             try:
                 return [proc, *proc.children(recursive=True)]
             except psutil.NoSuchProcess:
@@ -184,7 +186,27 @@ def _long_rows(n: int) -> list[dict]:
             for i in range(n)]
 
 
-def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kill9(
+def _kill9(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _gone(procs: list[psutil.Process]) -> bool:
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs
+                   if psutil.pid_exists(p.pid))
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kills(
         pipeline: Pipeline, tiny: Path, tmp_path: Path) -> None:
     require_sglang()
     from transformers import AutoTokenizer
@@ -194,7 +216,7 @@ def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kill9(
     long_prompt = len(render_prompt(AutoTokenizer.from_pretrained(tiny), [
         {"role": "user", "content": _long_rows(1)[0]["turns"][0]}], Sampling()))
     assert CONTEXT - 64 - 30 < long_prompt < CONTEXT - 64, long_prompt   # turn 1 fits, 2 not
-    rows = _mt_bench_rows(22) + _long_rows(2)
+    rows = _mt_bench_rows(30) + _long_rows(2)
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
     pipeline.cli("enqueue", "--input", src, "--run", "real", "--shard-size", "4",
                  "--max-new-tokens", "64", "--temperature", "0", check=True)
@@ -203,22 +225,33 @@ def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kill9(
                                    "--engine-python", str(require_sglang()),
                                    **engine_env(port))
     first = wait_until(lambda: _engine_tree(port), 60, "the worker's SGLang server")
-    storage = pipeline.env["DFLASH_STORAGE"]
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    commits = lambda: sum(storage.exists(keys.generated_commit("real", s))  # noqa: E731
+                          for s in range(8))
+
     def progress() -> int:
         samples = pipeline.read_status("real")["samples"]
         return (samples["done"] or 0) + (samples["in_progress"] or 0)
 
+    # 1. The server and its scheduler crash mid-shard: the worker restarts them.
     wait_until(lambda: progress() >= 1, 900, "a first part")
-    for proc in first:   # a crash of the server and its scheduler, mid-shard
-        try:
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert not open_storage(storage).exists(keys.generated_commit("real", 5)), "run ended first"
+    _kill9(first)
+    assert commits() < 8, "the run ended before the engine's kill"
     wait_until(lambda: [p for p in _engine_tree(port) if p.pid != first[0].pid], 120,
                "the worker to restart its engine")
+    # 2. The worker itself is killed mid-run: its engine goes with it, another worker heals.
+    wait_until(lambda: commits() >= 2, 900, "two shards committed")
+    engine = _engine_tree(port)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    assert commits() < 8, "the run ended before the worker's kill"
+    wait_until(lambda: _gone(engine) and not _engine_tree(port) and not _listening(port), 30,
+               "the engine to die with its worker")
+    port = free_port()
+    heir = pipeline.start_worker("heir", "--engine", "sglang", "--max-in-flight", "8",
+                                 **engine_env(port))
     pipeline.wait_done("real", timeout=1800)
-    samples = _committed_samples(storage, "real")
+    samples = _committed_samples(pipeline.env["DFLASH_STORAGE"], "real")
     ids = [s["id"] for s in samples]
     assert sorted(ids) == sorted(str(r["question_id"]) for r in rows)
     assert len(ids) == len(set(ids))
@@ -236,7 +269,7 @@ def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kill9(
     from workers.generate.engines.server import healthy
 
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: healthy(url), 300, "the restarted engine to be healthy")
+    wait_until(lambda: healthy(url), 300, "the heir's engine to be healthy")
     for sample in samples[:3]:
         turn = sample["turns"][0]
         out = _call(url, "/generate", {"input_ids": turn["prompt_ids"], "sampling_params": {
@@ -244,6 +277,6 @@ def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kill9(
             "stop_token_ids": stop_token_ids(tiny)}})[1]
         assert turn["output_ids"] == out["output_ids"], sample["id"]
     assert "restarting" in (pipeline.log_dir / "real.log").read_text()
-    worker.send_signal(signal.SIGTERM)
-    worker.wait(timeout=120)
+    heir.send_signal(signal.SIGTERM)
+    heir.wait(timeout=120)
     wait_until(lambda: not _engine_tree(port), 60, "the engine to stop with its worker")

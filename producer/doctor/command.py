@@ -118,6 +118,24 @@ def check_mamba(settings: Settings, drafter: Path | None) -> list[CheckResult]:
     return [row] if row is not None else []
 
 
+def check_engine_leftovers(settings: Settings) -> list[CheckResult]:
+    """Engine servers that no live worker owns: each with the command that stops it."""
+    from common.engine_leftovers import leftover_engines
+
+    found = leftover_engines(settings.cache_dir / "engines")
+    if not found:
+        return [CheckResult("engine leftovers", ok=True,
+                            detail="no engine server outlived its worker")]
+    # One found through a worker's pid file is surely an orphan; one found by the scan may be
+    # a server the user runs for --engine-url.
+    return [CheckResult(f"engine leftover (pgid {left.pgid})", ok=left.source == "process scan",
+                        warn=True,
+                        detail=f"{left.command} (pids {', '.join(map(str, left.pids))}; no "
+                               f"live worker owns it; found through {left.source})",
+                        fix=f"stop it: {left.stop_command}")
+            for left in found]
+
+
 def check_model_dir(path: Path) -> CheckResult:
     """What a worker needs from a Hugging Face model directory, before it loads anything."""
     from common.models import chat_template_of
@@ -189,6 +207,7 @@ def run_checks(settings: Settings, gpus: list[int] | None,
     if drafter is not None:
         checks.append(("drafter", lambda: check_drafter_export(settings, drafter)))
     checks.append(("mamba state cache", lambda: check_mamba(settings, drafter)))
+    checks.append(("engine leftovers", lambda: check_engine_leftovers(settings)))
     results: list[CheckResult] = []
     for name, check in checks:
         try:

@@ -1,10 +1,12 @@
-"""The engine server a generate worker owns: launch, wait for health, restart, stop.
+"""The engine server a generate worker owns: launch, wait for health, restart, drain, stop.
 
 The worker starts its SGLang server (``python -m sglang.launch_server ...``, or the command in
-``DFLASH_ENGINE_CMD``) when it starts, waits for ``/health``, restarts it with capped backoff if
-it dies (requests in flight are retried by the client meanwhile), and stops its whole process
-tree on shutdown. A pid file lets the next start of the same worker kill an engine that an
-earlier crash left behind.
+``DFLASH_ENGINE_CMD``) under a small supervisor (:mod:`workers.generate.engines.supervisor`)
+that kills the engine's whole tree when the worker dies, however it dies. It waits for
+``/health``, restarts the engine with capped backoff if it dies (requests in flight are retried
+by the client meanwhile), and on shutdown lets it drain (SIGTERM, ``DFLASH_ENGINE_DRAIN_TIMEOUT``)
+before its tree is killed. A pid file lets the next start of the same worker, and ``doctor``,
+find an engine that outlived its supervisor.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from common.config import Settings
 from common.errors import EngineError
 from common.serving import launch_argv
+from workers.generate.engines.supervisor import SUPERVISOR_MODULE
 from workers.preflight import (
     EnginePidFile,
     kill_tree,
@@ -111,8 +114,10 @@ class EngineServer:
 
     def _launch(self) -> None:
         log.info("starting engine: %s (log %s)", shown_argv(self.argv), self.log_path)
+        supervised = [sys.executable, "-m", SUPERVISOR_MODULE, "--drain",
+                      str(self.drain_timeout), "--", *self.argv]
         with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(supervised, stdout=log_file, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.pid_file.write(self.proc.pid)
         deadline = time.monotonic() + self.startup_timeout
@@ -150,14 +155,15 @@ class EngineServer:
             self.proc.wait()
 
     def _drain(self) -> None:
-        """SIGTERM the server alone (SGLang finishes what it runs), wait, then end the tree."""
+        """SIGTERM the supervisor (the engine finishes what it runs, then its tree is ended);
+        past the drain and a grace, the tree is killed from here."""
         if self.proc is None or self.proc.poll() is not None:
             self._kill()
             return
-        tree = process_tree(self.proc.pid)   # before the server exits and orphans its children
+        tree = process_tree(self.proc.pid)
         try:
             os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=self.drain_timeout)
+            self.proc.wait(timeout=self.drain_timeout + 15)
         except subprocess.TimeoutExpired:
             log.warning("engine pid %d still draining after %.0fs: killing its tree",
                         self.proc.pid, self.drain_timeout)
