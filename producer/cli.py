@@ -37,7 +37,9 @@ def gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
                        help="Samples the rolling rejection rate is taken over."),
         command_option("min_answer_tokens", type=click.IntRange(min=0),
                        help="Reject at enqueue a prompt that leaves less room than this per "
-                            "answer in the model's context."),
+                            "answer in the model's context; at generation, a turn whose "
+                            "prompt leaves less in the server's context is not sent "
+                            "(context_overflow)."),
         click.option("--skip-gate", "skip", multiple=True, type=click.Choice(SKIPPABLE_GATES),
                      help="Turn a per-sample gate off (repeatable)."),
     ]

@@ -59,14 +59,15 @@ def engine_env(port: int, *extra_args: str) -> dict[str, str]:
 
 
 @contextmanager
-def real_server(model: Path, run_dir: Path, port: int, *extra_args: str) -> Iterator[str]:
+def real_server(model: Path, run_dir: Path, port: int, *extra_args: str,
+                drain: float = 10.0) -> Iterator[str]:
     """A real SGLang server on ``model`` through the product's launcher; yields its URL."""
     from workers.generate.engines.server import EngineServer, server_command
 
     settings = sglang_settings(run_dir, port, *extra_args)
     url = f"http://127.0.0.1:{settings.engine_server_port}"
     server = EngineServer(server_command(settings, model), url, run_dir / "engines", STARTUP_S,
-                          drain_timeout=10)
+                          drain_timeout=drain)
     server.start()
     try:
         yield url

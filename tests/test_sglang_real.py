@@ -25,7 +25,7 @@ import pytest
 from common import keys
 from common.records import Sampling
 from common.storage import open_storage
-from tests.conftest import Pipeline, free_port, running_simulator, wait_until
+from tests.conftest import MAX_STRETCH, Pipeline, free_port, running_simulator, wait_until
 from tests.sglang_real import CONTEXT, engine_env, real_server, require_sglang
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 from workers.generate.engines.supervisor import SUPERVISOR_MODULE
@@ -115,6 +115,24 @@ def test_real_metrics_feed_the_dashboards_engine_probe(sglang_url: str) -> None:
             return await _probe(session, sglang_url)
 
     assert asyncio.run(probe()) == {"healthy": True, "running": 0, "queued": 0}
+
+
+def test_a_stopping_engine_finishes_the_requests_it_runs(tiny: Path, tmp_path: Path) -> None:
+    import threading
+
+    answers: list[Any] = []
+    with real_server(tiny, tmp_path, free_port(), drain=300 * MAX_STRETCH) as url:
+        body = {"input_ids": _prompts(tiny, 1)[0], "stream": False, "sampling_params": {
+            "max_new_tokens": 200, "ignore_eos": True, "temperature": 0}}
+        asking = threading.Thread(target=lambda: answers.append(_call(url, "/generate", body)))
+        asking.start()
+        wait_until(lambda: "#running-req: 1" in (tmp_path / "engines").joinpath(
+            f"engine-{url.rsplit(':', 1)[1]}.log").read_text(), 120, "the request to run")
+    # Leaving the block stopped the server: SIGTERM, and it drained before it exited.
+    asking.join(timeout=60)
+    status, out = answers[0]
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length", out
+    assert out["meta_info"]["completion_tokens"] == 200
 
 
 def _contract_cases(prompt: list[int], stop_id: int) -> list[tuple[str, dict]]:
