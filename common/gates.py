@@ -26,6 +26,7 @@ class Reason(StrEnum):
     EMPTY_ANSWER = "empty_answer"
     TOO_FEW_TOKENS = "too_few_tokens"
     TEMPLATE_LEAKAGE = "template_leakage"
+    THINK_IN_ANSWER = "think_in_answer"     # a think marker after the block closed
     DUPLICATE = "duplicate"
     # Decided by the engine, not the output: the turn was never generated.
     CONTEXT_OVERFLOW = "context_overflow"   # the prompt leaves no room to answer
@@ -95,7 +96,9 @@ class TurnFacts:
 def inspect_turn(info: TokenInfo, prompt_ids: list[int], output_ids: list[int], text: str,
                  answer: str, finish_reason: str) -> TurnFacts:
     """Facts of a turn; ``text`` is the output decoded with special tokens kept."""
-    prefilled = info.think_open is not None and info.think_open in prompt_ids[-4:]
+    from common.reasoning import opened_by_prompt
+
+    prefilled = opened_by_prompt(info, prompt_ids)
     opened = prefilled or THINK in text
     closed = END_THINK in text
     return TurnFacts(finish_reason, len(output_ids), _thinking_tokens(info, output_ids, prefilled),
@@ -153,7 +156,9 @@ def judge(turns: list[TurnFacts], gates: GateConfig, thinking: bool) -> dict[str
         if turn.output_tokens < gates.min_supervised_tokens:
             found.append((Reason.TOO_FEW_TOKENS, f"{where}: {turn.output_tokens} supervised "
                                                  f"tokens < {gates.min_supervised_tokens}"))
-        if gates.reject_leakage and turn.leaked:
+        if gates.reject_leakage and (THINK in turn.answer or END_THINK in turn.answer):
+            found.append((Reason.THINK_IN_ANSWER, f"{where}: a think marker inside the answer"))
+        elif gates.reject_leakage and turn.leaked:
             found.append((Reason.TEMPLATE_LEAKAGE, f"{where}: {turn.leaked}"))
     reasons = list(dict.fromkeys(reason.value for reason, _ in found))
     return {

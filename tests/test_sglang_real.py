@@ -36,14 +36,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("sglang")]
 MAX_RUNNING = 6   # asked of the shared server, read back by the client
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny(model_cache: Path) -> Path:
     from embedded.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model(model_cache)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # one per xdist worker; the group keeps them on one
 def sglang_url(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require_sglang()
     with real_server(tiny, tmp_path_factory.mktemp("sglang"), free_port(),

@@ -29,7 +29,7 @@ from producer.ui.views import Views
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 5.0   # SGLang's /health runs a one-token generation: 1 s or more
 _GAUGE = re.compile(r"^(sglang:num_running_reqs|sglang:num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)",
                     re.MULTILINE)
 VIEWS: web.AppKey[Views] = web.AppKey("views", Views)

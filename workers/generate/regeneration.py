@@ -17,8 +17,6 @@ from typing import Any
 
 from common.errors import EngineRefusesAll, RequestRefused
 from common.gates import (
-    END_THINK,
-    THINK,
     GateConfig,
     Reason,
     TokenInfo,
@@ -27,6 +25,7 @@ from common.gates import (
     judge,
 )
 from common.models import render_chat
+from common.reasoning import split_ids
 from common.records import Sampling
 from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
@@ -41,15 +40,6 @@ class ShardCounters:
 
     requests: int = 0
     answered: int = 0   # requests the engine answered (2xx)
-
-
-def split_reasoning(text: str, thinking: bool) -> tuple[str, str]:
-    """Split output text into (reasoning_content, content); an unclosed block is all reasoning."""
-    body = text.lstrip()
-    if not thinking or not body.startswith(THINK):
-        return "", text.strip()
-    reasoning, closed, content = body[len(THINK):].partition(END_THINK)
-    return reasoning.strip(), content.strip() if closed else ""
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Sampling) -> list[int]:
@@ -68,12 +58,18 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
             else tokenizer.decode(ids, skip_special_tokens=False))
 
 
-def _answer(tokens: TokenInfo, raw: str, thinking: bool) -> dict[str, Any]:
-    text = raw
-    for token in tokens.special_texts:
-        text = text.replace(token, "")
-    reasoning, content = split_reasoning(text, thinking)
-    return {"role": "assistant", "content": content, "reasoning_content": reasoning}
+def answer_message(tokenizer: Any, tokens: TokenInfo, prompt_ids: list[int],
+                   output_ids: list[int]) -> dict[str, Any]:
+    """The assistant message of a reply, split on its token ids (:mod:`common.reasoning`)."""
+    def text(ids: list[int]) -> str:
+        decoded = _decode(tokenizer, ids)
+        for token in tokens.special_texts:
+            decoded = decoded.replace(token, "")
+        return decoded.strip()
+
+    split = split_ids(tokens, prompt_ids, output_ids, lambda ids: not text(ids))
+    return {"role": "assistant", "content": text(split.answer),
+            "reasoning_content": text(split.reasoning) if split.reasoning is not None else ""}
 
 
 def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
@@ -142,7 +138,7 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
             break
         job.counters.answered += 1
         raw = _decode(tokenizer, result.output_ids)
-        answer = _answer(job.tokens, raw, sampling.thinking)
+        answer = answer_message(tokenizer, job.tokens, request.input_ids, result.output_ids)
         messages.append(answer)
         turns.append(_turn(request, result))
         facts.append(inspect_turn(job.tokens, request.input_ids, result.output_ids, raw,

@@ -5,7 +5,8 @@
 rank 0 runs the Celery worker (``CELERY-ARGS``: ``-A workers.downstream_app worker -Q train
 ...``), the group's only consumer; the other ranks follow it (:mod:`workers.train.parallel`),
 building each run's session as rank 0 does (:mod:`workers.train.session`).
-When any rank dies, the launcher stops the others; the shard in flight is not acked.
+When any rank dies, the launcher stops the others; the shard in flight is not acked. When the
+launcher itself dies (``kill -9``), every rank stops too (:func:`common.lifeline.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from common.lifeline import die_with_parent
 from workers.train.parallel import exit_rank, follow, init_group
 from workers.train.session import follower_session
 
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def main(celery_args: list[str]) -> int:
+    die_with_parent()
     group = init_group()
     if group.rank != 0:
         logging.basicConfig(level=logging.INFO,

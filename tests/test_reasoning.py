@@ -1,0 +1,70 @@
+"""Reasoning split on token ids, on both embedded tokenizers: a reply on a prefilled think block
+(Qwen3.5/3.6's generation prompt), a reply that opens its own (Qwen3), and the gates' verdicts on
+an unclosed block, an empty answer and a second ``</think>``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.gates import GateConfig, TokenInfo, inspect_turn, judge
+from common.reasoning import opened_by_prompt, split_ids
+from common.records import Sampling
+from tests.conftest import TinyTarget
+from workers.generate.regeneration import answer_message, render_prompt
+
+
+@pytest.fixture(scope="module")
+def tok(target_model: TinyTarget):  # noqa: ANN201
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(target_model.path))
+
+
+def ids(tok, text: str) -> list[int]:  # noqa: ANN001
+    return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def verdict(tok, prompt: list[int], reply: list[int]) -> tuple[dict, dict]:  # noqa: ANN001
+    info = TokenInfo.of(tok)
+    message = answer_message(tok, info, prompt, reply)
+    text = tok.decode(reply, skip_special_tokens=False)
+    facts = inspect_turn(info, prompt, reply, text, message["content"], "stop")
+    return message, judge([facts], GateConfig(min_supervised_tokens=0), thinking=True)
+
+
+def test_a_reply_on_a_prefilled_think_block_splits_on_its_ids(tok) -> None:  # noqa: ANN001
+    info = TokenInfo.of(tok)
+    plain = render_prompt(tok, [{"role": "user", "content": "Hi"}], Sampling())
+    prefilled = plain + ids(tok, "<think>\n")          # as Qwen3.5/3.6 render it
+    assert opened_by_prompt(info, prefilled) and not opened_by_prompt(info, plain)
+    off = render_prompt(tok, [{"role": "user", "content": "Hi"}], Sampling(thinking=False))
+    assert not opened_by_prompt(info, off)              # the empty block is closed
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    reply = ids(tok, "Let me see.\n</think>\n\nHello there.") + [end]
+    message, quality = verdict(tok, prefilled, reply)
+    assert message == {"role": "assistant", "reasoning_content": "Let me see.",
+                       "content": "Hello there."}
+    assert quality["passed"], quality
+    split = split_ids(info, prefilled, reply)
+    assert split.closed and tok.decode(split.reasoning).strip() == "Let me see."
+    # Qwen3: the reply opens its own block, after a newline or not.
+    own = ids(tok, "\n<think>\nLet me see.\n</think>\n\nHello there.") + [end]
+    assert verdict(tok, plain, own)[0] == message
+
+
+def test_unclosed_empty_and_doubled_blocks_are_rejected(tok) -> None:  # noqa: ANN001
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    prefilled = render_prompt(tok, [{"role": "user", "content": "Hi"}], Sampling()) + \
+        ids(tok, "<think>\n")
+    message, quality = verdict(tok, prefilled, ids(tok, "Still thinking about it"))
+    assert message["reasoning_content"] == "Still thinking about it" and not message["content"]
+    assert quality["reasons"] == ["thinking_unclosed"]
+    message, quality = verdict(tok, prefilled, ids(tok, "Done.\n</think>\n\n") + [end])
+    assert message == {"role": "assistant", "reasoning_content": "Done.", "content": ""}
+    assert quality["reasons"] == ["empty_answer"]
+    message, quality = verdict(tok, prefilled,
+                               ids(tok, "A.\n</think>\n\nB.\n</think>\n\nC.") + [end])
+    assert message["reasoning_content"] == "A." and "</think>" in message["content"]
+    assert "think_in_answer" in quality["reasons"], quality
