@@ -13,7 +13,7 @@ from tests.conftest import ROOT, wait_until
 from workers.launch import visible_devices
 
 CHILD = ("import time; from common.lifeline import die_with_parent; "
-         "die_with_parent(poll_s=0.2); time.sleep(600)")
+         "die_with_parent(poll_s=0.2); print('ready', flush=True); time.sleep(600)")
 PARENT = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {CHILD!r}]);"
           " print(p.pid, flush=True); time.sleep(600)")
 
@@ -22,7 +22,7 @@ def test_a_lifeline_child_dies_when_its_parent_is_killed() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=ROOT, stdout=subprocess.PIPE,
                               text=True)
     child = psutil.Process(int(parent.stdout.readline()))
-    assert child.is_running()
+    assert parent.stdout.readline().strip() == "ready"     # its lifeline holds from here
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
 
