@@ -296,18 +296,30 @@ class Scheduler:
         ("requests", "completed", "aborted", "max_running_seen", "generated_tokens",
          "prompt_tokens"), 0))
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    by_rid: dict[str, _Job] = field(default_factory=dict)
 
     # Timers fire late (epoll has 1 ms resolution): steps keep to a deadline and catch up, but
     # never by more than this, so a stalled process does not burst afterwards.
     MAX_LAG_S = 0.1
 
-    async def run(self, prompt_len: int, n_tokens: int) -> int:
+    async def run(self, prompt_len: int, n_tokens: int, rid: str | None = None) -> int:
         """Decode ``n_tokens`` for a prompt; returns how many were decoded (fewer if aborted)."""
         job = _Job(prompt_len, n_tokens, asyncio.get_running_loop().create_future())
+        if rid is not None:
+            self.by_rid[rid] = job
         self.queue.append(job)
         self._wake.set()
-        await job.done
+        try:
+            await job.done
+        finally:
+            self.by_rid.pop(rid, None)
         return n_tokens - job.remaining
+
+    def abort(self, rid: str) -> None:
+        """End one request now (SGLang's /abort_request); an unknown rid is ignored."""
+        job = self.by_rid.get(rid)
+        if job is not None and not job.done.done():
+            job.done.set_result(None)   # the step loop drops it and counts it aborted
 
     def abort_all(self) -> None:
         """End every queued and running request now (on shutdown)."""

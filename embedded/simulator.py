@@ -14,7 +14,8 @@ It prints ``simulator listening on http://HOST:PORT`` when ready and exits clean
 Endpoints: ``POST /generate`` (SGLang's native shape, ``input_ids`` only, a list of lists for a
 batch), ``POST /v1/chat/completions``, ``GET /health`` (503 during --startup-delay),
 ``/health_generate``, ``/get_model_info``, ``/v1/models`` (``max_model_len``: the context),
-``/get_server_info`` (``max_req_input_len``, the running-request limit), ``/metrics`` (only with
+``/get_server_info`` (``max_req_input_len``, the running-request limit), ``POST /abort_request``
+(``{"rid": ...}``: that request answers at once, finish ``abort``), ``/metrics`` (only with
 ``--enable-metrics``, as SGLang: its ``sglang:*`` names plus ``sim_max_running_reqs``, the batch
 cap) and ``/sim/stats`` (counters for tests). Requests SGLang refuses are refused with its
 status and words (tests/test_sglang_real.py holds the two side by side): a prompt too long for
@@ -111,6 +112,7 @@ class Simulator:
             web.get("/health", self.health), web.get("/health_generate", self.health),
             web.get("/get_model_info", self.model_info), web.get("/v1/models", self.models),
             web.get("/get_server_info", self.server_info), web.get("/sim/stats", self.sim_stats),
+            web.post("/abort_request", self.abort_request),
         ])
         if self.args.enable_metrics:
             app.add_routes([web.get("/metrics", self.metrics)])
@@ -133,16 +135,17 @@ class Simulator:
             return _error(500, "simulated engine failure (--fail-rate)")
         return None
 
-    async def _run(self, ids: list[int], max_new: int,
-                   stops: set[int]) -> tuple[list[int], dict, float]:
+    async def _run(self, ids: list[int], max_new: int, stops: set[int],
+                   rid: str | None = None) -> tuple[list[int], dict, float]:
         started = time.monotonic()
         self.stats["requests"] += 1
         full = plan_output(self.vocab, ids, self.args.seed, self.args.answer_mode,
                            self.args.len_mu, self.args.len_sigma, self.args.answer_mode_rate)
         out, reason = finish(full, max_new, stops | {self.vocab.eot})
-        decoded = await self.scheduler.run(len(ids), len(out))
-        if decoded < len(out):
-            out, reason = out[:decoded], {"type": "abort", "message": "the server is stopping"}
+        decoded = await self.scheduler.run(len(ids), len(out), rid)
+        if decoded < len(out):   # SGLang's words and shape for an aborted request
+            out, reason = out[:decoded], {"type": "abort", "message": "Aborted",
+                                          "status_code": None, "err_type": None}
         return out, reason, time.monotonic() - started
 
     async def generate(self, request: web.Request) -> web.Response:
@@ -154,8 +157,9 @@ class Simulator:
                 check_context(len(prompt), sampling[0], self.context)
         except ValueError as exc:  # BadRequest, or a body that is not JSON
             return _error(400, str(exc))
-        results = await asyncio.gather(*(self._run(p, s[0], s[1]) for p, s in
-                                         zip(prompts, params, strict=True)))
+        results = await asyncio.gather(*(
+            self._run(p, s[0], s[1], rid if isinstance(rid, str) else None)
+            for p, s, rid in zip(prompts, params, rids, strict=True)))
         outs = [{
             "text": self.vocab.decode(out, skip_special_tokens=sampling[2]),
             "output_ids": out,
@@ -211,6 +215,16 @@ class Simulator:
         return web.json_response({"model_path": self.args.model_path or self.model_name,
                                   "tokenizer_path": str(path) if path else None,
                                   "is_generation": True})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """SGLang's /abort_request: the request answers at once, finish ``abort``."""
+        try:
+            rid = (await request.json()).get("rid")
+        except (ValueError, AttributeError):
+            return _error(400, "the body must be a JSON object with a rid")
+        if isinstance(rid, str):
+            self.scheduler.abort(rid)
+        return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{
@@ -323,7 +337,9 @@ async def serve(args: argparse.Namespace) -> None:
     print(f"simulator listening on http://{args.host}:{port}", flush=True)
     await stop.wait()
     log.info("stopping: %s", sim.snapshot())
-    # In-flight requests are answered at once with their partial output (finish "abort").
+    # In-flight requests are answered at once with their partial output (finish "abort"): the
+    # one deliberate difference from SGLang, which drains them (tests/test_sglang_real.py):
+    # a test's teardown never waits on the requests of a worker it is about to stop.
     sim.stopping = True
     sim.scheduler.abort_all()
     await runner.cleanup()

@@ -60,7 +60,7 @@ def _call(url: str, path: str, body: Any = None) -> tuple[int, Any]:
             status, raw = response.status, response.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
-    return status, json.loads(raw)
+    return status, json.loads(raw) if raw.strip() else None
 
 
 def _prompts(tiny: Path, n: int) -> list[list[int]]:
@@ -162,16 +162,34 @@ def _shape(status: int, out: Any) -> dict[str, Any]:
             "counts": (meta["prompt_tokens"], meta["completion_tokens"] == len(out["output_ids"]))}
 
 
+def _aborted(url: str, prompt: list[int]) -> tuple[int, Any]:
+    """A long request aborted by its rid while it runs (SGLang's /abort_request)."""
+    import threading
+
+    answers: list[tuple[int, Any]] = []
+    rid = f"abort-{free_port()}"
+    body = {"input_ids": prompt, "rid": rid, "stream": False, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 300, "ignore_eos": True}}
+    asking = threading.Thread(target=lambda: answers.append(_call(url, "/generate", body)))
+    asking.start()
+    while asking.is_alive():   # an abort before the request arrives is ignored: ask again
+        _call(url, "/abort_request", {"rid": rid})
+        asking.join(timeout=0.2)
+    return answers[0]
+
+
 def test_the_simulator_answers_as_the_real_server_does(sglang_url: str, tiny: Path) -> None:
     prompt = _prompts(tiny, 1)[0]
+    # Slow steps (10 ms) and long replies, so that an abort lands while the request runs.
     with running_simulator("--model-path", str(tiny), "--context-length", str(CONTEXT),
-                           "--time-scale", "0.05") as sim_url:
+                           "--decode-base-ms", "10", "--len-mu", "7") as sim_url:
         shapes: dict[str, dict[str, Any]] = {}
         for name, url in (("real", sglang_url), ("sim", sim_url)):
             # Each stops at its own first token: the outputs differ, the shapes may not.
             first = _call(url, "/generate", _contract_cases(prompt, -1)[0][1])[1]
             for case, body in _contract_cases(prompt, first["output_ids"][0]):
                 shapes.setdefault(case, {})[name] = _shape(*_call(url, "/generate", body))
+            shapes.setdefault("abort", {})[name] = _shape(*_aborted(url, prompt))
             shapes.setdefault("limits", {})[name] = (
                 _call(url, "/v1/models")[1]["data"][0]["max_model_len"],
                 _call(url, "/get_server_info")[1]["max_req_input_len"])
@@ -179,6 +197,7 @@ def test_the_simulator_answers_as_the_real_server_does(sglang_url: str, tiny: Pa
         assert seen["real"] == seen["sim"], (case, seen)
     assert shapes["stop"]["real"]["finish"] == ["matched", "type"]
     assert shapes["length"]["real"]["type"] == "length"
+    assert shapes["abort"]["real"]["type"] == "abort"
     assert [shapes[c]["real"]["status"] for c in ("input too long", "input plus new too long",
                                                    "top_k 0", "top_p 0")] == [400] * 4
 
