@@ -63,6 +63,28 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str,
         time.sleep(interval)
 
 
+def call_json(url: str, body: object = None, timeout: float = 300) -> tuple[int, object]:
+    """GET (no body) or POST JSON (or bytes) to ``url``: (status, parsed JSON, text, or None
+    for an empty body), an HTTP error's status included."""
+    import json as json_
+    import urllib.error
+    import urllib.request
+
+    data = body if isinstance(body, bytes) or body is None else json_.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    if not raw.strip():
+        return status, None
+    try:
+        return status, json_.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
 @contextmanager
 def running_simulator(*args: str) -> Iterator[str]:
     """The SGLang-protocol simulator as a real subprocess; yields its URL once healthy."""

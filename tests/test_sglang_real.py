@@ -10,11 +10,8 @@ launch its own server (``--engine sglang --engine-python``) and kills it mid-sha
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,14 @@ import pytest
 from common import keys
 from common.records import Sampling
 from common.storage import open_storage
-from tests.conftest import MAX_STRETCH, Pipeline, free_port, running_simulator, wait_until
+from tests.conftest import (
+    MAX_STRETCH,
+    Pipeline,
+    call_json,
+    free_port,
+    running_simulator,
+    wait_until,
+)
 from tests.sglang_real import CONTEXT, engine_env, real_server, require_sglang
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 from workers.generate.engines.supervisor import SUPERVISOR_MODULE
@@ -52,15 +56,7 @@ def sglang_url(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def _call(url: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    return status, json.loads(raw) if raw.strip() else None
+    return call_json(url + path, body)
 
 
 def _prompts(tiny: Path, n: int) -> list[list[int]]:

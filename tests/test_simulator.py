@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import ROOT, call_json, free_port, wait_until
 
 THINK, END_THINK, IM_END = 3, 4, 2  # the built-in vocabulary's fixed ids
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -34,18 +33,7 @@ class Sim:
 
     def call(self, path: str, body: Any = None) -> tuple[int, Any]:
         """GET (no body) or POST JSON; returns (status, parsed JSON or text)."""
-        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            status, raw = exc.code, exc.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode()
+        return call_json(self.url + path, body, timeout=30)
 
     def health(self) -> int | None:
         try:
