@@ -93,11 +93,25 @@ class TurnFacts:
     leaked: str | None
 
 
+def _last(ids: list[int], token: int | None) -> int:
+    if token is None:
+        return -1
+    for index in range(len(ids) - 1, -1, -1):
+        if ids[index] == token:
+            return index
+    return -1
+
+
+def opened_by_prompt(info: TokenInfo, prompt_ids: list[int]) -> bool:
+    """The prompt ends inside a think block it opened (its last ``<think>`` is unclosed), as
+    Qwen3.5/3.6's generation prompt does with thinking on (:mod:`common.reasoning`)."""
+    opened = _last(prompt_ids, info.think_open)
+    return opened >= 0 and opened > _last(prompt_ids, info.think_close)
+
+
 def inspect_turn(info: TokenInfo, prompt_ids: list[int], output_ids: list[int], text: str,
                  answer: str, finish_reason: str) -> TurnFacts:
     """Facts of a turn; ``text`` is the output decoded with special tokens kept."""
-    from common.reasoning import opened_by_prompt
-
     prefilled = opened_by_prompt(info, prompt_ids)
     opened = prefilled or THINK in text
     closed = END_THINK in text

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # the gates read their facts through this module
-    from common.gates import TokenInfo
+from common.gates import TokenInfo, opened_by_prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,21 +22,6 @@ class Split:
     reasoning: list[int] | None
     answer: list[int]
     closed: bool
-
-
-def _last(ids: Sequence[int], token: int | None) -> int:
-    if token is None:
-        return -1
-    for index in range(len(ids) - 1, -1, -1):
-        if ids[index] == token:
-            return index
-    return -1
-
-
-def opened_by_prompt(info: TokenInfo, prompt_ids: Sequence[int]) -> bool:
-    """The prompt ends inside a think block it opened (its last ``<think>`` is unclosed)."""
-    opened = _last(prompt_ids, info.think_open)
-    return opened >= 0 and opened > _last(prompt_ids, info.think_close)
 
 
 def split_ids(info: TokenInfo, prompt_ids: Sequence[int], output_ids: Sequence[int],

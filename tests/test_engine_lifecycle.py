@@ -59,9 +59,9 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def _sglang_worker(pipeline: Pipeline, name: str, port: int):  # noqa: ANN202
+def _sglang_worker(pipeline: Pipeline, name: str, port: int, **env: str):  # noqa: ANN202
     return pipeline.start_worker(name, "--engine", "sglang", "--engine-cmd", SIM_CMD,
-                                 "--max-in-flight", "16", DFLASH_ENGINE_PORT=str(port))
+                                 "--max-in-flight", "16", DFLASH_ENGINE_PORT=str(port), **env)
 
 
 def test_engine_killed_mid_shard_is_restarted_and_nothing_is_left(
@@ -124,9 +124,14 @@ def test_kill9_of_the_worker_takes_its_engine_down_and_the_shard_heals(
 
 
 def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_by_the_next(
-        pipeline: Pipeline) -> None:
+        pipeline: Pipeline, model_cache, tmp_path) -> None:  # noqa: ANN001
+    from embedded.tinymodel import ensure_tiny_model
+
+    # Pid files of its own (DFLASH_CACHE_DIR/engines): no other test's doctor sees this orphan.
+    own = {"DFLASH_CACHE_DIR": str(tmp_path / "cache"),
+           "DFLASH_MODEL": str(ensure_tiny_model(model_cache))}
     port = free_port()
-    victim = _sglang_worker(pipeline, "victim", port)
+    victim = _sglang_worker(pipeline, "victim", port, **own)
     orphan = _engines(port)
     assert len(orphan) == 1
     # The one way an engine outlives its worker: its supervisor is killed first.
@@ -136,6 +141,7 @@ def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_b
     victim.wait()
     assert _alive(orphan[0]), "the engine should outlive a kill -9 of its supervisor"
 
+    pipeline.env.update(own)
     doctor = pipeline.cli("doctor", "--json")
     rows = [c for c in json.loads(doctor.stdout)["checks"]
             if c["name"].startswith("engine leftover")]
@@ -144,7 +150,7 @@ def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_b
     pgid = os.getpgid(orphan[0].pid)
     assert rows[0]["fix"] == f"stop it: kill -TERM -- -{pgid}"
 
-    _sglang_worker(pipeline, "successor", port)
+    _sglang_worker(pipeline, "successor", port, **own)
     wait_until(lambda: not _alive(orphan[0]), 30, "the stale engine to be stopped")
     engines = _engines(port)
     assert len(engines) == 1 and engines[0].pid != orphan[0].pid

@@ -203,11 +203,11 @@ def run_checks(settings: Settings, gpus: list[int] | None,
     if not settings.storage_is_s3:
         checks.append(("disk (storage)", lambda: check_disk("disk (storage)",
                                                            Path(settings.storage))))
+    checks.append(("engine leftovers", lambda: check_engine_leftovers(settings)))
     checks.append(("redis-server binary", check_redis_binary))
     if drafter is not None:
         checks.append(("drafter", lambda: check_drafter_export(settings, drafter)))
     checks.append(("mamba state cache", lambda: check_mamba(settings, drafter)))
-    checks.append(("engine leftovers", lambda: check_engine_leftovers(settings)))
     results: list[CheckResult] = []
     for name, check in checks:
         try:
