@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,9 @@ def template_sha(template: str | None) -> str | None:
     return hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool) -> str:
-    """The prompt text the target sees: its chat template, generation prompt, thinking on/off."""
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
+                template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The prompt text the target sees: its chat template, generation prompt, thinking on/off,
+    and the run's template options (``--chat-template-kwargs``, frozen in run.json)."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         enable_thinking=thinking)
+                                         enable_thinking=thinking, **(template_kwargs or {}))

@@ -41,6 +41,7 @@ class RunOptions:
     top_p: float = Sampling.top_p
     top_k: int = Sampling.top_k
     thinking: bool = Sampling.thinking
+    chat_template_kwargs: str | None = None   # a JSON object, parsed at enqueue
     mode: str = "offline"
     layout: str = "dflash"
     target_layers: str | None = None

@@ -71,6 +71,9 @@ class RunConfig:
     chat_template_sha: str | None = None
     prompt_template: str | None = None  # a format string over the row's fields, or detection
     strict_fields: bool = False  # reject rows with text no prompt uses, instead of reporting it
+    # Options every render passes to the chat template (--chat-template-kwargs), e.g.
+    # {"preserve_thinking": true}; thinking itself is sampling.thinking.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     heldout_fraction: float = HELDOUT_FRACTION  # never trained on: what eval-drafter decodes
     heldout_min: int = HELDOUT_MIN
     code_version: str = CODE_VERSION

@@ -48,6 +48,23 @@ def gate_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def template_kwargs_option(ctx: click.Context, param: click.Parameter,
+                          value: str | None) -> dict[str, Any] | None:
+    """--chat-template-kwargs: a JSON object of template options, never enable_thinking."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter(f"must be a JSON object, e.g. '{{\"preserve_thinking\": "
+                                 f"true}}', not {value!r}")
+    if "enable_thinking" in parsed:
+        raise click.BadParameter("enable_thinking is --thinking/--no-thinking")
+    return parsed
+
+
 @click.group(cls=EntryPointGroup, entry_group=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="dflash-pipeline")
@@ -88,6 +105,10 @@ def main() -> None:
 @command_option("top_k", type=click.IntRange(min=-1), help="Top-k sampling (-1 = off).")
 @command_option("thinking", "--thinking/--no-thinking",
                 help="Generate with the thinking block enabled.")
+@command_option("chat_template_kwargs", callback=template_kwargs_option, metavar="JSON",
+                help="Options every render passes to the target's chat template, frozen in "
+                     "run.json, e.g. '{\"preserve_thinking\": true}' (thinking itself: "
+                     "--thinking/--no-thinking).")
 @setting_option("model", help="Target model directory (tiny-qwen3, tiny-qwen3.5: the embedded "
                 "CPU models).")
 @command_option("mode", type=click.Choice(["offline", "online"]),
@@ -110,7 +131,8 @@ def main() -> None:
 def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             prompt_field: str | None, prompt_template: str | None, strict_fields: bool,
             dry_run: bool, show: int, shard_size: int, limit: int | None, max_new_tokens: int,
-            temperature: float, top_p: float, top_k: int, thinking: bool, model: str | None,
+            temperature: float, top_p: float, top_k: int, thinking: bool,
+            chat_template_kwargs: dict[str, Any] | None, model: str | None,
             mode: str, layout: str, target_layers: str | None, heldout_fraction: float,
             heldout_min: int, as_json: bool, **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
@@ -128,6 +150,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
                               prompt_field=prompt_field, shard_size=shard_size, limit=limit,
                               max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, thinking=thinking,
+                              chat_template_kwargs=chat_template_kwargs,
                               gates=build_gates(**gates), mode=mode, layout=layout,
                               target_layers=target_layers,
                               prompt_template=_unescape(prompt_template),

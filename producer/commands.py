@@ -40,7 +40,8 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
                      layout: str = "dflash", target_layers: str | int | None = None,
                      prompt_template: str | None = None, strict_fields: bool = False,
                      heldout_fraction: float = HELDOUT_FRACTION,
-                     heldout_min: int = HELDOUT_MIN) -> RunConfig:
+                     heldout_min: int = HELDOUT_MIN,
+                     chat_template_kwargs: dict[str, Any] | None = None) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint."""
     if not keys.valid_run_id(run):
         raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
@@ -71,6 +72,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         target_layers=len(layer_ids) if layer_ids else DEFAULT_K, target_layer_ids=layer_ids,
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
         strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
+        chat_template_kwargs=dict(chat_template_kwargs or {}),
     )
 
 
@@ -101,7 +103,8 @@ def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:
     """The enqueue-time context check for the run's model (None if its context is unknown)."""
     model_settings = replace(settings, model=config.model)
     return ContextCheck.for_model(resolve_model_path(model_settings),
-                                  config.gates.min_answer_tokens, config.sampling.thinking)
+                                  config.gates.min_answer_tokens, config.sampling.thinking,
+                                  config.chat_template_kwargs)
 
 
 def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:

@@ -98,14 +98,16 @@ def dry_run(settings: Settings, config: RunConfig, check: RowCheck | None,
 
                 path = resolve_model_path(replace(settings, model=config.model))
                 tokenizer = AutoTokenizer.from_pretrained(path)
-            report.shown.append(rendered(tokenizer, row, config.sampling.thinking))
+            report.shown.append(rendered(tokenizer, row, config.sampling.thinking,
+                                         config.chat_template_kwargs))
     report.rows, report.rejected, report.examples = tally.rows, tally.rejected, tally.examples
     report.shards = math.ceil(good / config.shard_size)
     report.layouts, report.unused = intake.layout_summary(), intake.unused
     return report
 
 
-def rendered(tokenizer: Any, row: dict[str, Any], thinking: bool) -> dict[str, Any]:
+def rendered(tokenizer: Any, row: dict[str, Any], thinking: bool,
+             template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every turn of a row as the target model receives it; the model's own earlier answers
     are not known before the run, so a placeholder stands in for each."""
     messages: list[dict[str, Any]] = []
@@ -114,7 +116,7 @@ def rendered(tokenizer: Any, row: dict[str, Any], thinking: bool) -> dict[str, A
         if messages:
             messages.append({"role": "assistant", "content": ANSWER_PLACEHOLDER.format(number - 1)})
         messages += group
-        prompt = render_chat(tokenizer, messages, thinking)
+        prompt = render_chat(tokenizer, messages, thinking, template_kwargs)
         turns.append({"turn": number, "messages": group, "prompt": prompt,
                       "prompt_tokens": len(tokenizer.encode(prompt, add_special_tokens=False))})
     first = turns[0]

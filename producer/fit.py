@@ -16,7 +16,7 @@ first; the rest only when that prefix fits (text with unusually long tokens).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ class ContextCheck:
     context: int
     min_answer_tokens: int
     thinking: bool
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -55,14 +56,14 @@ class ContextCheck:
         return AutoTokenizer.from_pretrained(self.model_dir)
 
     @classmethod
-    def for_model(cls, model_dir: Path, min_answer_tokens: int, thinking: bool
-                  ) -> ContextCheck | None:
+    def for_model(cls, model_dir: Path, min_answer_tokens: int, thinking: bool,
+                  template_kwargs: dict[str, Any] | None = None) -> ContextCheck | None:
         context = context_length(model_dir)
         if context is None:
             log.warning("model %s does not state its context length; prompts are not checked "
                         "against it", model_dir)
             return None
-        return cls(model_dir, context, min_answer_tokens, thinking)
+        return cls(model_dir, context, min_answer_tokens, thinking, dict(template_kwargs or {}))
 
     @cached_property
     def max_token_chars(self) -> int:
@@ -82,7 +83,7 @@ class ContextCheck:
                     f"the model's context of {self.context} leaves after {answers} for "
                     f"{len(row['turns'])} answer(s) (a token is at most {self.max_token_chars} "
                     "characters)")
-        text = render_chat(self.tokenizer, messages, self.thinking)
+        text = render_chat(self.tokenizer, messages, self.thinking, self.template_kwargs)
         limit = (room + 1 + PREFIX_SLACK) * PREFIX_CHARS_PER_TOKEN
         prefix = text[:limit]
         if len(text) > limit:  # cut where a word starts, so only the last word can differ

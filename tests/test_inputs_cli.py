@@ -163,3 +163,45 @@ def test_dry_run_reports_what_the_real_run_does(env, tmp_path: Path) -> None:
     assert [t["turn"] for t in shown["turn_prompts"]] == [1, 2]
     assert "Second question?" in shown["turn_prompts"][1]["prompt"]
     assert "[the model's answer to turn 1]" in shown["turn_prompts"][1]["prompt"]
+
+
+def test_chat_template_kwargs_reach_every_render_and_are_frozen(env, tmp_path: Path,
+                                                                model_cache: Path) -> None:
+    import shutil
+
+    from common.runstore import RunStore
+    from embedded.tinymodel import ensure_tiny_model
+    from producer.fit import ContextCheck
+
+    # A copy of the target whose template reads an option, as Qwen3.6's reads preserve_thinking.
+    model = tmp_path / "target"
+    shutil.copytree(ensure_tiny_model(model_cache), model)
+    template = (model / "chat_template.jinja") if (model / "chat_template.jinja").is_file() \
+        else None
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    text = template.read_text() if template else config["chat_template"]
+    marked = "{%- if shout is defined and shout %}{{- 'SHOUT ' }}{%- endif %}" + text
+    if template:
+        template.write_text(marked)
+    else:
+        config["chat_template"] = marked
+        (model / "tokenizer_config.json").write_text(json.dumps(config))
+    env = {**env, "DFLASH_MODEL": str(model)}
+    src = write(tmp_path / "in.jsonl", [{"prompt": "Hi"}])
+    shown = json.loads(enqueue(env, "kw", "--input", src, "--dry-run", "--json",
+                               "--chat-template-kwargs", '{"shout": true}').stdout)["shown"]
+    assert shown[0]["prompt"].startswith("SHOUT ")
+    plain = json.loads(enqueue(env, "kw", "--input", src, "--dry-run", "--json").stdout)
+    assert not plain["shown"][0]["prompt"].startswith("SHOUT ")
+    assert enqueue(env, "kw", "--input", src, "--chat-template-kwargs",
+                   '{"shout": true}').returncode == 0
+    stored = RunStore(open_storage(env["DFLASH_STORAGE"]), "kw").config()
+    assert stored.chat_template_kwargs == {"shout": True}
+    check = ContextCheck.for_model(model, 16, True, stored.chat_template_kwargs)
+    assert check is not None and check.template_kwargs == {"shout": True}
+    again = enqueue(env, "kw", "--input", src, "--chat-template-kwargs", '{"shout": false}')
+    assert again.returncode == 4 and "chat_template_kwargs.shout" in again.stderr
+    for bad, words in (("[1]", "must be a JSON object"), ("{nope", "not JSON"),
+                       ('{"enable_thinking": false}', "--thinking/--no-thinking")):
+        result = enqueue(env, "kw2", "--input", src, "--chat-template-kwargs", bad)
+        assert result.returncode == 2 and words in result.stderr, result.stderr

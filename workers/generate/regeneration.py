@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import EngineRefusesAll, RequestRefused
@@ -42,9 +42,10 @@ class ShardCounters:
     answered: int = 0   # requests the engine answered (2xx)
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Sampling) -> list[int]:
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Sampling,
+                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """The chat template applied once, thinking on or off, tokenized without extra specials."""
-    text = render_chat(tokenizer, messages, sampling.thinking)
+    text = render_chat(tokenizer, messages, sampling.thinking, template_kwargs)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         # The Rust tokenizer directly: same ids, without the Python wrapper's per-call overhead.
@@ -116,6 +117,7 @@ class Job:
     shard: int
     counters: ShardCounters
     tokens: TokenInfo
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
@@ -127,8 +129,8 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
     refused: RequestRefused | None = None
     for group in row["turns"]:
         messages.extend(group)
-        request = GenRequest(render_prompt(tokenizer, messages, sampling), sampling,
-                             job.gates.min_answer_tokens)
+        request = GenRequest(render_prompt(tokenizer, messages, sampling, job.template_kwargs),
+                             sampling, job.gates.min_answer_tokens)
         job.counters.requests += 1
         try:
             result = await job.engine.generate(request)

@@ -70,7 +70,7 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
                             before_write=monitor.claim_answers, on_write=progress.part_written,
                             worker=worker)
         job = Job(gen.engine, config.sampling, config.gates, task.shard, progress.counters,
-                  gen.tokens)
+                  gen.tokens, config.chat_template_kwargs)
         samples = regenerate(gen.loop, job, todo)
         with closing(samples):
             for sample in samples:

@@ -54,19 +54,21 @@ def stop_ids(target: nn.Module, tokenizer: Any) -> set[int]:
     return stops
 
 
-def encode_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool) -> list[int]:
-    return tokenizer.encode(render_chat(tokenizer, messages, thinking), add_special_tokens=False)
+def encode_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
+                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    return tokenizer.encode(render_chat(tokenizer, messages, thinking, template_kwargs),
+                            add_special_tokens=False)
 
 
 def row_prompts(rows: Iterable[dict[str, Any]], tokenizer: Any, thinking: bool,
-                num: int) -> list[EvalPrompt]:
+                num: int, template_kwargs: dict[str, Any] | None = None) -> list[EvalPrompt]:
     """The first user turn of up to ``num`` input rows (``{"id", "turns"}`` as enqueue stores)."""
     prompts = []
     for row in rows:
         if len(prompts) >= num:
             break
         prompts.append(EvalPrompt(str(row["id"]), encode_prompt(tokenizer, row["turns"][0],
-                                                                thinking)))
+                                                                thinking, template_kwargs)))
     return prompts
 
 
@@ -79,7 +81,8 @@ def heldout_prompts(storage: Storage, config: RunConfig, manifest: InputManifest
     rows = (row for shard in sorted(wanted)
             for row in decode_jsonl_zst(storage.get(keys.input_shard(config.run, shard)))
             if row["id"] in wanted[shard])
-    return row_prompts(rows, tokenizer, config.sampling.thinking, num)
+    return row_prompts(rows, tokenizer, config.sampling.thinking, num,
+                       config.chat_template_kwargs)
 
 
 @dataclass
