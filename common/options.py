@@ -37,9 +37,13 @@ class RunOptions:
     shard_size: int = 256
     limit: int | None = None
     max_new_tokens: int = Sampling.max_new_tokens
-    temperature: float = Sampling.temperature
-    top_p: float = Sampling.top_p
-    top_k: int = Sampling.top_k
+    # None: the target's generation_config.json, else the Sampling record's default.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
     thinking: bool = Sampling.thinking
     chat_template_kwargs: str | None = None   # a JSON object, parsed at enqueue
     mode: str = "offline"

@@ -47,6 +47,9 @@ class Sampling:
     top_p: float = 0.95
     top_k: int = 20
     thinking: bool = True
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class RunConfig:
     # Options every render passes to the chat template (--chat-template-kwargs), e.g.
     # {"preserve_thinking": true}; thinking itself is sampling.thinking.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Where each sampling value came from: flag, generation_config.json or default.
+    sampling_sources: dict[str, str] = field(default_factory=dict)
     heldout_fraction: float = HELDOUT_FRACTION  # never trained on: what eval-drafter decodes
     heldout_min: int = HELDOUT_MIN
     code_version: str = CODE_VERSION
@@ -81,6 +86,7 @@ class RunConfig:
 
     # Fields that record when/with what the run was made rather than what it produces.
     _INFORMATIONAL = ("code_version", "created_at")
+    _INFORMATIONAL_PREFIXES = ("sampling_sources.",)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +114,7 @@ class RunConfig:
             name
             for name in mine.keys() | theirs.keys()
             if name not in self._INFORMATIONAL and mine.get(name) != theirs.get(name)
+            and not name.startswith(self._INFORMATIONAL_PREFIXES)
         )
 
     def check_same(self, other: RunConfig) -> None:

@@ -33,6 +33,12 @@ def _limits_say(sampling: Sampling) -> str | None:
         return f"--top-k {sampling.top_k}: must be -1 (off) or at least 1"
     if sampling.max_new_tokens < 0:
         return f"--max-new-tokens {sampling.max_new_tokens}: must be at least 0"
+    if not 0.0 <= sampling.min_p <= 1.0:
+        return f"min_p {sampling.min_p}: must be in [0, 1]"
+    if not 0.0 < sampling.repetition_penalty <= 2.0:
+        return f"repetition_penalty {sampling.repetition_penalty}: must be in (0, 2]"
+    if not -2.0 <= sampling.presence_penalty <= 2.0:
+        return f"presence_penalty {sampling.presence_penalty}: must be in [-2, 2]"
     return None
 
 
@@ -43,7 +49,9 @@ def _sglang_says(sampling: Sampling) -> str | None:
         return None
     try:
         SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                       top_p=sampling.top_p, top_k=sampling.top_k).verify(vocab_size=2**31)
+                       top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+                       repetition_penalty=sampling.repetition_penalty,
+                       presence_penalty=sampling.presence_penalty).verify(vocab_size=2**31)
     except (ValueError, TypeError) as exc:
         return f"sampling: {exc}"
     return None

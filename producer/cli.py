@@ -99,10 +99,18 @@ def main() -> None:
 @command_option("max_new_tokens", type=click.IntRange(min=1),
                 help="Generation budget per assistant turn.")
 @command_option("temperature", type=click.FloatRange(min=0),
-                help="Sampling temperature (0 = greedy).")
+                help="Sampling temperature (0 = greedy) [default: the target's "
+                     "generation_config.json, else 0.6].")
 @command_option("top_p", type=click.FloatRange(min=0, max=1, min_open=True),
-                help="Nucleus sampling mass.")
-@command_option("top_k", type=click.IntRange(min=-1), help="Top-k sampling (-1 = off).")
+                help="Nucleus sampling mass [default: the target's, else 0.95].")
+@command_option("top_k", type=click.IntRange(min=-1),
+                help="Top-k sampling (-1 = off) [default: the target's, else 20].")
+@command_option("min_p", type=click.FloatRange(min=0, max=1),
+                help="Min-p sampling [default: the target's, else 0].")
+@command_option("repetition_penalty", type=click.FloatRange(min=0, max=2, min_open=True),
+                help="Repetition penalty (1 = off) [default: the target's, else 1].")
+@command_option("presence_penalty", type=click.FloatRange(min=-2, max=2),
+                help="Presence penalty [default: the target's, else 0].")
 @command_option("thinking", "--thinking/--no-thinking",
                 help="Generate with the thinking block enabled.")
 @command_option("chat_template_kwargs", callback=template_kwargs_option, metavar="JSON",
@@ -131,7 +139,9 @@ def main() -> None:
 def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             prompt_field: str | None, prompt_template: str | None, strict_fields: bool,
             dry_run: bool, show: int, shard_size: int, limit: int | None, max_new_tokens: int,
-            temperature: float, top_p: float, top_k: int, thinking: bool,
+            temperature: float | None, top_p: float | None, top_k: int | None,
+            min_p: float | None, repetition_penalty: float | None,
+            presence_penalty: float | None, thinking: bool,
             chat_template_kwargs: dict[str, Any] | None, model: str | None,
             mode: str, layout: str, target_layers: str | None, heldout_fraction: float,
             heldout_min: int, as_json: bool, **gates: Any) -> None:
@@ -141,6 +151,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
         build_run_config,
         context_check,
         print_enqueue_report,
+        sampling_in_force,
     )
     from producer.enqueue import enqueue_run
 
@@ -150,6 +161,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
                               prompt_field=prompt_field, shard_size=shard_size, limit=limit,
                               max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, thinking=thinking,
+                              min_p=min_p, repetition_penalty=repetition_penalty,
+                              presence_penalty=presence_penalty,
                               chat_template_kwargs=chat_template_kwargs,
                               gates=build_gates(**gates), mode=mode, layout=layout,
                               target_layers=target_layers,
@@ -160,10 +173,12 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
         from producer.dryrun import dry_run as run_dry
 
         report = run_dry(settings, config, context_check(settings, config), show)
+        report.sampling = sampling_in_force(config)
         click.echo(json.dumps(report.to_json(), sort_keys=True) if as_json else report.render())
         sys.exit(EXIT_REJECTED if report.rejected else EXIT_OK)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
+    report.sampling = sampling_in_force(config)
     print_enqueue_report(report, storage, as_json)
     if report.rejected:
         sys.exit(EXIT_REJECTED)

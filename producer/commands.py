@@ -26,6 +26,7 @@ from common.sampling_rules import check_sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from common.storage import Storage
 from common.target import TargetShape
+from common.target_sampling import resolve_sampling, sampling_line
 from producer.enqueue import EnqueueReport
 from producer.fit import ContextCheck
 from producer.status import StatusReader
@@ -35,14 +36,18 @@ log = logging.getLogger(__name__)
 
 def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[str, ...],
                      fmt: str, prompt_field: str | None, shard_size: int, limit: int | None,
-                     max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                     thinking: bool, gates: GateConfig | None = None, mode: str = "offline",
+                     max_new_tokens: int, temperature: float | None, top_p: float | None,
+                     top_k: int | None, thinking: bool, gates: GateConfig | None = None,
+                     mode: str = "offline",
                      layout: str = "dflash", target_layers: str | int | None = None,
                      prompt_template: str | None = None, strict_fields: bool = False,
                      heldout_fraction: float = HELDOUT_FRACTION,
                      heldout_min: int = HELDOUT_MIN,
-                     chat_template_kwargs: dict[str, Any] | None = None) -> RunConfig:
-    """Validate options and freeze them, with the model's chat template fingerprint."""
+                     chat_template_kwargs: dict[str, Any] | None = None,
+                     min_p: float | None = None, repetition_penalty: float | None = None,
+                     presence_penalty: float | None = None) -> RunConfig:
+    """Validate options and freeze them, with the model's chat template fingerprint; sampling
+    a flag leaves unset comes from the target's generation_config.json."""
     if not keys.valid_run_id(run):
         raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
     if fmt not in FORMATS:
@@ -51,14 +56,16 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         if not template_fields(prompt_template):
             raise ConfigError(f"--prompt-template {prompt_template!r} names no field; use "
                               "{field} placeholders, e.g. '{instruction}\\n\\n{context}'")
-    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        top_k=top_k, thinking=thinking)
-    check_sampling(sampling)
     specs = [input_path] if isinstance(input_path, str) else list(input_path)
     sources = [input_source(spec) for spec in specs]
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
     model_dir = resolve_model_path(settings)
+    values, sampling_sources = resolve_sampling(model_dir, {
+        "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+        "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty})
+    sampling = Sampling(max_new_tokens=max_new_tokens, thinking=thinking, **values)
+    check_sampling(sampling)
     template = chat_template_of(model_dir)
     if template is None:
         raise ConfigError(f"model {settings.model!r} has no chat template")
@@ -73,6 +80,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
         strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
         chat_template_kwargs=dict(chat_template_kwargs or {}),
+        sampling_sources=sampling_sources,
     )
 
 
@@ -107,6 +115,15 @@ def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:
                                   config.chat_template_kwargs)
 
 
+def sampling_in_force(config: RunConfig) -> dict[str, Any]:
+    """Each sampling value of the run and where it came from (``--json``'s ``sampling``)."""
+    from dataclasses import asdict
+
+    sources = config.sampling_sources
+    return {name: {"value": value, "source": sources.get(name, "option")}
+            for name, value in asdict(config.sampling).items()}
+
+
 def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:
     from producer.dryrun import unused_lines, where
 
@@ -119,6 +136,8 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
                f"({report.committed} committed), {report.enqueued} queued now"
                + (f", {report.downstream} committed shards queued downstream"
                   if report.downstream else ""))
+    if report.sampling:
+        click.echo(sampling_line(report.sampling))
     if len(report.layouts) > 1 or any(len(c) > 1 for c in report.layouts.values()):
         for name, counts in report.layouts.items():
             click.echo(f"  {name}: " + ", ".join(f"{k} {n}" for k, n in counts.items()))

@@ -16,6 +16,7 @@ from common.config import Settings
 from common.inputs.intake import Intake, RowCheck
 from common.models import render_chat, resolve_model_path
 from common.records import RunConfig
+from common.target_sampling import sampling_line
 from producer.enqueue import Tally
 
 ANSWER_PLACEHOLDER = "[the model's answer to turn {}]"
@@ -34,6 +35,7 @@ class DryRunReport:
     examples: list[dict[str, Any]] = field(default_factory=list)
     shown: list[dict[str, Any]] = field(default_factory=list)
     dry_run: bool = True
+    sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -45,6 +47,8 @@ class DryRunReport:
         lines += [f"  {name}: " + ", ".join(f"{layout} {n}" for layout, n in counts.items())
                   for name, counts in self.layouts.items()]
         lines += unused_lines(self.unused)
+        if self.sampling:
+            lines.append(sampling_line(self.sampling))
         if self.examples:
             lines.append("rejected rows:")
             lines += [f"  {where(e)}: {e['reason']}" for e in self.examples]

@@ -49,6 +49,7 @@ class EnqueueReport:
     layouts: dict[str, dict[str, int]] = field(default_factory=dict)
     unused: dict[str, dict[str, Any]] = field(default_factory=dict)
     wrote_inputs: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}

@@ -205,3 +205,38 @@ def test_chat_template_kwargs_reach_every_render_and_are_frozen(env, tmp_path: P
                        ('{"enable_thinking": false}', "--thinking/--no-thinking")):
         result = enqueue(env, "kw2", "--input", src, "--chat-template-kwargs", bad)
         assert result.returncode == 2 and words in result.stderr, result.stderr
+
+
+def test_sampling_comes_from_the_targets_generation_config_and_flags_override(
+        env, tmp_path: Path, model_cache: Path) -> None:
+    import shutil
+
+    from common.runstore import RunStore
+    from embedded.tinymodel import ensure_tiny_model
+
+    model = tmp_path / "target"
+    shutil.copytree(ensure_tiny_model(model_cache), model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 40,
+         "eos_token_id": [2, 0]}))
+    env = {**env, "DFLASH_MODEL": str(model)}
+    src = write(tmp_path / "in.jsonl", [{"prompt": "Hi"}])
+    dry = json.loads(enqueue(env, "gc", "--input", src, "--dry-run", "--json").stdout)
+    assert dry["sampling"]["temperature"] == {"value": 1.0, "source": "generation_config.json"}
+    assert dry["sampling"]["top_p"] == {"value": 0.95, "source": "generation_config.json"}
+    assert dry["sampling"]["top_k"] == {"value": 40, "source": "generation_config.json"}
+    assert dry["sampling"]["min_p"] == {"value": 0.0, "source": "default"}
+    text = enqueue(env, "gc", "--input", src, "--dry-run").stdout
+    assert "temperature 1.0 (generation_config.json)" in text
+    real = enqueue(env, "gc", "--input", src, "--top-p", "0.8")
+    assert real.returncode == 0, real.stderr
+    assert "top_p 0.8 (flag)" in real.stdout and "temperature 1.0 (generation_config.json)" \
+        in real.stdout
+    config = RunStore(open_storage(env["DFLASH_STORAGE"]), "gc").config()
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == \
+        (1.0, 0.8, 40)
+    assert config.sampling_sources["top_p"] == "flag"
+    # A target that asks for greedy decoding gets it unless a flag says otherwise.
+    (model / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    greedy = json.loads(enqueue(env, "gr", "--input", src, "--dry-run", "--json").stdout)
+    assert greedy["sampling"]["temperature"]["value"] == 0.0

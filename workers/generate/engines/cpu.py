@@ -100,7 +100,10 @@ class CpuEngine:
                 do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None,
                 top_p=sampling.top_p if sampling.temperature > 0 else None,
-                top_k=sampling.top_k if sampling.temperature > 0 else None,
+                top_k=sampling.top_k if sampling.temperature > 0 and sampling.top_k > 0 else None,
+                min_p=sampling.min_p if sampling.temperature > 0 and sampling.min_p else None,
+                repetition_penalty=(sampling.repetition_penalty
+                                    if sampling.repetition_penalty != 1.0 else None),
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
             )

@@ -100,6 +100,9 @@ def payload(request: GenRequest, stop_ids: list[int],
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty,
         "skip_special_tokens": False,
     }
     if stop_ids:
