@@ -238,7 +238,9 @@ def one_round(args: argparse.Namespace, url: str, work: Path, env: dict[str, str
     subprocess.run([sys.executable, "-m", "producer.cli", "enqueue", "--input",
                     str(work / "in.jsonl"), "--run", run, "--shard-size",
                     str(args.rows // args.shards), "--max-new-tokens",
-                    str(args.max_new_tokens), "--temperature", str(args.temperature)],
+                    str(args.max_new_tokens), "--temperature", str(args.temperature),
+                    # a throughput run: greedy replies repeat, and a pause would stall it
+                    "--max-reject-rate", "1"],
                    env=env, cwd=ROOT, check=True,
                    capture_output=True)
     enqueue_cpu = children_cpu() - enqueue_cpu
