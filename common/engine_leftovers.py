@@ -1,12 +1,13 @@
 """Engine servers on this host that no live worker owns, for ``doctor``.
 
 A generate worker starts its engine under a supervisor (a process-group leader) that kills the
-engine's tree when the worker dies, and records the supervisor in a pid file
-(``DFLASH_CACHE_DIR/engines/engine-PORT.pid``). An engine outlives its worker only when that
-supervisor was killed first (``kill -9`` of the supervisor itself): then the pid file names a
-dead supervisor whose process group still has live members. SGLang servers that run under no
-supervisor at all (started by hand, or by a worker of an older release) are listed too, since a
-worker cannot tell one it serves through ``--engine-url`` from a forgotten one.
+engine's tree when the worker dies, and records the supervisor and itself (the owner) in a pid
+file (``DFLASH_CACHE_DIR/engines/engine-PORT.pid``). An engine outlives its worker only when that
+supervisor could not act (killed with ``kill -9``, or stopped with SIGSTOP, first): then the pid
+file names an owner that is gone, or a dead supervisor, while the process group lives on.
+SGLang servers that run under no supervisor at all (started by hand, or by a worker of an older
+release) are listed too, since a worker cannot tell one it serves through ``--engine-url`` from a
+forgotten one.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class Leftover:
 
     @property
     def stop_command(self) -> str:
-        return f"kill -TERM -- -{self.pgid}"
+        # SIGCONT wakes a stopped supervisor, which then ends the tree itself.
+        return f"kill -TERM -- -{self.pgid}; kill -CONT -- -{self.pgid}"
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -63,16 +65,32 @@ def _command(procs: list[psutil.Process]) -> str:
     return "?"
 
 
+def _lives(pid: int | None, create_time: float | None) -> bool:
+    """``pid`` is alive, running (not stopped), and still the process recorded."""
+    if pid is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        same = create_time is None or abs(proc.create_time() - create_time) < 1.0
+        return same and _alive(proc) and proc.status() != psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
 def from_pid_files(engines_dir: Path) -> list[Leftover]:
-    """Process groups of recorded supervisors that died while their engine lives on."""
+    """Process groups whose recorded owner (the worker) or supervisor is gone or stopped while
+    members of the group live on."""
     found = []
     for path in sorted(engines_dir.glob("engine-*.pid")):
         try:
-            pgid = int(json.loads(path.read_text())["pid"])
+            record = json.loads(path.read_text())
+            pgid = int(record["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if psutil.pid_exists(pgid) and _alive(psutil.Process(pgid)):
-            continue   # its supervisor lives, and dies with its worker
+        owner = record.get("owner")
+        if _lives(pgid, None) and (owner is None or _lives(owner,
+                                                          record.get("owner_create_time"))):
+            continue   # its supervisor runs, and ends the engine when its worker dies
         members = _group(pgid)
         if members:
             found.append(Leftover(pgid, sorted(p.pid for p in members), _command(members),

@@ -123,8 +123,10 @@ def test_kill9_of_the_worker_takes_its_engine_down_and_the_shard_heals(
     assert sorted(ids) == sorted(str(r["question_id"]) for r in _mt_bench_rows(24))
 
 
-def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_by_the_next(
-        pipeline: Pipeline, model_cache, tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("supervisor_signal", [signal.SIGKILL, signal.SIGSTOP],
+                         ids=["killed", "stopped"])
+def test_an_engine_whose_supervisor_could_not_act_is_listed_by_doctor_and_stopped_by_the_next(
+        pipeline: Pipeline, model_cache, tmp_path, supervisor_signal) -> None:  # noqa: ANN001
     from embedded.tinymodel import ensure_tiny_model
 
     # Pid files of its own (DFLASH_CACHE_DIR/engines): no other test's doctor sees this orphan.
@@ -134,9 +136,9 @@ def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_b
     victim = _sglang_worker(pipeline, "victim", port, **own)
     orphan = _engines(port)
     assert len(orphan) == 1
-    # The one way an engine outlives its worker: its supervisor is killed first.
+    # The one way an engine outlives its worker: its supervisor cannot act (killed or stopped).
     for supervisor in _supervisors(port):
-        supervisor.kill()
+        supervisor.send_signal(supervisor_signal)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     assert _alive(orphan[0]), "the engine should outlive a kill -9 of its supervisor"
@@ -148,7 +150,7 @@ def test_an_engine_whose_supervisor_was_killed_is_listed_by_doctor_and_stopped_b
     assert len(rows) == 1 and rows[0]["status"] == "FAIL", rows
     assert str(orphan[0].pid) in rows[0]["detail"] and "engine-" in rows[0]["detail"]
     pgid = os.getpgid(orphan[0].pid)
-    assert rows[0]["fix"] == f"stop it: kill -TERM -- -{pgid}"
+    assert rows[0]["fix"] == f"stop it: kill -TERM -- -{pgid}; kill -CONT -- -{pgid}"
 
     _sglang_worker(pipeline, "successor", port, **own)
     wait_until(lambda: not _alive(orphan[0]), 30, "the stale engine to be stopped")

@@ -140,7 +140,11 @@ class EnginePidFile:
             raise EngineError(f"engine pid {pid} exited before it could be recorded") from exc
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        record = {"pid": pid, "create_time": create_time, "marker": self.marker}
+        me = psutil.Process()
+        # The owner (this worker) too: doctor calls an engine whose owner is gone a leftover,
+        # whatever state its supervisor is in (killed, or stopped with SIGSTOP).
+        record = {"pid": pid, "create_time": create_time, "marker": self.marker,
+                  "owner": me.pid, "owner_create_time": me.create_time()}
         tmp.write_text(json.dumps(record) + "\n")
         os.replace(tmp, self.path)
 
