@@ -216,3 +216,31 @@ def test_enqueue_checks_the_hybrid_targets_nested_context(model_cache: Path,
     assert (report["rows"], report["rejected"]) == (2, 1)
     assert "prompt too long" in report["examples"][0]["reason"]
     assert "context of 4096" in report["examples"][0]["reason"]
+
+
+def test_a_turn_that_cannot_fit_the_servers_context_is_not_sent(tiny: Path,
+                                                                 tokenizer: Any) -> None:
+    from workers.generate.engines.sglang import SglangEngine
+
+    long = {"id": "long", "source": {},
+            "turns": [[{"role": "user", "content": "word " * 400}]]}
+    counters = ShardCounters()
+    with running_simulator("--tokenizer", str(tiny), "--context-length", "300",
+                           "--time-scale", "0.01", "--len-mu", "3", "--len-sigma", "0.1") as url:
+        engine = SglangEngine(url, tokenizer, 16, 30.0, 5.0,
+                              [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+        job = Job(engine, Sampling(max_new_tokens=64), GateConfig(min_supervised_tokens=0), 0,
+                  counters, TokenInfo.of(tokenizer))
+        loop = EngineLoop()
+        try:
+            samples = {s["id"]: s for s in regenerate(loop, job, [*mt_bench_rows(2), long])}
+        finally:
+            loop.run(engine.aclose())
+            loop.stop()
+    assert samples["long"]["quality"]["reasons"] == ["context_overflow"]
+    assert samples["long"]["turns"][0]["refused"]["reason"] == "context_overflow"
+    assert engine.limits is not None and engine.limits.context_length == 300
+    # The shard went on, and the count is of requests sent: the refused turn never was.
+    sent = [t for s in samples.values() for t in s["turns"]
+            if t.get("refused", {}).get("reason") != "context_overflow"]
+    assert sent and counters.requests == len(sent) == counters.answered

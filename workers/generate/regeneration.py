@@ -136,6 +136,8 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
             result = await job.engine.generate(request)
         except RequestRefused as exc:   # this sample only: the turns after it are not sent
             refused = exc
+            if exc.reason == Reason.CONTEXT_OVERFLOW:
+                job.counters.requests -= 1   # fitted out before it was sent
             turns.append(_refused_turn(request, exc))
             break
         job.counters.answered += 1
