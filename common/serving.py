@@ -72,7 +72,6 @@ def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = M
 
 
 def dflash_engine_args(drafter: str | Path, *, block_size: int = DFLASH_BLOCK_SIZE,
-                       shape: TargetShape | None = None,
                        max_running_requests: int | None = None) -> list[str]:
     """DFLASH serving of an ``export-drafter`` directory; ``block_size`` is the verify window."""
     args = ["--speculative-algorithm", DFLASH, "--speculative-draft-model-path", str(drafter),

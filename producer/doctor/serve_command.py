@@ -69,7 +69,7 @@ def build(settings: Settings, kind: str, drafter: Path | None, max_running_reque
             raise ConfigError("serve-command dflash needs --drafter DIR (an export-drafter "
                               "directory)")
         engine_args = dflash_engine_args(drafter.resolve(), block_size=drafter_block_size(drafter),
-                                         shape=shape, max_running_requests=max_running_requests)
+                                         max_running_requests=max_running_requests)
     argv = launch_argv(path, host=host, port=settings.engine_port, tp=settings.tp,
                        mem_fraction_static=settings.mem_fraction_static,
                        engine_args=engine_args, python="python")

@@ -101,18 +101,16 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
                               dtype: str = "auto") -> dict[str, Any]:
     """Load a drafter checkpoint on the run's target and write the HF-style export."""
     from common.serving import dflash_engine_args, launch_argv, shell_line
-    from common.target import TargetShape
     from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
 
     loaded = load_run_drafter(settings, run, step)
     chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(loaded.target.path)
     out = export_drafter(loaded.trainer, out_dir, dtype=chosen)
     stored = json.loads((out / "config.json").read_text())["dtype"]
-    # The serving line for this target: on a hybrid one it sizes the mamba state cache for the
-    # generate worker's concurrency (sgl-project/sglang#36889).
+    # The serving line for this target, running the generate worker's concurrency (SGLang sizes
+    # a hybrid's mamba state cache itself).
     engine_args = dflash_engine_args(out.resolve(), block_size=loaded.trainer.drafter.config
-                                     .block_size, shape=TargetShape.of(loaded.target.model),
-                                     max_running_requests=settings.max_in_flight)
+                                     .block_size, max_running_requests=settings.max_in_flight)
     serve = launch_argv(loaded.target.path, port=settings.engine_port, tp=settings.tp,
                         engine_args=engine_args, python="python")
     return {"run": run, "step": loaded.step, "out": str(out), "dtype": stored,
