@@ -151,11 +151,12 @@ def answer_hash(answers: list[str]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def judge(turns: list[TurnFacts], gates: GateConfig, thinking: bool) -> dict[str, Any]:
-    """The ``quality`` record of a sample; every failing gate is listed, per turn."""
+def judge(turns: list[TurnFacts], gates: GateConfig, thinking: bool,
+          first: int = 1) -> dict[str, Any]:
+    """The verdict on turns numbered from ``first``; every failing gate is listed, per turn."""
     found: list[tuple[Reason, str]] = []
     for index, turn in enumerate(turns):
-        where = f"turn {index + 1}"
+        where = f"turn {index + first}"
         if gates.reject_truncated and turn.finish_reason != "stop":
             found.append((Reason.TRUNCATED, f"{where}: finish_reason {turn.finish_reason} "
                                             f"after {turn.output_tokens} tokens"))

@@ -46,8 +46,11 @@ def template_sha(template: str | None) -> str | None:
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
-                template_kwargs: Mapping[str, Any] | None = None) -> str:
+                template_kwargs: Mapping[str, Any] | None = None,
+                tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt text the target sees: its chat template, generation prompt, thinking on/off,
-    and the run's template options (``--chat-template-kwargs``, frozen in run.json)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         enable_thinking=thinking, **(template_kwargs or {}))
+    the row's tools (OpenAI structure) and the run's template options
+    (``--chat-template-kwargs``, frozen in run.json)."""
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=True, enable_thinking=thinking,
+                                         **(template_kwargs or {}))

@@ -25,7 +25,7 @@ import redis
 from common import keys, redis_keys
 from common.errors import RunPaused
 from common.gates import GateConfig
-from common.partstats import example
+from common.partstats import example, flagged, flagged_reasons, turn_counts
 from common.records import dumps
 from common.storage import Storage
 
@@ -86,24 +86,32 @@ class GateState:
 
 
 def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
-    """Queue the counter updates of ``samples`` on a Redis pipeline."""
+    """Queue the counter updates of ``samples`` on a Redis pipeline: conversations, turns and
+    thinking modes; a conversation with a rejected turn is a 1 in the rolling window."""
     if not samples:
         return
     gates, hist = redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run)
     rejected = [s for s in samples if not s["quality"]["passed"]]
+    marked = [s for s in samples if flagged(s["quality"])]
+    turns = [turn_counts(s["quality"]) for s in samples]
     pipe.hincrby(gates, "checked", len(samples))
     pipe.hincrby(gates, "since", len(samples))
     pipe.hincrby(gates, "rejected", len(rejected))
-    for reason, count in Counter(r for s in rejected for r in s["quality"]["reasons"]).items():
+    pipe.hincrby(gates, "turns", sum(t[0] for t in turns))
+    pipe.hincrby(gates, "turns_rejected", sum(t[1] for t in turns))
+    pipe.hincrby(gates, "thinking_off", sum(s["quality"].get("thinking") is False
+                                            for s in samples))
+    for reason, count in Counter(r for s in marked
+                                 for r in flagged_reasons(s["quality"])).items():
         pipe.hincrby(gates, f"reason:{reason}", count)
     for tokens, count in Counter(t for s in samples
                                  for t in s["quality"]["supervised_tokens"]).items():
         pipe.hincrby(hist, str(tokens), count)
-    pipe.lpush(redis_keys.redis_gate_window(run), *("0" if s["quality"]["passed"] else "1"
+    pipe.lpush(redis_keys.redis_gate_window(run), *("1" if flagged(s["quality"]) else "0"
                                               for s in samples))
     pipe.ltrim(redis_keys.redis_gate_window(run), 0, window - 1)
-    for sample in rejected:
-        for reason in sample["quality"]["reasons"]:
+    for sample in marked:
+        for reason in flagged_reasons(sample["quality"]):
             name = redis_keys.redis_gate_examples(run, reason)
             pipe.lpush(name, json.dumps(example(sample)))
             pipe.ltrim(name, 0, EXAMPLES - 1)

@@ -63,7 +63,8 @@ def _slim(sample: dict[str, Any]) -> dict[str, Any]:
     quality = sample["quality"]
     slim = {"id": sample["id"], "quality": {k: quality[k] for k in
                                             ("passed", "reasons", "supervised_tokens")}}
-    slim["quality"]["answer_hash"] = quality.get("answer_hash")
+    for name in ("answer_hash", "turns_passed", "thinking", "stopped"):
+        slim["quality"][name] = quality.get(name)
     if not quality["passed"]:
         slim["quality"]["details"] = quality.get("details", [])[:3]
         answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
@@ -112,4 +113,5 @@ def rebuild_from_parts(client: redis.Redis, storage: Storage, run: str,
 
 
 def _reasons(samples: Samples) -> set[str]:
-    return {r for s in samples for r in s["quality"]["reasons"]}
+    return {r for s in samples for r in s["quality"]["reasons"]} | {
+        r for s in samples for r in (s["quality"].get("stopped") or {}).get("reasons", ())}

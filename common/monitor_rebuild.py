@@ -142,7 +142,9 @@ def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, ac
         pipe.hset(redis_keys.redis_partial(run), mapping={keys.shard_name(s): n
                                                     for s, n in total.partial.items()})
     counters: dict[str, Any] = {"checked": total.judged, "rejected": total.rejected,
-                                "since": since,
+                                "since": since, "turns": total.turns,
+                                "turns_rejected": total.turns_rejected,
+                                "thinking_off": total.thinking_off,
                                 **{f"reason:{r}": n for r, n in total.reasons.items()}}
     counters.update({name: last_resume[name] for name in ("max_reject_rate", "pause_after")
                      if last_resume.get(name) is not None})

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 from common.config import section_fields
 from common.gates import GateConfig
-from common.records import Sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 
 
@@ -36,7 +35,8 @@ class RunOptions:
     strict_fields: bool = False
     shard_size: int = 256
     limit: int | None = None
-    max_new_tokens: int = Sampling.max_new_tokens
+    # None: what the target allows (its context, at most MAX_NEW_TOKENS_CAP).
+    max_new_tokens: int | None = None
     # None: the target's generation_config.json, else the Sampling record's default.
     temperature: float | None = None
     top_p: float | None = None
@@ -44,7 +44,7 @@ class RunOptions:
     min_p: float | None = None
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
-    thinking: bool = Sampling.thinking
+    thinking: str = "on"   # on, off or mix:R (common.thinking)
     chat_template_kwargs: str | None = None   # a JSON object, parsed at enqueue
     mode: str = "offline"
     layout: str = "dflash"

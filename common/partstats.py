@@ -41,29 +41,65 @@ class SampleStat:
 
 @dataclass(frozen=True, slots=True)
 class Judgement:
-    """A sample's gate verdict as the run monitor counts it; an example view if rejected."""
+    """A sample's gate verdict as the run monitor counts it; an example view if flagged."""
 
     passed: bool
     judged_at: float
     supervised_tokens: tuple[int, ...]
     answer_hash: str | None
     example: dict[str, Any] | None
+    turns: tuple[int, int] = (0, 0)   # turns judged, turns rejected
+    thinking_off: bool = False
+
+    @property
+    def flagged(self) -> bool:
+        """A conversation with a rejected turn (the rolling window's 1)."""
+        return self.example is not None
 
     @classmethod
     def of(cls, sample: dict[str, Any]) -> Judgement:
         quality = sample["quality"]
         return cls(bool(quality["passed"]), float(quality.get("judged_at") or 0.0),
                    tuple(int(t) for t in quality.get("supervised_tokens", ())),
-                   quality.get("answer_hash"), None if quality["passed"] else example(sample))
+                   quality.get("answer_hash"), example(sample) if flagged(quality) else None,
+                   turn_counts(quality), quality.get("thinking") is False)
+
+
+def flagged(quality: dict[str, Any]) -> bool:
+    """Rejected, or kept only up to a rejected later turn: either way a turn failed a gate."""
+    return not quality["passed"] or bool(quality.get("stopped"))
+
+
+def flagged_reasons(quality: dict[str, Any]) -> list[str]:
+    """The reasons a flagged sample is counted under (its rejected turn's, if it was kept)."""
+    if not quality["passed"]:
+        return list(quality["reasons"])
+    return list((quality.get("stopped") or {}).get("reasons", ()))
+
+
+def turn_counts(quality: dict[str, Any]) -> tuple[int, int]:
+    """``(turns judged, turns rejected)`` of a sample; records from before per-turn verdicts
+    were judged whole."""
+    kept = quality.get("turns_passed")
+    if kept is None:
+        judged = len(quality.get("supervised_tokens", ())) or 1
+        return judged, 0 if quality["passed"] else judged
+    failed = 1 if quality.get("stopped") or kept == 0 else 0
+    return kept + failed, failed + (0 if quality["passed"] else kept)
 
 
 EXAMPLE_FIELDS = ("id", "reasons", "details", "answer")  # the order the monitor stores them in
 
 
 def example(sample: dict[str, Any]) -> dict[str, Any]:
-    """A short, readable view of a rejected sample for status and pause records."""
-    answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
+    """A short, readable view of a flagged sample for status and pause records."""
     quality = sample["quality"]
+    stopped = quality.get("stopped") if quality["passed"] else None
+    if stopped:
+        answer = (stopped.get("answer") or {}).get("content") or ""
+        return {"id": sample["id"], "reasons": list(stopped["reasons"]),
+                "details": list(stopped.get("details", []))[:3], "answer": str(answer)[:200]}
+    answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
     last = (answers[-1].get("content") or "") if answers else ""
     return {"id": sample["id"], "reasons": list(quality["reasons"]),
             "details": list(quality.get("details", []))[:3], "answer": str(last)[:200]}

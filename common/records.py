@@ -16,6 +16,7 @@ import zstandard
 from common.errors import RunConfigMismatch
 from common.gates import GateConfig
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
+from common.thinking import describe, thinking_for
 
 CODE_VERSION = "0.1.0"
 
@@ -40,7 +41,11 @@ class TaskOutcome(StrEnum):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters sent to the engine with every request."""
+    """Sampling parameters sent to the engine with every request, and the thinking mode.
+
+    ``thinking`` off renders every conversation with thinking off; on, a stable share
+    ``thinking_off_share`` of them, chosen by id (``--thinking mix:R``), renders with it off.
+    """
 
     max_new_tokens: int = 2048
     temperature: float = 0.6
@@ -50,6 +55,16 @@ class Sampling:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
+    thinking_off_share: float = 0.0
+
+    def thinking_for(self, sample_id: str) -> bool:
+        """Whether conversation ``sample_id`` renders with thinking on (:mod:`common.thinking`)."""
+        return thinking_for(self.thinking, self.thinking_off_share, sample_id)
+
+    @property
+    def thinking_mode(self) -> str:
+        """``on``, ``off`` or ``mix:R``, as ``--thinking`` takes it."""
+        return describe(self.thinking, self.thinking_off_share)
 
 
 @dataclass(frozen=True)

@@ -38,25 +38,27 @@ def shard_summary(known: Mapping[str, Sequence[SampleStat]]) -> dict[str, Any]:
     groups: list[list[Any]] = []
     examples: dict[str, list[list[Any]]] = {}
     answers: dict[str, list[Any]] = {}
-    rejected = 0
+    rejected, turns, turns_rejected, thinking_off = 0, 0, 0, 0
     for index, (_, sample_id, verdict) in enumerate(_first(judged, seen)):
         hist.update(verdict.supervised_tokens)
+        turns, turns_rejected = turns + verdict.turns[0], turns_rejected + verdict.turns[1]
+        thinking_off += verdict.thinking_off
         if not groups or groups[-1][0] != verdict.judged_at:
             groups.append([verdict.judged_at, 0, 0])
-        groups[-1][1 if verdict.passed else 2] += 1
-        if verdict.passed:
-            if verdict.answer_hash and verdict.answer_hash not in answers:
-                answers[verdict.answer_hash] = [verdict.answer_hash, sample_id,
-                                                verdict.judged_at, index]
+        groups[-1][2 if verdict.flagged else 1] += 1
+        if verdict.passed and verdict.answer_hash and verdict.answer_hash not in answers:
+            answers[verdict.answer_hash] = [verdict.answer_hash, sample_id,
+                                            verdict.judged_at, index]
+        rejected += not verdict.passed
+        if verdict.example is None:
             continue
-        rejected += 1
-        assert verdict.example is not None  # every rejected judgement keeps one
         for reason in verdict.example["reasons"]:
             reasons[reason] += 1
             shown = examples.setdefault(reason, [])
             shown.append([verdict.judged_at, index, verdict.example])
             del shown[:-EXAMPLES]
     return {"v": SUMMARY_VERSION, "judged": len(seen), "rejected": rejected,
+            "turns": [turns, turns_rejected], "thinking_off": thinking_off,
             "reasons": dict(reasons), "hist": {str(t): n for t, n in sorted(hist.items())},
             "groups": groups, "examples": examples, "answers": list(answers.values())}
 
@@ -81,6 +83,9 @@ class RunSummary:
 
     judged: int = 0
     rejected: int = 0
+    turns: int = 0
+    turns_rejected: int = 0
+    thinking_off: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     hist: Counter[int] = field(default_factory=Counter)
     groups: Counter[float] = field(default_factory=Counter)  # judged_at -> accepted
@@ -92,6 +97,10 @@ class RunSummary:
     def add(self, shard: int, summary: Mapping[str, Any], committed: bool) -> None:
         self.judged += summary["judged"]
         self.rejected += summary["rejected"]
+        # Summaries from before per-turn verdicts: one turn per conversation, judged whole.
+        turns, turns_rejected = summary.get("turns") or (summary["judged"], summary["rejected"])
+        self.turns, self.turns_rejected = self.turns + turns, self.turns_rejected + turns_rejected
+        self.thinking_off += summary.get("thinking_off", 0)
         self.reasons.update(summary["reasons"])
         self.hist.update({int(t): n for t, n in summary["hist"].items()})
         for at, accepted, rejected in summary["groups"]:

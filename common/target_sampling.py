@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 FROM_TARGET = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                "presence_penalty")
 FLAG, TARGET, DEFAULT = "flag", "generation_config.json", "default"
+CONTEXT = "target context"
+# The budget thinking models are published with (the Qwen3 family's 32,768): long traces are
+# kept, not cut and rejected truncated; each request is capped to the room its prompt leaves.
+MAX_NEW_TOKENS_CAP = 32768
 
 
 def generation_config(model_dir: Path) -> dict[str, Any]:
@@ -53,6 +57,16 @@ def resolve_sampling(model_dir: Path, given: dict[str, Any]) -> tuple[dict[str, 
         else:
             values[name], sources[name] = defaults[name], DEFAULT
     return values, sources
+
+
+def resolve_max_new_tokens(given: int | None, context: int | None) -> tuple[int, str]:
+    """The per-turn budget: the flag, else what the target's context allows (at most
+    :data:`MAX_NEW_TOKENS_CAP`), else the cap when the target states no context."""
+    if given is not None:
+        return given, FLAG
+    if context:
+        return min(MAX_NEW_TOKENS_CAP, context), CONTEXT
+    return MAX_NEW_TOKENS_CAP, DEFAULT
 
 
 def sampling_line(in_force: dict[str, dict[str, Any]]) -> str:

@@ -4,7 +4,9 @@ A reply is ``<think>`` + reasoning + ``</think>`` + ``"\\n\\n"`` + answer + end-
 is drawn from ``lognormal(len_mu, len_sigma)`` (median ``exp(len_mu)``) by a generator seeded with
 the seed and the request's input ids, and 60-85% of the body is reasoning. Decoding stops at the
 first stop id (``stop_token_ids`` or end-of-turn: finish ``stop``, ``matched`` that id) or at
-max_new_tokens (finish ``length``, no end token).
+max_new_tokens (finish ``length``, no end token). The reply reads the prompt as a model does: one
+ending inside a think block it opened (Qwen3.5/3.6's generation prompt) gets no ``<think>``
+again, and one ending right after a closed block (thinking off) gets the answer alone.
 
 Ids come from a tokenizer directory when one is given (``<think>``, ``</think>`` and
 ``<|im_end|>`` are its real ids; end-of-turn falls back to the tokenizer's eos), else from the
@@ -150,13 +152,40 @@ def plan_output(vocab: Vocab, input_ids: list[int], seed: int, mode: str, len_mu
         return ids[:n]
 
     answer = fill(body - reasoning if body > reasoning else 1)
+    block = prompt_block(vocab, input_ids)
+    if block == "closed":   # thinking off (an empty block pre-filled): the answer alone
+        if mode == "leak":
+            answer.insert(len(answer) // 2, min(vocab.specials - {vocab.eot}, default=vocab.eot))
+        return [vocab.eot] if mode == "empty" else [*answer, vocab.eot]
+    if block == "open":     # the template opened the block (Qwen3.5/3.6): no <think> again
+        return _plan(vocab, mode, fill(reasoning), answer)[len(vocab.think):]
+    return _plan(vocab, mode, fill(reasoning), answer)
+
+
+def prompt_block(vocab: Vocab, input_ids: list[int]) -> str | None:
+    """How the prompt leaves the think block, as a real model reads it: ``open`` when it ends
+    inside one, ``closed`` when it ends right after one (thinking off), else None."""
+    def last(piece: list[int]) -> int:
+        n = len(piece)
+        return next((i for i in range(len(input_ids) - n, -1, -1)
+                     if input_ids[i:i + n] == piece), -1) if n else -1
+
+    opened, closed = last(vocab.think), last(vocab.end_think)
+    if opened > closed:
+        return "open"
+    tail = input_ids[closed + len(vocab.end_think):] if closed >= 0 else None
+    return "closed" if tail is not None and len(tail) <= 2 * len(vocab.nl2) else None
+
+
+def _plan(vocab: Vocab, mode: str, reasoning: list[int], answer: list[int]) -> list[int]:
+    """A reply that opens its own think block, in ``mode``."""
     if mode == "empty":
-        return [*vocab.think, *fill(reasoning), *vocab.end_think, *vocab.nl2, vocab.eot]
+        return [*vocab.think, *reasoning, *vocab.end_think, *vocab.nl2, vocab.eot]
     if mode == "unclosed":
-        return [*vocab.think, *fill(reasoning), *answer, vocab.eot]
+        return [*vocab.think, *reasoning, *answer, vocab.eot]
     if mode == "leak":
         answer.insert(len(answer) // 2, min(vocab.specials - {vocab.eot}, default=vocab.eot))
-    return [*vocab.think, *fill(reasoning), *vocab.end_think, *vocab.nl2, *answer, vocab.eot]
+    return [*vocab.think, *reasoning, *vocab.end_think, *vocab.nl2, *answer, vocab.eot]
 
 
 def finish(full: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[list[int], dict]:

@@ -19,7 +19,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
 
 from embedded import tinycorpus, tinyhybrid
 from embedded.tinyconsts import (
-    CHAT_TEMPLATE,
+    CHAT_TEMPLATES,
     END_THINK,
     ENDOFTEXT,
     IM_END,
@@ -27,6 +27,7 @@ from embedded.tinyconsts import (
     THINK,
     TINY_QWEN3,
     TINY_QWEN3_5,
+    TOOL_TOKENS,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ _SPLIT_PATTERN = (
 )
 
 
-def _build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on ``texts`` and wrap it with the Qwen3 special tokens."""
+def _build_tokenizer(texts: list[str], name: str) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts`` and wrap it with the Qwen3 special tokens and the
+    chat template of ``name``'s family."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -74,6 +76,8 @@ def _build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     # Like Qwen3, the think tags are single tokens but not "special", so decoding with
     # skip_special_tokens=True keeps them and the reasoning stays parseable.
     bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK, END_THINK)])
+    if name == TINY_QWEN3_5:  # Qwen3.6's tokenizer holds the tool markers as single tokens too
+        bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=IM_END,
@@ -82,7 +86,7 @@ def _build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = CHAT_TEMPLATES[name]
     return tok
 
 
@@ -206,16 +210,17 @@ def build(dest: Path, name: str = TINY_QWEN3) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(_BUILD_THREADS)
     try:
-        _build(dest, make, steps, hybrid=hybrid)
+        _build(dest, name, make, steps, hybrid=hybrid)
     finally:
         torch.set_num_threads(threads)
 
 
-def _build(dest: Path, make_model: Callable[[PreTrainedTokenizerFast], torch.nn.Module],
+def _build(dest: Path, name: str,
+           make_model: Callable[[PreTrainedTokenizerFast], torch.nn.Module],
            steps: int, hybrid: bool) -> None:
     rng = random.Random(_SEED)
     mt_prompts = tinycorpus.load_mt_bench_prompts()
-    tok = _build_tokenizer(tinycorpus.tokenizer_texts(rng, mt_prompts, 4000))
+    tok = _build_tokenizer(tinycorpus.tokenizer_texts(rng, mt_prompts, 4000), name)
     logger.info("tokenizer trained: %d tokens", len(tok))
 
     examples = []

@@ -61,8 +61,18 @@ def template_kwargs_option(ctx: click.Context, param: click.Parameter,
         raise click.BadParameter(f"must be a JSON object, e.g. '{{\"preserve_thinking\": "
                                  f"true}}', not {value!r}")
     if "enable_thinking" in parsed:
-        raise click.BadParameter("enable_thinking is --thinking/--no-thinking")
+        raise click.BadParameter("enable_thinking is --thinking on|off|mix:R")
     return parsed
+
+
+def thinking_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--thinking: on, off or mix:R, checked here so a bad value is one usage error."""
+    from common.thinking import describe, parse_thinking
+
+    try:
+        return describe(*parse_thinking(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.group(cls=EntryPointGroup, entry_group=COMMANDS,
@@ -111,12 +121,15 @@ def main() -> None:
                 help="Repetition penalty (1 = off) [default: the target's, else 1].")
 @command_option("presence_penalty", type=click.FloatRange(min=-2, max=2),
                 help="Presence penalty [default: the target's, else 0].")
-@command_option("thinking", "--thinking/--no-thinking",
-                help="Generate with the thinking block enabled.")
+@command_option("thinking", "--thinking", metavar="on|off|mix:R", is_flag=False,
+                flag_value="on", callback=thinking_option,
+                help="Render prompts with thinking on, off, or off for a stable share R of "
+                     "conversations chosen by id (mix:0.5); each sample records its mode.")
+@click.option("--no-thinking", is_flag=True, help="The same as --thinking off.")
 @command_option("chat_template_kwargs", callback=template_kwargs_option, metavar="JSON",
                 help="Options every render passes to the target's chat template, frozen in "
                      "run.json, e.g. '{\"preserve_thinking\": true}' (thinking itself: "
-                     "--thinking/--no-thinking).")
+                     "--thinking).")
 @setting_option("model", help="Target model directory (tiny-qwen3, tiny-qwen3.5: the embedded "
                 "CPU models).")
 @command_option("mode", type=click.Choice(["offline", "online"]),
@@ -141,7 +154,7 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             dry_run: bool, show: int, shard_size: int, limit: int | None, max_new_tokens: int,
             temperature: float | None, top_p: float | None, top_k: int | None,
             min_p: float | None, repetition_penalty: float | None,
-            presence_penalty: float | None, thinking: bool,
+            presence_penalty: float | None, thinking: str, no_thinking: bool,
             chat_template_kwargs: dict[str, Any] | None, model: str | None,
             mode: str, layout: str, target_layers: str | None, heldout_fraction: float,
             heldout_min: int, as_json: bool, **gates: Any) -> None:
@@ -160,7 +173,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
     config = build_run_config(settings, run=run, input_path=input_path, fmt=fmt,
                               prompt_field=prompt_field, shard_size=shard_size, limit=limit,
                               max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_p=top_p, top_k=top_k, thinking=thinking,
+                              top_p=top_p, top_k=top_k,
+                              thinking="off" if no_thinking else thinking,
                               min_p=min_p, repetition_penalty=repetition_penalty,
                               presence_penalty=presence_penalty,
                               chat_template_kwargs=chat_template_kwargs,

@@ -26,9 +26,10 @@ from common.sampling_rules import check_sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from common.storage import Storage
 from common.target import TargetShape
-from common.target_sampling import resolve_sampling, sampling_line
+from common.target_sampling import resolve_max_new_tokens, resolve_sampling, sampling_line
+from common.thinking import parse_thinking
 from producer.enqueue import EnqueueReport
-from producer.fit import ContextCheck
+from producer.fit import ContextCheck, context_length
 from producer.status import StatusReader
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,9 @@ log = logging.getLogger(__name__)
 
 def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[str, ...],
                      fmt: str, prompt_field: str | None, shard_size: int, limit: int | None,
-                     max_new_tokens: int, temperature: float | None, top_p: float | None,
-                     top_k: int | None, thinking: bool, gates: GateConfig | None = None,
+                     max_new_tokens: int | None, temperature: float | None,
+                     top_p: float | None, top_k: int | None, thinking: str | bool = "on",
+                     gates: GateConfig | None = None,
                      mode: str = "offline",
                      layout: str = "dflash", target_layers: str | int | None = None,
                      prompt_template: str | None = None, strict_fields: bool = False,
@@ -64,7 +66,14 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
     values, sampling_sources = resolve_sampling(model_dir, {
         "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
         "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty})
-    sampling = Sampling(max_new_tokens=max_new_tokens, thinking=thinking, **values)
+    max_new, sampling_sources["max_new_tokens"] = resolve_max_new_tokens(
+        max_new_tokens, context_length(model_dir))
+    try:
+        think, off_share = parse_thinking(thinking)
+    except ValueError as exc:
+        raise ConfigError(f"--thinking: {exc}") from None
+    sampling = Sampling(max_new_tokens=max_new, thinking=think, thinking_off_share=off_share,
+                        **values)
     check_sampling(sampling)
     template = chat_template_of(model_dir)
     if template is None:
@@ -111,7 +120,7 @@ def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:
     """The enqueue-time context check for the run's model (None if its context is unknown)."""
     model_settings = replace(settings, model=config.model)
     return ContextCheck.for_model(resolve_model_path(model_settings),
-                                  config.gates.min_answer_tokens, config.sampling.thinking,
+                                  config.gates.min_answer_tokens, config.sampling,
                                   config.chat_template_kwargs)
 
 
@@ -122,6 +131,13 @@ def sampling_in_force(config: RunConfig) -> dict[str, Any]:
     sources = config.sampling_sources
     return {name: {"value": value, "source": sources.get(name, "option")}
             for name, value in asdict(config.sampling).items()}
+
+
+def _turn_line(gates: dict[str, Any]) -> str:
+    """Turns judged and rejected, and the thinking modes, when the monitor counted them."""
+    turns, modes = gates.get("turns"), gates.get("thinking")
+    line = f"; turns {turns['rejected']}/{turns['judged']} rejected" if turns else ""
+    return line + (f"; thinking on {modes['on']}, off {modes['off']}" if modes else "")
 
 
 def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:
@@ -166,7 +182,8 @@ def render_status(status: dict[str, Any]) -> str:
                     ("running", "healing", "retrying", "pending", "parked")),
         f"  samples {samples['done']}/{total} done, {samples['in_progress']} in uncommitted "
         f"parts, {samples['rejected']} rejected",
-        f"  gates   {gates['rejected']}/{gates['checked']} rejected ({gates['rate']:.1%})"
+        f"  gates   {gates['rejected']}/{gates['checked']} conversations rejected "
+        f"({gates['rate']:.1%})" + _turn_line(gates)
         + "".join(f", {r} {n}" for r, n in gates["reasons"].items()),
         f"  speed   {_known(status['tokens']['per_s'], '.1f')} tok/s, "
         f"{_known(status['samples_per_s'], '.2f')} samples/s, "

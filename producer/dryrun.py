@@ -56,8 +56,9 @@ class DryRunReport:
                 lines.append(f"  ... and {self.rejected - len(self.examples)} more")
         for row in self.shown:
             later = "; later turns follow the model's own answers" if row["turns"] > 1 else ""
+            mode = "on" if row.get("thinking", True) else "off"
             lines.append(f"--- {row['id']}: {row['prompt_tokens']} prompt tokens, "
-                         f"{row['turns']} turn(s){later}")
+                         f"{row['turns']} turn(s), thinking {mode}{later}")
             lines.append(row["prompt"].rstrip("\n"))
             for turn in row["turn_prompts"][1:]:
                 lines.append(f"--- {row['id']} turn {turn['turn']}: {turn['prompt_tokens']} "
@@ -102,7 +103,8 @@ def dry_run(settings: Settings, config: RunConfig, check: RowCheck | None,
 
                 path = resolve_model_path(replace(settings, model=config.model))
                 tokenizer = AutoTokenizer.from_pretrained(path)
-            report.shown.append(rendered(tokenizer, row, config.sampling.thinking,
+            report.shown.append(rendered(tokenizer, row,
+                                         config.sampling.thinking_for(row["id"]),
                                          config.chat_template_kwargs))
     report.rows, report.rejected, report.examples = tally.rows, tally.rejected, tally.examples
     report.shards = math.ceil(good / config.shard_size)
@@ -120,9 +122,10 @@ def rendered(tokenizer: Any, row: dict[str, Any], thinking: bool,
         if messages:
             messages.append({"role": "assistant", "content": ANSWER_PLACEHOLDER.format(number - 1)})
         messages += group
-        prompt = render_chat(tokenizer, messages, thinking, template_kwargs)
+        prompt = render_chat(tokenizer, messages, thinking, template_kwargs, row.get("tools"))
         turns.append({"turn": number, "messages": group, "prompt": prompt,
                       "prompt_tokens": len(tokenizer.encode(prompt, add_special_tokens=False))})
     first = turns[0]
-    return {"id": row["id"], "turns": len(row["turns"]), "prompt": first["prompt"],
+    return {"id": row["id"], "turns": len(row["turns"]), "thinking": thinking,
+            "prompt": first["prompt"],
             "prompt_tokens": first["prompt_tokens"], "turn_prompts": turns}

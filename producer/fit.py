@@ -21,7 +21,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from common.inputs.rows import uses_tools
 from common.models import render_chat
+from common.records import Sampling
 from common.target import TargetShape
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,9 @@ class ContextCheck:
     """Says why a normalized conversation cannot fit, or None when it can."""
 
     model_dir: Path
-    context: int
+    context: int | None   # None: the model does not say; only the tool check applies
     min_answer_tokens: int
-    thinking: bool
+    sampling: Sampling = Sampling()   # each row renders in its own thinking mode
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
@@ -56,21 +58,32 @@ class ContextCheck:
         return AutoTokenizer.from_pretrained(self.model_dir)
 
     @classmethod
-    def for_model(cls, model_dir: Path, min_answer_tokens: int, thinking: bool,
+    def for_model(cls, model_dir: Path, min_answer_tokens: int, sampling: Sampling | bool,
                   template_kwargs: dict[str, Any] | None = None) -> ContextCheck | None:
         context = context_length(model_dir)
         if context is None:
             log.warning("model %s does not state its context length; prompts are not checked "
                         "against it", model_dir)
-            return None
-        return cls(model_dir, context, min_answer_tokens, thinking, dict(template_kwargs or {}))
+        if isinstance(sampling, bool):
+            sampling = Sampling(thinking=sampling)
+        return cls(model_dir, context, min_answer_tokens, sampling, dict(template_kwargs or {}))
 
     @cached_property
     def max_token_chars(self) -> int:
         """The most characters one token can stand for (byte-level vocabularies: bytes)."""
         return max(len(token) for token in self.tokenizer.get_vocab())
 
+    @cached_property
+    def renders_tools(self) -> str | None:
+        """None when the chat template renders tool definitions, calls and results, else why
+        not (probed once, on the first tool row)."""
+        return tool_support(self.tokenizer, self.template_kwargs)
+
     def __call__(self, row: dict[str, Any]) -> str | None:
+        if uses_tools(row) and self.renders_tools is not None:
+            return self.renders_tools
+        if self.context is None:
+            return None
         messages = [m for group in row["turns"] for m in group]
         answers = len(row["turns"]) * self.min_answer_tokens
         upper = sum(len(str(m.get("content", "")).encode()) + TEMPLATE_OVERHEAD for m in messages)
@@ -83,7 +96,8 @@ class ContextCheck:
                     f"the model's context of {self.context} leaves after {answers} for "
                     f"{len(row['turns'])} answer(s) (a token is at most {self.max_token_chars} "
                     "characters)")
-        text = render_chat(self.tokenizer, messages, self.thinking, self.template_kwargs)
+        text = render_chat(self.tokenizer, messages, self.sampling.thinking_for(row["id"]),
+                           self.template_kwargs, row.get("tools"))
         limit = (room + 1 + PREFIX_SLACK) * PREFIX_CHARS_PER_TOKEN
         prefix = text[:limit]
         if len(text) > limit:  # cut where a word starts, so only the last word can differ
@@ -102,3 +116,33 @@ class ContextCheck:
 
     def _tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "dflash_probe_tool", "description": "probe",
+    "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}}}}
+_PROBE_MESSAGES = [
+    {"role": "user", "content": "probe"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "dflash_probe_call", "arguments": {"probe_arg": "dflash_probe_value"}}}]},
+    {"role": "tool", "content": "dflash_probe_result"}]
+
+
+def tool_support(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> str | None:
+    """None when the target's chat template shows a tool definition, a call (with its
+    argument) and a result in the prompt it renders, else the reason tool rows are rejected."""
+    from jinja2 import TemplateError
+
+    try:
+        text = render_chat(tokenizer, _PROBE_MESSAGES, True, template_kwargs, [_PROBE_TOOL])
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        # A template raising on tools (its own raise_exception, or a filter on a wrong type).
+        return f"the target's chat template cannot render tools ({exc})"
+    missing = [what for what, mark in (("tool definitions", "dflash_probe_tool"),
+                                       ("tool calls", "dflash_probe_call"),
+                                       ("call arguments", "dflash_probe_value"),
+                                       ("tool results", "dflash_probe_result"))
+               if mark not in text]
+    if missing:
+        return f"the target's chat template does not render {', '.join(missing)}"
+    return None

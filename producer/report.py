@@ -25,6 +25,7 @@ from common.commit_cache import fetch
 from common.config import Settings
 from common.errors import ConfigError, NotFound
 from common.monitor import pause_from_storage
+from common.partstats import turn_counts
 from common.records import decode_jsonl_zst
 from common.runstore import RunStore
 from common.storage import Storage, open_storage
@@ -78,6 +79,8 @@ class _Tally:
 
     def __init__(self) -> None:
         self.accepted = self.rejected = 0
+        self.turns = self.turns_rejected = self.stopped = 0
+        self.modes: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.finish: Counter[str] = Counter()
         self.supervised: Counter[int] = Counter()
@@ -97,6 +100,12 @@ class _Tally:
         turns = [t for t in record.get("turns") or [] if isinstance(t, dict)]
         self.rejected += rejected
         self.accepted += not rejected
+        if "passed" in quality:
+            judged, failed = turn_counts(quality)
+            self.turns, self.turns_rejected = self.turns + judged, self.turns_rejected + failed
+        self.stopped += bool(quality.get("stopped")) and not rejected
+        thinking = record.get("thinking")
+        self.modes["unknown" if thinking is None else "on" if thinking else "off"] += 1
         for turn in turns or [record]:
             self.finish[str(turn.get("finish_reason") or "unknown")] += 1
         supervised = quality.get("supervised_tokens")
@@ -112,7 +121,10 @@ class _Tally:
             group[0] += 1
             if len(group[1]) < MAX_DUP_IDS:
                 group[1].append(sample_id)
-        if rejected:
+        stopped = quality.get("stopped") if not rejected else None
+        if stopped:   # kept up to a rejected later turn: counted under that turn's reasons
+            quality = {"reasons": stopped.get("reasons"), "details": stopped.get("details")}
+        if rejected or stopped:
             for code in quality.get("reasons") or ["unknown"]:
                 self.reasons[code] += 1
                 shown = self.examples.setdefault(code, [])
@@ -156,6 +168,11 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
         "samples": {"total": total, "accepted": tally.accepted, "rejected": tally.rejected,
                     "input_rejected": int(manifest.get("rejected") or 0)},
         "rejection_rate": round(tally.rejected / total, 4) if total else 0.0,
+        # Turns: a conversation stops at its first rejected turn; ``stopped`` conversations
+        # kept the turns before it (accepted), their rejected turn counted under its reasons.
+        "turns": {"judged": tally.turns, "rejected": tally.turns_rejected,
+                  "stopped_conversations": tally.stopped},
+        "thinking": dict(tally.modes),
         "reasons": dict(tally.reasons.most_common()),
         "finish_reasons": dict(tally.finish.most_common()),
         "supervised_tokens": token_stats(tally.supervised),
@@ -204,6 +221,10 @@ def render_text(report: dict[str, Any]) -> str:
     lines = [f"run {report['run']}: {total} samples, {s['accepted']} accepted, {s['rejected']} "
              f"rejected by the gates ({report['rejection_rate']:.1%}); {s['input_rejected']} "
              "input rows rejected at enqueue"]
+    turns, modes = report["turns"], report["thinking"]
+    lines.append(f"turns: {turns['judged']} judged, {turns['rejected']} rejected; "
+                 f"{turns['stopped_conversations']} conversations kept up to a rejected turn; "
+                 "thinking " + ", ".join(f"{k} {v}" for k, v in sorted(modes.items())))
     pause = report["paused"]
     lines.append(click.style(f"PAUSED: {pause.get('reason', '?')} (checked {pause.get('checked')}"
                              f", rejected {pause.get('rejected')})", fg="red", bold=True)

@@ -177,9 +177,13 @@ class StatusReader:
     def _gates(self, stats: dict[str, str] | None, live: dict[str, Any] | None,
                stored: StoredProgress | None) -> dict[str, Any]:
         """Quality-gate counts: the run monitor's live ones, else commits' and stored parts'."""
-        window = None
+        window, turns, modes = None, None, None
         if stats is not None:
             checked, rejected = int(stats.get("checked", 0)), int(stats.get("rejected", 0))
+            judged = int(stats.get("turns", 0))
+            turns = {"judged": judged, "rejected": int(stats.get("turns_rejected", 0))}
+            off = int(stats.get("thinking_off", 0))
+            modes = {"on": checked - off, "off": off}
             reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items()
                        if k.startswith("reason:")}
             outcomes = live["window"] if live is not None else []
@@ -196,9 +200,11 @@ class StatusReader:
             for commit in self.commits.values():
                 for reason, count in commit.stats.get("rejections", {}).items():
                     reasons[reason] = reasons.get(reason, 0) + count
+        # Conversations (checked, rejected: nothing usable) and turns (judged, rejected: a
+        # conversation stops at its first rejected turn, the turns before it kept).
         return {"checked": checked, "rejected": rejected,
                 "rate": round(rejected / checked, 4) if checked else 0.0,
-                "window": window,
+                "window": window, "turns": turns, "thinking": modes,
                 "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1]))}
 
     def _live(self) -> dict[str, Any] | None:

@@ -180,7 +180,7 @@ def test_prompts_that_cannot_fit_the_context_are_rejected_at_enqueue(
     from producer.fit import ContextCheck
 
     tiny = target_model.path   # the hybrid states its context under text_config only
-    check = ContextCheck.for_model(tiny, min_answer_tokens=256, thinking=True)
+    check = ContextCheck.for_model(tiny, 256, True)
     assert check is not None and check.context == 4096
     short = mt_bench_rows(1)[0]
     assert check(short) is None
@@ -189,7 +189,7 @@ def test_prompts_that_cannot_fit_the_context_are_rejected_at_enqueue(
     reason = check(long)
     assert reason and "prompt too long" in reason and "context of 4096" in reason
     # Room for the answers counts too: a prompt that fits alone can leave too little of it.
-    roomy = ContextCheck.for_model(tiny, min_answer_tokens=2100, thinking=True)
+    roomy = ContextCheck.for_model(tiny, 2100, True)
     assert roomy(short) is not None and "2 answer(s)" in roomy(short)
 
 

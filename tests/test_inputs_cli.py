@@ -202,7 +202,7 @@ def test_chat_template_kwargs_reach_every_render_and_are_frozen(env, tmp_path: P
     again = enqueue(env, "kw", "--input", src, "--chat-template-kwargs", '{"shout": false}')
     assert again.returncode == 4 and "chat_template_kwargs.shout" in again.stderr
     for bad, words in (("[1]", "must be a JSON object"), ("{nope", "not JSON"),
-                       ('{"enable_thinking": false}', "--thinking/--no-thinking")):
+                       ('{"enable_thinking": false}', "--thinking on|off|mix:R")):
         result = enqueue(env, "kw2", "--input", src, "--chat-template-kwargs", bad)
         assert result.returncode == 2 and words in result.stderr, result.stderr
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import ConfigError, InputError
+from common.errors import BadRow, ConfigError, InputError
 from common.inputs.layouts import normalize_row, template_fields
+from tests.conftest import TinyTarget
 from tests.test_inputs import config, intake_rows, system, user, write
 
 
@@ -50,15 +51,12 @@ SPECFORGE_TOOLS = {"id": "tool-1", "conversations": [
     {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "Welcome."}],
     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-TOOLS = ('# Tools\n\nYou may call one or more functions to assist with the user query.\n\n'
-         'You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n'
-         '{"type": "function", "function": {"name": "get_weather", "parameters": {}}}\n</tools>'
-         '\n\nFor each function call, return a json object with function name and arguments '
-         'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
-         '"arguments": <args-json-object>}\n</tool_call>')
-RESULTS = ('<tool_response>\n{"temp": 21}\n</tool_response>\n'
-           '<tool_response>\n{"wind": 3}\n</tool_response>')
+CALL = {"role": "assistant", "content": "", "tool_calls": [{
+    "id": "c1", "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+RESULTS = [{"role": "tool", "content": '{"temp": 21}', "tool_call_id": "c1"},
+           {"role": "tool", "content": '{"wind": 3}', "tool_call_id": "c2"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
 
 
 @pytest.mark.parametrize(("row", "layout", "turns", "unused"), [
@@ -73,8 +71,8 @@ RESULTS = ('<tool_response>\n{"temp": 21}\n</tool_response>\n'
     (HUMANEVAL, "prompt", [[user("def f(x):\n")]], {"entry_point": "f",
                                                     "test": "assert f(1) == 1"}),
     (WIZARDLM, "alpaca (Instruction as instruction)", [[user("What is 7 * 8?")]], {}),
-    (SPECFORGE_TOOLS, "sharegpt", [[system(TOOLS), user("Weather in Paris?"), assistant(CALL),
-                                    user(RESULTS)], [user("Thanks!")]], {}),
+    (SPECFORGE_TOOLS, "sharegpt", [[user("Weather in Paris?"), CALL, *RESULTS],
+                                   [user("Thanks!")]], {}),
 ])
 def test_public_dataset_rows_become_the_expected_turns(tmp_path: Path, row: dict, layout: str,
                                                        turns: list, unused: dict) -> None:
@@ -87,6 +85,7 @@ def test_public_dataset_rows_become_the_expected_turns(tmp_path: Path, row: dict
     intake, items = intake_rows(config(str(tmp_path / name)))
     assert [i.error for i in items] == [None]
     assert items[0].row["turns"] == turns
+    assert items[0].row.get("tools") == (TOOLS if row is SPECFORGE_TOOLS else None)
     assert intake.layout_summary() == {name: {layout: 1}}
     assert {k: v["example"]["value"] for k, v in intake.unused.items()} == unused
     if unused:  # the same rows are rejected with --strict-fields, naming the fields
@@ -155,8 +154,21 @@ def test_a_tool_call_without_its_result_is_an_answer_regenerated(tmp_path: Path)
                                   {"from": "observation", "value": "5"},
                                   {"from": "gpt", "value": "5"}]}
     turns = normalize_row(sharegpt).conversations[0].turns
-    assert turns == [[user("Sum 2 and 3"), assistant('<tool_call>\n{"name": "add"}\n</tool_call>'),
-                      user("<tool_response>\n5\n</tool_response>")]]
+    call = {"type": "function", "function": {"name": "add", "arguments": {}}}
+    assert turns == [[user("Sum 2 and 3"),
+                      {"role": "assistant", "content": "", "tool_calls": [call]},
+                      {"role": "tool", "content": "5"}]]
+    for bad, words in (('{"arguments": {}}', "no function name"), ("add(2, 3)", "not JSON")):
+        broken = {"conversations": [sharegpt["conversations"][0],
+                                    {"from": "function_call", "value": bad},
+                                    {"from": "observation", "value": "5"}]}
+        with pytest.raises(BadRow, match=words):
+            normalize_row(broken)
+    with pytest.raises(BadRow, match="arguments is not JSON"):
+        normalize_row({"messages": [user("x"), {"role": "assistant", "tool_calls": [
+            {"function": {"name": "w", "arguments": "{city"}}]}, {"role": "tool", "content": ""}]})
+    with pytest.raises(BadRow, match=r"tools\[0\] is not a function definition"):
+        normalize_row({"messages": [user("x")], "tools": [{"description": "nameless"}]})
 
 
 def test_json_arrays_name_file_lines_and_elements(tmp_path: Path) -> None:
@@ -221,31 +233,64 @@ def tiny(model_cache: Path) -> Path:
     return ensure_tiny_model(model_cache)
 
 
-def test_tool_turns_render_and_regenerate_on_the_tiny_model(tiny: Path) -> None:
+def test_tool_turns_render_and_regenerate_on_the_tiny_model(target_model: TinyTarget) -> None:
     from transformers import AutoTokenizer
 
+    from common.gates import GateConfig
     from tests.test_gates import generate
     from workers.generate.engines.cpu import CpuEngine
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tokenizer = AutoTokenizer.from_pretrained(target_model.path)
     row = normalize_row(SPECFORGE_TOOLS).conversations[0].to_json()
-    prompt = tokenizer.apply_chat_template(row["turns"][0], tokenize=False,
+    prompt = tokenizer.apply_chat_template(row["turns"][0], tools=row["tools"], tokenize=False,
                                            add_generation_prompt=True)
-    assert prompt.startswith(f"<|im_start|>system\n{TOOLS}<|im_end|>")
-    assert f"<|im_start|>assistant\n{CALL}<|im_end|>" in prompt
-    assert f"<|im_start|>user\n{RESULTS}<|im_end|>" in prompt
-    [sample] = generate(CpuEngine(tiny, batch_size=1, seed=0), tokenizer, [row],
-                        max_new_tokens=8)
+    tools_json = json.dumps(TOOLS[0])
+    results = ('<|im_start|>user\n<tool_response>\n{"temp": 21}\n</tool_response>\n'
+               '<tool_response>\n{"wind": 3}\n</tool_response><|im_end|>')
+    if target_model.hybrid:   # Qwen3.6's dialect: tools preamble first, XML calls
+        assert prompt.startswith("<|im_start|>system\n# Tools\n\nYou have access to the "
+                                 f"following functions:\n\n<tools>\n{tools_json}\n</tools>")
+        # after the last user query: the (empty) reasoning block, as Qwen3.6 renders it
+        assert ("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"
+                "<function=get_weather>\n"
+                "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call><|im_end|>"
+                in prompt)
+    else:                     # Qwen3's: JSON signatures and JSON calls
+        assert prompt.startswith("<|im_start|>system\n# Tools\n\nYou may call one or more "
+                                 "functions")
+        assert (f"<tools>\n{tools_json}\n</tools>" in prompt)
+        assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+                '{"city": "Paris"}}\n</tool_call><|im_end|>' in prompt)
+    assert results in prompt
+    open_gates = GateConfig(min_supervised_tokens=0, reject_truncated=False,
+                            require_thinking=False, reject_empty_answer=False,
+                            reject_leakage=False)
+    [sample] = generate(CpuEngine(target_model.path, batch_size=1, seed=0), tokenizer, [row],
+                        max_new_tokens=8, gates=open_gates)
     roles = [m["role"] for m in sample["messages"]]
-    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
-    assert sample["messages"][2]["content"] == CALL  # context, kept as it was
+    assert roles == ["user", "assistant", "tool", "tool", "assistant", "user", "assistant"]
+    assert sample["messages"][1] == CALL  # context, kept as it was
+    assert sample["tools"] == TOOLS
     assert len(sample["turns"]) == 2  # two answers generated, the tool call is not one
+
+
+def test_a_template_without_tool_branches_rejects_tool_rows(tiny: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from producer.fit import tool_support
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    assert tool_support(tokenizer) is None
+    tokenizer.chat_template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+                               "{% endfor %}")
+    assert tool_support(tokenizer) == ("the target's chat template does not render tool "
+                                       "definitions, tool calls, call arguments")
 
 
 def test_a_huge_row_is_judged_too_long_without_tokenizing_it_whole(tiny: Path) -> None:
     from producer.fit import ContextCheck
 
-    check = ContextCheck.for_model(tiny, min_answer_tokens=256, thinking=False)
+    check = ContextCheck.for_model(tiny, 256, False)
     assert check is not None
     huge = "island " * (10_000_000 // 7)  # 10 MB
     reason = check({"id": "x", "turns": [[user(huge)]]})

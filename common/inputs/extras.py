@@ -3,8 +3,9 @@
 - ``system``: becomes the first system message; when the turns already hold a different system
   message, the field is reported as unused (``--strict-fields`` rejects the row) rather than
   one of the two dropped silently.
-- ``tools`` (the function definitions of tool-use rows, a list or its JSON text): added to the
-  system message as Qwen3's chat template writes them (:func:`common.inputs.rows.tools_text`).
+- ``tools`` (the function definitions of tool-use rows, a list or its JSON text): normalized to
+  the OpenAI structure (:func:`common.inputs.rows.normalize_tools`) and kept beside the turns;
+  the target's chat template renders them.
 - ``history`` (LLaMA-Factory's ``[[user, assistant], ...]`` pairs beside a single prompt): the
   earlier turns; its user messages come first, its assistant ones are regenerated like any other.
 """
@@ -12,7 +13,7 @@
 from __future__ import annotations
 
 from common.errors import BadRow
-from common.inputs.rows import check_text, tools_text, type_name
+from common.inputs.rows import check_text, type_name
 
 Turns = list[list[dict]]
 
@@ -30,16 +31,6 @@ def with_system(turns: Turns, data: dict) -> bool:
     if system.strip():
         turns[0].insert(0, {"role": "system", "content": system})
     return True
-
-
-def with_tools(turns: Turns, tools: object) -> None:
-    """Append the row's tool definitions to its system message (one is made if none)."""
-    block = tools_text(tools)
-    first = turns[0][0]
-    if first["role"] == "system":
-        first["content"] = f"{first['content']}\n\n{block}" if first["content"] else block
-    else:
-        turns[0].insert(0, {"role": "system", "content": block})
 
 
 def history_turns(data: dict) -> Turns:

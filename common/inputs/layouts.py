@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.errors import BadRow, ConfigError
-from common.inputs.extras import history_turns, nonempty, user_turn, with_system, with_tools
+from common.inputs.extras import history_turns, nonempty, user_turn, with_system
 from common.inputs.fields import has_text, match_case, unused_fields
 from common.inputs.rows import (
     ANSWER_FIELDS,
@@ -45,6 +45,7 @@ from common.inputs.rows import (
     content_id,
     group_turns,
     jsonable,
+    normalize_tools,
     parse_messages,
     sample_id,
     type_name,
@@ -219,9 +220,9 @@ def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = No
         many, used = _turns(data, layout, prompt_field)
     if all([with_system(turns, data) for turns in many]):
         used = used | {"system"}
+    tools = None
     if has_text(data.get("tools")):
-        for turns in many:
-            with_tools(turns, data["tools"])
+        tools = normalize_tools(data["tools"])
         used = used | {"tools"}
     unused = unused_fields(data, used)
     if unused and strict:
@@ -235,10 +236,11 @@ def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = No
     conversations = []
     for index, turns in enumerate(many):
         if len(many) == 1:
-            conversations.append(Conversation(found_id or content_id(turns), turns, source))
+            conversations.append(Conversation(found_id or content_id(turns, tools), turns,
+                                              source, tools))
         else:
-            own = f"{found_id}#{index}" if found_id else content_id(turns)
-            conversations.append(Conversation(own, turns, {**source, "instance": index}))
+            own = f"{found_id}#{index}" if found_id else content_id(turns, tools)
+            conversations.append(Conversation(own, turns, {**source, "instance": index}, tools))
     return Normalized(conversations, layout, unused, matched)
 
 

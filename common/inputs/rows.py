@@ -4,15 +4,14 @@ message parsing and grouping; ``common.inputs.layouts`` uses them for every row 
 Assistant messages are dropped (the target model regenerates them); system and user messages
 are kept and grouped into ``turns``, one group per assistant reply to generate.
 
-Tool use is context, never regenerated: a ``tool`` message (ShareGPT ``observation``) becomes a
-user message ``<tool_response>\n...\n</tool_response>`` (consecutive ones share one message),
-and an assistant message with ``tool_calls`` (ShareGPT ``function_call``) that tool results
-follow is kept as an assistant message whose content ends with one
-``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` per call. That is the text
-Qwen3's chat template renders for them, so any template that renders user and assistant
-messages (the embedded tiny one included, which has no tool branches) shows the same prompt.
-A row's ``tools`` (function definitions, or their JSON text) join the system message the same
-way (:func:`tools_text`).
+Tools are data, never text we write: tool use is context, never regenerated, and every input
+layout's tool messages are normalized to the OpenAI structure that chat templates take. A
+``tool`` message (ShareGPT ``observation``) stays a ``tool`` message; an assistant message with
+``tool_calls`` (ShareGPT ``function_call``) that tool results follow is kept as an assistant
+message with ``tool_calls=[{"type": "function", "function": {"name", "arguments"}}]`` (the
+arguments an object); a row's ``tools`` become ``[{"type": "function", "function": {...}}]``
+(:func:`normalize_tools`). The target's own template renders all of them
+(``apply_chat_template(messages, tools=...)``), in its own dialect.
 """
 
 from __future__ import annotations
@@ -52,20 +51,26 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 @dataclass(frozen=True, slots=True)
 class Conversation:
-    """A validated sample: its id, the message groups to answer, and the row's metadata."""
+    """A validated sample: its id, the message groups to answer, the row's metadata, and its
+    tool definitions (OpenAI structure; None without tools)."""
 
     id: str
     turns: list[list[dict]]
     source: dict
+    tools: list[dict] | None = None
 
     def to_json(self) -> dict:
-        """Return the JSON-ready form ``{"id", "turns", "source"}``."""
-        return {"id": self.id, "turns": self.turns, "source": self.source}
+        """Return the JSON-ready form ``{"id", "turns", "source"}`` (and ``tools``, if any)."""
+        out = {"id": self.id, "turns": self.turns, "source": self.source}
+        if self.tools:
+            out["tools"] = self.tools
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> Conversation:
         """Rebuild a Conversation from :meth:`to_json` output."""
-        return cls(id=str(d["id"]), turns=d["turns"], source=d.get("source") or {})
+        return cls(id=str(d["id"]), turns=d["turns"], source=d.get("source") or {},
+                   tools=d.get("tools") or None)
 
 
 class IdRegistry:
@@ -103,8 +108,9 @@ def check_text(value: object, where: str) -> str:
 
 def parse_messages(
     data: dict, field: str, role_keys: tuple[str, ...], content_keys: tuple[str, ...], roles: dict
-) -> list[tuple[str, str]]:
-    """Return ``(role, content)`` pairs of a message list, validating types and roles."""
+) -> list[tuple[str, Any]]:
+    """Return ``(role, content)`` pairs of a message list, validating types and roles; a tool
+    call's or tool result's content is its whole normalized message."""
     items = data[field]
     if isinstance(items, str):
         raise BadRow(f"{field} is a string, expected a list of messages (objects with a role "
@@ -129,12 +135,13 @@ def parse_messages(
         if role == "assistant" and item.get("tool_calls"):
             role = "call"
         if role == "call":
-            messages.append((role, tool_call_text(item, item.get(content_key), where)))
+            messages.append((role, tool_call_message(item, item.get(content_key), where)))
         elif role == "assistant":
             # Dropped unchecked: regenerated anyway.
             messages.append((role, ""))
         elif role == "tool":
-            messages.append((role, _tool_text(item.get(content_key), f"{where}.{content_key}")))
+            messages.append((role, tool_result_message(item, item.get(content_key), where,
+                                                       content_key)))
         else:
             content = check_text(item.get(content_key), f"{where}.{content_key}")
             if role == "user" and not content.strip():
@@ -152,79 +159,127 @@ def _tool_text(value: object, where: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def tool_call_text(item: dict, content: object, where: str) -> str:
-    """An assistant tool call as Qwen3's template renders it (see the module docstring)."""
-    parts = [] if content is None else [check_text(content, f"{where}.content")]
+def tool_result_message(item: dict, content: object, where: str, content_key: str) -> dict:
+    """A ``role: tool`` message: its text, and the call id and name when the row gives them."""
+    message = {"role": "tool", "content": _tool_text(content, f"{where}.{content_key}")}
+    for key in ("tool_call_id", "name"):
+        if isinstance(item.get(key), str):
+            message[key] = check_text(item[key], f"{where}.{key}")
+    return message
+
+
+def _arguments(value: object, where: str) -> dict:
+    """A call's arguments as an object (templates iterate them); JSON text is parsed."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise BadRow(f"{where}.arguments is not JSON: {value[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise BadRow(f"{where}.arguments must be an object, got {type_name(value)}")
+    return value
+
+
+def _call(call: object, where: str) -> dict:
+    """One call in the OpenAI structure: ``{"type": "function", "function": {...}}``."""
+    function = call.get("function", call) if isinstance(call, dict) else call
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+            or not function["name"].strip():
+        raise BadRow(f"{where} has no function name")
+    out = {"type": "function", "function": {
+        "name": check_text(function["name"], f"{where}.name"),
+        "arguments": _arguments(function.get("arguments"), where)}}
+    if isinstance(call, dict) and isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def tool_call_message(item: dict, content: object, where: str) -> dict:
+    """An assistant tool call as an OpenAI message: its text (if any) and its ``tool_calls``."""
     calls = item.get("tool_calls")
     if not calls:  # ShareGPT function_call: the value is the call's JSON text
-        return "<tool_call>\n" + "".join(parts).strip() + "\n</tool_call>"
+        text = check_text(content, f"{where}.value") if content is not None else ""
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            raise BadRow(f"{where} is a function_call whose value is not JSON: "
+                         f"{text[:80]!r}") from None
+        return {"role": "assistant", "content": "", "tool_calls": [_call(parsed, where)]}
     if not isinstance(calls, list):
         raise BadRow(f"{where}.tool_calls must be a list, got {type_name(calls)}")
-    for index, call in enumerate(calls):
-        call = call.get("function", call) if isinstance(call, dict) else call
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            raise BadRow(f"{where}.tool_calls[{index}] has no function name")
-        arguments = call.get("arguments")
-        arguments = arguments if isinstance(arguments, str) else json.dumps(
-            arguments, ensure_ascii=False)
-        parts.append(f'<tool_call>\n{{"name": "{call["name"]}", "arguments": {arguments}}}'
-                     "\n</tool_call>")
-    return "\n".join(p for p in parts if p)
+    text = "" if content is None else check_text(content, f"{where}.content")
+    return {"role": "assistant", "content": text,
+            "tool_calls": [_call(call, f"{where}.tool_calls[{i}]")
+                           for i, call in enumerate(calls)]}
 
 
-def tools_text(tools: object) -> str:
-    """The ``# Tools`` block Qwen3's template adds to the system message for ``tools``."""
+def normalize_tools(tools: object) -> list[dict]:
+    """A row's tool definitions (a list, one object, or their JSON text) in the OpenAI
+    structure ``[{"type": "function", "function": {"name", ...}}]``."""
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)
         except ValueError:
-            tools = [tools]
-    if not isinstance(tools, list):
+            raise BadRow(f"tools is not JSON: {tools[:80]!r}") from None
+    if isinstance(tools, dict):
         tools = [tools]
-    listed = "".join("\n" + (t if isinstance(t, str) else json.dumps(t, ensure_ascii=False))
-                     for t in tools)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>{listed}\n</tools>\n\nFor each function call, return a json object with "
-            "function name and arguments within <tool_call></tool_call> XML tags:\n"
-            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
-            "</tool_call>")
+    if not isinstance(tools, list):
+        raise BadRow(f"tools must be a list of function definitions, got {type_name(tools)}")
+    out = []
+    for index, tool in enumerate(tools):
+        if isinstance(tool, str):
+            try:
+                tool = json.loads(tool)
+            except ValueError:
+                raise BadRow(f"tools[{index}] is not JSON: {tool[:80]!r}") from None
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise BadRow(f"tools[{index}] is not a function definition (no name)")
+        out.append({"type": "function", "function": jsonable(function)})
+    return out
 
 
-def group_turns(messages: list[tuple[str, str]]) -> list[list[dict]]:
-    """Group non-assistant messages so that one reply is generated after each group."""
+def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict]]:
+    """Group non-assistant messages so that one reply is generated after each group; a tool
+    call is kept as context when its results follow it."""
     turns: list[list[dict]] = []
     group: list[dict] = []
     for index, (role, content) in enumerate(messages):
         after = messages[index + 1][0] if index + 1 < len(messages) else None
         if role == "tool":
-            block = f"<tool_response>\n{content}\n</tool_response>"
-            if group and group[-1].get("tool"):
-                group[-1]["content"] += "\n" + block
-            else:
-                group.append({"role": "user", "content": block, "tool": True})
+            group.append(content)
             continue
         if role == "call" and after == "tool":
-            group.append({"role": "assistant", "content": content})
+            group.append(content)
             continue
         if role not in ("assistant", "call"):
             group.append({"role": role, "content": content})
-        elif any(m["role"] == "user" for m in group):
+        elif _asks(group):
             turns.append(group)
             group = []
         # An assistant message with no user message before it (a greeting) is simply dropped.
     if group:
-        has_user = any(m["role"] == "user" for m in group)
         # A trailing system message would be followed by a reply nobody asked for.
-        if group[-1]["role"] == "system" and (has_user or turns):
+        if group[-1]["role"] == "system" and (_asks(group) or turns):
             raise BadRow("conversation ends with a system message")
-        if has_user:
+        if _asks(group):
             turns.append(group)
     if not turns:
         raise BadRow("no user message")
-    for message in (m for group in turns for m in group):
-        message.pop("tool", None)
     return turns
+
+
+def _asks(group: list[dict]) -> bool:
+    """A group the target answers: it holds a user message or a tool result."""
+    return any(m["role"] in ("user", "tool") for m in group)
+
+
+def uses_tools(row: dict) -> bool:
+    """A row whose rendering needs the template's tool branches."""
+    return bool(row.get("tools")) or any(
+        m["role"] == "tool" or m.get("tool_calls") for group in row["turns"] for m in group)
 
 
 def sample_id(data: dict) -> tuple[str | None, str | None, object]:
@@ -245,9 +300,11 @@ def sample_id(data: dict) -> tuple[str | None, str | None, object]:
     return None, None, None
 
 
-def content_id(turns: list[list[dict]]) -> str:
-    """Return ``h-`` plus 16 hex digits of the SHA-256 of the canonical JSON of ``turns``."""
-    canonical = json.dumps(turns, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def content_id(turns: list[list[dict]], tools: list[dict] | None = None) -> str:
+    """Return ``h-`` plus 16 hex digits of the SHA-256 of the canonical JSON of ``turns`` (and
+    of the row's tools, when it has any)."""
+    content: object = {"turns": turns, "tools": tools} if tools else turns
+    canonical = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "h-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 

@@ -1,10 +1,14 @@
 """Turn-by-turn regeneration of conversations into sample records.
 
 Each assistant turn answers the conversation so far: earlier turns are the target's own
-regenerated answers, rendered by the tokenizer's chat template (``apply_chat_template``), which
-for Qwen3-style templates drops the reasoning of earlier turns exactly as at inference time.
-Every conversation of a shard is submitted at once to the worker's engine loop; the engine's
-in-flight cap (shared by all shards the worker holds) decides how many run at a time.
+regenerated answers (reasoning apart from content), rendered with the row's tools by the
+target's chat template (``apply_chat_template``), which decides what of earlier reasoning the
+history shows, exactly as at inference time. Each conversation renders in its own thinking mode
+(``--thinking mix:R``). A turn is judged when it finishes: the conversation stops at its first
+rejected turn (no request is sent for the turns after it); the turns before it are kept and
+train, and the record keeps the rejected one under ``quality.stopped``. Every conversation of a
+shard is submitted at once to the worker's engine loop; the engine's in-flight cap (shared by
+all shards the worker holds) decides how many run at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from common.gates import (
     Reason,
     TokenInfo,
     TurnFacts,
+    answer_hash,
     inspect_turn,
     judge,
 )
@@ -42,10 +47,13 @@ class ShardCounters:
     answered: int = 0   # requests the engine answered (2xx)
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], sampling: Sampling,
-                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: Sampling | bool,
+                  template_kwargs: dict[str, Any] | None = None,
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
     """The chat template applied once, thinking on or off, tokenized without extra specials."""
-    text = render_chat(tokenizer, messages, sampling.thinking, template_kwargs)
+    if isinstance(thinking, Sampling):
+        thinking = thinking.thinking
+    text = render_chat(tokenizer, messages, thinking, template_kwargs, tools)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         # The Rust tokenizer directly: same ids, without the Python wrapper's per-call overhead.
@@ -85,10 +93,10 @@ def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
 
 
 def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
-            turns: list[dict[str, Any]], engine_info: dict[str, Any],
-            quality: dict[str, Any]) -> dict[str, Any]:
+            turns: list[dict[str, Any]], engine_info: dict[str, Any], quality: dict[str, Any],
+            thinking: bool, spent: list[dict[str, Any]]) -> dict[str, Any]:
     last = turns[-1]
-    return {
+    record = {
         "id": row["id"],
         "shard": shard,
         "source": row.get("source", {}),
@@ -97,14 +105,19 @@ def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
         "output_ids": last["output_ids"],
         "finish_reason": last["finish_reason"],
         "turns": turns,
+        "thinking": thinking,
+        # Every generated turn's tokens, the rejected one included: engine time spent.
         "usage": {
-            "prompt_tokens": sum(t["prompt_tokens"] for t in turns),
-            "completion_tokens": sum(t["completion_tokens"] for t in turns),
+            "prompt_tokens": sum(t["prompt_tokens"] for t in spent),
+            "completion_tokens": sum(t["completion_tokens"] for t in spent),
         },
-        "latency_s": round(sum(t["latency_s"] for t in turns), 4),
+        "latency_s": round(sum(t["latency_s"] for t in spent), 4),
         "engine": engine_info,
         "quality": quality,
     }
+    if row.get("tools"):
+        record["tools"] = row["tools"]
+    return record
 
 
 @dataclass(frozen=True)
@@ -120,39 +133,102 @@ class Job:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Conversation:
+    """A conversation as it is regenerated: the turns that passed, and the one that did not."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[TurnFacts] = field(default_factory=list)
+    stopped: dict[str, Any] | None = None   # the first rejected turn: its verdict and tokens
+
+    def keep(self, answer: dict[str, Any], turn: dict[str, Any], facts: TurnFacts) -> None:
+        self.messages.append(answer)
+        self.turns.append(turn)
+        self.facts.append(facts)
+
+
 async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
-    """One conversation, every assistant turn answering the conversation so far."""
-    tokenizer, sampling = job.engine.tokenizer, job.sampling
-    messages: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
-    facts: list[TurnFacts] = []
-    refused: RequestRefused | None = None
-    for group in row["turns"]:
-        messages.extend(group)
-        request = GenRequest(render_prompt(tokenizer, messages, sampling, job.template_kwargs),
-                             sampling, job.gates.min_answer_tokens)
-        job.counters.requests += 1
-        try:
-            result = await job.engine.generate(request)
-        except RequestRefused as exc:   # this sample only: the turns after it are not sent
-            refused = exc
-            if exc.reason == Reason.CONTEXT_OVERFLOW:
-                job.counters.requests -= 1   # fitted out before it was sent
-            turns.append(_refused_turn(request, exc))
+    """One conversation, each assistant turn answering the conversation so far and judged as
+    it finishes; the first rejected turn ends it."""
+    thinking = job.sampling.thinking_for(row["id"])
+    convo = _Conversation()
+    for number, group in enumerate(row["turns"], start=1):
+        convo.messages.extend(group)
+        request = GenRequest(render_prompt(job.engine.tokenizer, convo.messages, thinking,
+                                           job.template_kwargs, row.get("tools")),
+                             job.sampling, job.gates.min_answer_tokens)
+        convo.stopped = await _turn_of(job, request, convo, number, thinking)
+        if convo.stopped is not None:
             break
-        job.counters.answered += 1
-        raw = _decode(tokenizer, result.output_ids)
-        answer = answer_message(tokenizer, job.tokens, request.input_ids, result.output_ids)
-        messages.append(answer)
-        turns.append(_turn(request, result))
-        facts.append(inspect_turn(job.tokens, request.input_ids, result.output_ids, raw,
-                                  answer["content"], result.finish_reason))
-    quality = judge(facts, job.gates, sampling.thinking)
-    if refused is not None:
-        quality["passed"] = False
-        quality["reasons"].append(str(refused.reason))
-        quality["details"].append(f"turn {len(turns)}: {refused}")
-    return _record(row, job.shard, messages, turns, job.engine.info(), quality)
+    return _record(row, job.shard, *_kept(convo), job.engine.info(),
+                   _quality(convo, job.gates, thinking), thinking, _spent(convo))
+
+
+async def _turn_of(job: Job, request: GenRequest, convo: _Conversation, number: int,
+                   thinking: bool) -> dict[str, Any] | None:
+    """Generate and judge one turn; keep it if it passes, else return what stopped it."""
+    job.counters.requests += 1
+    try:
+        result = await job.engine.generate(request)
+    except RequestRefused as exc:   # this sample only: the turns after it are not sent
+        if exc.reason == Reason.CONTEXT_OVERFLOW:
+            job.counters.requests -= 1   # fitted out before it was sent
+        return {**_refused_turn(request, exc), "turn": number, "answer": None,
+                "verdict": refused_verdict(exc, number)}
+    job.counters.answered += 1
+    tokenizer = job.engine.tokenizer
+    answer = answer_message(tokenizer, job.tokens, request.input_ids, result.output_ids)
+    facts = inspect_turn(job.tokens, request.input_ids, result.output_ids,
+                         _decode(tokenizer, result.output_ids), answer["content"],
+                         result.finish_reason)
+    verdict = judge([facts], job.gates, thinking, first=number)
+    if verdict["passed"]:
+        convo.keep(answer, _turn(request, result), facts)
+        return None
+    return {**_turn(request, result), "turn": number, "answer": answer, "verdict": verdict}
+
+
+def refused_verdict(refused: RequestRefused, number: int) -> dict[str, Any]:
+    """The verdict on a turn the engine never generated."""
+    return {"passed": False, "reasons": [str(refused.reason)],
+            "details": [f"turn {number}: {refused}"], "supervised_tokens": [0],
+            "thinking_tokens": [0]}
+
+
+def _kept(convo: _Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Messages and turns the record holds: those that passed, or the rejected first turn."""
+    if convo.turns or convo.stopped is None:
+        return convo.messages, convo.turns
+    stopped = convo.stopped
+    answer = [stopped["answer"]] if stopped["answer"] is not None else []
+    turn = {k: v for k, v in stopped.items() if k not in ("turn", "answer", "verdict")}
+    return convo.messages + answer, [turn]
+
+
+def _spent(convo: _Conversation) -> list[dict[str, Any]]:
+    return convo.turns + ([convo.stopped] if convo.stopped is not None else [])
+
+
+def _quality(convo: _Conversation, gates: GateConfig, thinking: bool) -> dict[str, Any]:
+    """The sample's verdict: passed when its first turn did; a later rejected turn is kept
+    under ``stopped`` (its number, reasons, details and tokens) and counted per turn."""
+    stopped = convo.stopped
+    if not convo.turns and stopped is not None:
+        quality = dict(stopped["verdict"])
+        quality["answer_hash"] = answer_hash([(stopped["answer"] or {}).get("content", "")])
+    else:
+        quality = judge(convo.facts, gates, thinking)
+    quality["turns_passed"] = len(convo.turns)
+    quality["thinking"] = thinking
+    if convo.turns and stopped is not None:
+        verdict = stopped["verdict"]
+        quality["stopped"] = {
+            "turn": stopped["turn"], "reasons": verdict["reasons"],
+            "details": verdict["details"], "finish_reason": stopped["finish_reason"],
+            "prompt_ids": stopped["prompt_ids"], "output_ids": stopped["output_ids"],
+            "answer": stopped["answer"], "supervised_tokens": verdict["supervised_tokens"][0]}
+    return quality
 
 
 def _refused_turn(request: GenRequest, refused: RequestRefused) -> dict[str, Any]:

@@ -140,7 +140,7 @@ def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
         if not rows:
             raise InputError(f"no usable prompt in {path}" +
                              (f" ({'; '.join(errors)})" if errors else ""))
-        return row_prompts(rows, tokenizer, config.sampling.thinking, num,
+        return row_prompts(rows, tokenizer, config.sampling, num,
                            config.chat_template_kwargs), path
     manifest = store.manifest()
     if manifest is None:

@@ -24,7 +24,7 @@ from torch import nn
 from common import keys
 from common.faults import inject
 from common.models import render_chat
-from common.records import InputManifest, RunConfig, decode_jsonl_zst
+from common.records import InputManifest, RunConfig, Sampling, decode_jsonl_zst
 from common.storage import Storage
 from workers.train.drafter.specdec import (
     AcceptanceStats,
@@ -55,20 +55,25 @@ def stop_ids(target: nn.Module, tokenizer: Any) -> set[int]:
 
 
 def encode_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
-                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    return tokenizer.encode(render_chat(tokenizer, messages, thinking, template_kwargs),
+                  template_kwargs: dict[str, Any] | None = None,
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+    return tokenizer.encode(render_chat(tokenizer, messages, thinking, template_kwargs, tools),
                             add_special_tokens=False)
 
 
-def row_prompts(rows: Iterable[dict[str, Any]], tokenizer: Any, thinking: bool,
+def row_prompts(rows: Iterable[dict[str, Any]], tokenizer: Any, sampling: Sampling | bool,
                 num: int, template_kwargs: dict[str, Any] | None = None) -> list[EvalPrompt]:
-    """The first user turn of up to ``num`` input rows (``{"id", "turns"}`` as enqueue stores)."""
+    """The first user turn of up to ``num`` input rows (``{"id", "turns"}`` as enqueue stores),
+    each in the thinking mode the run gives it, with its tools."""
+    if isinstance(sampling, bool):
+        sampling = Sampling(thinking=sampling)
     prompts = []
     for row in rows:
         if len(prompts) >= num:
             break
-        prompts.append(EvalPrompt(str(row["id"]), encode_prompt(tokenizer, row["turns"][0],
-                                                                thinking, template_kwargs)))
+        thinking = sampling.thinking_for(str(row["id"]))
+        prompts.append(EvalPrompt(str(row["id"]), encode_prompt(
+            tokenizer, row["turns"][0], thinking, template_kwargs, row.get("tools"))))
     return prompts
 
 
@@ -81,7 +86,7 @@ def heldout_prompts(storage: Storage, config: RunConfig, manifest: InputManifest
     rows = (row for shard in sorted(wanted)
             for row in decode_jsonl_zst(storage.get(keys.input_shard(config.run, shard)))
             if row["id"] in wanted[shard])
-    return row_prompts(rows, tokenizer, config.sampling.thinking, num,
+    return row_prompts(rows, tokenizer, config.sampling, num,
                        config.chat_template_kwargs)
 
 
