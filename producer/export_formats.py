@@ -15,6 +15,11 @@ format          one row                                           read by
                 (JSONL)
 ==============  ================================================  =========================
 
+Reasoning is never inside ``content``: it is ``reasoning_content``. Tool use keeps its OpenAI
+structure (assistant ``tool_calls``, ``tool`` messages with their ``tool_call_id``), and a row of
+a tool-use sample carries its ``tools``; ``specforge`` and ``messages`` rows say the sample's
+``thinking`` mode, so re-rendering a row with the target's template (``tools=``,
+``enable_thinking=``, the run's template kwargs) gives the prompt of its last turn.
 With ``--include-rejected`` rows also carry ``rejected`` and the gates' ``quality_reasons``.
 """
 
@@ -40,7 +45,20 @@ def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
         item = {"role": message["role"], "content": message.get("content") or ""}
         if message["role"] == "assistant" and message.get("reasoning_content"):
             item["reasoning_content"] = message["reasoning_content"]
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if message.get(key):
+                item[key] = message[key]
         out.append(item)
+    return out
+
+
+def _context(sample: dict[str, Any]) -> dict[str, Any]:
+    """What a re-render needs beside the messages: the tools and the thinking mode."""
+    out: dict[str, Any] = {}
+    if sample.get("tools"):
+        out["tools"] = sample["tools"]
+    if sample.get("thinking") is not None:
+        out["thinking"] = bool(sample["thinking"])
     return out
 
 
@@ -58,16 +76,22 @@ def rows_of(sample: dict[str, Any], fmt: str, include_rejected: bool) -> Iterato
     if fmt == "parquet":
         turns = turns_of(sample)
         yield {"id": sample["id"],
-               "messages": [{"reasoning_content": None, **m} for m in messages_of(sample)],
+               "messages": [{"role": m["role"], "content": m["content"],
+                             "reasoning_content": m.get("reasoning_content"),
+                             "tool_calls": json.dumps(m["tool_calls"]) if m.get("tool_calls")
+                             else None} for m in messages_of(sample)],
+               "tools": json.dumps(sample["tools"]) if sample.get("tools") else None,
+               "thinking": sample.get("thinking"),
                "prompt_ids": [list(t["prompt_ids"]) for t in turns],
                "output_ids": [list(t["output_ids"]) for t in turns],
                "finish_reason": [t.get("finish_reason", "stop") for t in turns],
                "source": json.dumps(sample.get("source", {}), ensure_ascii=False,
                                     sort_keys=True), **extra}
     elif fmt == "specforge":
-        yield {"id": sample["id"], "conversations": messages_of(sample), **extra}
+        yield {"id": sample["id"], "conversations": messages_of(sample), **_context(sample),
+               **extra}
     elif fmt == "messages":
-        yield {"id": sample["id"], "messages": messages_of(sample), **extra}
+        yield {"id": sample["id"], "messages": messages_of(sample), **_context(sample), **extra}
     else:
         turns = turns_of(sample)
         for row, turn in zip(training_rows(sample), turns, strict=True):
@@ -82,9 +106,11 @@ def rows_of(sample: dict[str, Any], fmt: str, include_rejected: bool) -> Iterato
 def parquet_schema(include_rejected: bool) -> Any:
     import pyarrow as pa
 
+    # Tool calls and definitions as JSON text: their argument objects have no fixed schema.
     message = pa.struct([("role", pa.string()), ("content", pa.string()),
-                         ("reasoning_content", pa.string())])
-    fields = [("id", pa.string()), ("messages", pa.list_(message)),
+                         ("reasoning_content", pa.string()), ("tool_calls", pa.string())])
+    fields = [("id", pa.string()), ("messages", pa.list_(message)), ("tools", pa.string()),
+              ("thinking", pa.bool_()),
               ("prompt_ids", pa.list_(pa.list_(pa.int32()))),
               ("output_ids", pa.list_(pa.list_(pa.int32()))),
               ("finish_reason", pa.list_(pa.string())), ("source", pa.string())]

@@ -60,15 +60,22 @@ def test_quick_demo_commits_all_80_mt_bench_questions(model_cache: Path,
                 question = by_id[int(sample["id"])]
                 users = [m["content"] for m in sample["messages"] if m["role"] == "user"]
                 answers = [m for m in sample["messages"] if m["role"] == "assistant"]
-                assert users == question["turns"]
-                assert len(answers) == len(sample["turns"]) == 2
+                kept, stopped = sample["quality"]["turns_passed"], sample["quality"].get("stopped")
+                if not sample["quality"]["passed"]:   # its turn 1 was rejected: only it ran
+                    assert users == question["turns"][:1] and len(sample["turns"]) == 1
+                    continue
+                # Verdicts per turn: a rejected turn 2 ends the conversation, turn 1 kept.
+                assert users == question["turns"][:kept + bool(stopped)]
+                assert len(answers) == len(sample["turns"]) == kept
+                assert kept == 2 or stopped["turn"] == 2
                 assert all("reasoning_content" in a and "content" in a for a in answers)
                 for turn in sample["turns"]:
                     assert turn["prompt_ids"] and turn["output_ids"]
                     assert turn["finish_reason"] in ("stop", "length")
                 assert sample["prompt_ids"] == sample["turns"][-1]["prompt_ids"]
                 # Turn by turn: the second prompt holds the target's own first answer.
-                second_prompt = tokenizer.decode(sample["turns"][1]["prompt_ids"])
+                second = sample["turns"][1] if kept == 2 else stopped
+                second_prompt = tokenizer.decode(second["prompt_ids"])
                 assert answers[0]["content"] in second_prompt
                 assert question["turns"][1] in second_prompt
                 assert sample["finish_reason"] == sample["turns"][-1]["finish_reason"]

@@ -114,7 +114,8 @@ def test_template_leakage_is_rejected(simulate: Any) -> None:
 def test_six_token_replies_fall_under_the_floor(simulate: Any) -> None:
     samples = simulate(mt_bench_rows(3), "--answer-mode", "degenerate")
     for sample in samples:
-        assert sample["quality"]["supervised_tokens"] == [6, 6]
+        # Judged per turn: the rejected first turn ends the conversation, turn 2 is never sent.
+        assert sample["quality"]["supervised_tokens"] == [6] and len(sample["turns"]) == 1
         assert {"too_few_tokens", "thinking_missing"} <= set(sample["quality"]["reasons"])
     # The floor is a threshold: lowered under six tokens, only the missing thinking remains.
     lenient = simulate(mt_bench_rows(2), "--answer-mode", "degenerate",

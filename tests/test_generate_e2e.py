@@ -135,8 +135,16 @@ def test_kill9_mid_shard_then_resume_regenerates_only_missing(
     assert sorted(ids) == sorted(str(r["question_id"]) for r in rows)
     assert len(ids) == len(set(ids))
     requests = pipeline_requests(pipeline, "k9", "rescuer@")
-    expected = sum(len(r["turns"]) for r in rows if str(r["question_id"]) not in kept)
+    expected = sum(sent_requests(s) for s in samples if s["id"] not in kept)
     assert requests == expected, (requests, expected, len(kept))
+
+
+def sent_requests(sample: dict) -> int:
+    """Requests a sample's record says were sent: its kept turns and the turn that stopped it
+    (a conversation stops at its first rejected turn), less those fitted out before sending."""
+    stopped = sample["quality"].get("stopped")
+    turns = sample["turns"] + ([stopped] if stopped else [])
+    return sum((t.get("refused") or {}).get("reason") != "context_overflow" for t in turns)
 
 
 def pipeline_requests(pipeline: Pipeline, run: str, prefix: str) -> int:

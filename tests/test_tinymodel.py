@@ -77,7 +77,9 @@ def test_loads_offline_with_single_token_specials(tiny_path: Path) -> None:
     assert (tiny_path / READY_MARKER).is_file()
 
 
-def test_chat_template_matches_qwen3(tiny: tuple) -> None:
+def test_chat_template_matches_its_family(tiny: tuple, target_model: TinyTarget) -> None:
+    """Qwen3's template on the dense target; Qwen3.5/3.6's behaviour on the hybrid: the
+    generation prompt opens the think block, and preserve_thinking keeps earlier reasoning."""
     tok, _ = tiny
 
     def render(messages: list[dict], **kwargs: object) -> str:
@@ -85,12 +87,12 @@ def test_chat_template_matches_qwen3(tiny: tuple) -> None:
 
     single = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
     prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
-    gen = "<|im_start|>assistant\n"
+    gen = "<|im_start|>assistant\n" + ("<think>\n" if target_model.hybrid else "")
     assert render(single, add_generation_prompt=True, enable_thinking=True) == prompt + gen
     assert render(single, add_generation_prompt=True) == prompt + gen
     assert (
         render(single, add_generation_prompt=True, enable_thinking=False)
-        == prompt + gen + "<think>\n\n</think>\n\n"
+        == prompt + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
 
     answered = [
@@ -106,8 +108,14 @@ def test_chat_template_matches_qwen3(tiny: tuple) -> None:
         two = [answered[0], earlier, {"role": "user", "content": "Q2"}]
         assert render(two, add_generation_prompt=True, enable_thinking=True) == (
             "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
-            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n"
+            "<|im_start|>user\nQ2<|im_end|>\n" + gen
         )
+        kept = render(two, add_generation_prompt=True, preserve_thinking=True)
+        assert ("<think>\nR1\n</think>\n\nA1" in kept) == target_model.hybrid
+    specials = [t for t in ("<think>", "</think>", "<tool_call>", "</tool_call>",
+                            "<tool_response>", "</tool_response>") if t in tok.get_vocab()]
+    expected = 6 if target_model.hybrid else 2   # Qwen3.6's tokenizer holds the tool markers
+    assert len(specials) == expected, specials
 
 
 def _generate(tok, model, conversations: list[list[dict]], seed: int) -> list[dict]:
@@ -116,6 +124,7 @@ def _generate(tok, model, conversations: list[list[dict]], seed: int) -> list[di
         tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True, enable_thinking=True)
         for c in conversations
     ]
+    opened = "<think>\n" if prompts[0].endswith("<think>\n") else ""  # Qwen3.6 opens it
     tok.padding_side = "left"
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
@@ -125,7 +134,7 @@ def _generate(tok, model, conversations: list[list[dict]], seed: int) -> list[di
         )
     replies = []
     for row in out[:, batch["input_ids"].shape[1] :].tolist():
-        text = tok.decode(row)
+        text = opened + tok.decode(row)
         body = text.split("<|im_end|>")[0]
         answer = body.split("</think>")[-1].strip()
         ok = (
