@@ -67,7 +67,11 @@ def test_degenerate_replies_pause_the_run_with_the_reason(pipeline: Pipeline, tm
         assert hist["mode"] == 6
         six = next(b for b in hist["histogram"] if b["lo"] == 6)
         assert six["count"] == hist["mode_count"] == max(b["count"] for b in hist["histogram"])
-        assert report["reasons"]["too_few_tokens"] == report["samples"]["rejected"]
+        # Every rejection is a six-token turn: a conversation's first (rejected whole) or a
+        # later one (the conversation kept up to it).
+        stopped = report["turns"]["stopped_conversations"]
+        assert report["reasons"]["too_few_tokens"] == report["samples"]["rejected"] + stopped
+        assert report["turns"]["rejected"] == report["samples"]["rejected"] + stopped
         assert report["paused"]["reason"] == status["pause"]["reason"]
         storage = open_storage(pipeline.env["DFLASH_STORAGE"])
         pngs = list(storage.list("runs/seed/reports/"))
