@@ -29,8 +29,18 @@ TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP":
 EVAL_FIELDS = {"tau", "tau_pooled", "accepted_hist", "per_position", "prompts", "tokens"}
 
 
-def start_train_worker(pipeline: Pipeline, name: str, **env: str) -> subprocess.Popen[bytes]:
-    return pipeline.start_worker(name, kind="train", **{**TRAIN_ENV, **env})
+# Five sliding-window layers, as SpecForge's Qwen3.6 drafters, with a window (24) well below
+# the rows (128 generated tokens after the prompt), and its own heads.
+SLIDING_DRAFTER = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+                   "num_hidden_layers": 5, "layer_types": ["sliding_attention"] * 5,
+                   "sliding_window": 24, "use_sliding_window": True,
+                   "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+                   "block_size": 16, "dflash_config": {"mask_token_id": None}}
+
+
+def start_train_worker(pipeline: Pipeline, name: str, *args: str,
+                       **env: str) -> subprocess.Popen[bytes]:
+    return pipeline.start_worker(name, *args, kind="train", **{**TRAIN_ENV, **env})
 
 
 def adam_steps(state: dict) -> set[int]:
@@ -39,10 +49,13 @@ def adam_steps(state: dict) -> set[int]:
 
 def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path: Path,
                                                     target_model: TinyTarget) -> None:
-    """Enqueue (context checked from the target's settings), generate, train with the periodic
-    eval on, kill -9 the trainer, export, doctor --drafter, eval-drafter: on both targets."""
+    """Enqueue (context checked from the target's settings), generate, train a drafter of five
+    sliding-window layers (--drafter-config) with the periodic eval on, kill -9 the trainer,
+    export, doctor --drafter, eval-drafter: on both targets."""
     pipeline.env["DFLASH_MODEL"] = target_model.name
-    evals = {"DFLASH_TRAIN_EVAL_STEPS": "2"}
+    shape = tmp_path / "sliding.json"
+    shape.write_text(json.dumps(SLIDING_DRAFTER))
+    evals = {"DFLASH_TRAIN_EVAL_STEPS": "2", "DFLASH_TRAIN_DRAFTER_CONFIG": str(shape)}
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
     victim = start_train_worker(pipeline, "trainer", **evals)
@@ -86,23 +99,72 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 16
     assert set(config["dflash_config"]) >= {"mask_token_id", "target_layer_ids"}
+    assert config["layer_types"] == ["sliding_attention"] * 5 and config["sliding_window"] == 24
+    assert config["use_sliding_window"] is True and "is_causal" not in config
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (8, 2)
     from safetensors.torch import load_file
 
     weights = load_file(str(out / "model.safetensors"))
     assert not [k for k in weights if "embed_tokens" in k or "lm_head" in k]
     assert torch.equal(weights["fc.weight"].float(), state["drafter"]["fc.weight"].float())
 
+    doctor = pipeline.cli("doctor", "--json", "--drafter", str(out))
+    checks = json.loads(doctor.stdout)["checks"]
+    rows = {c["name"]: c for c in checks if c["name"].startswith("drafter")}
+    assert "5 sliding (window 24" in rows["drafter attention layers"]["detail"]
     if target_model.hybrid:   # its mask token takes a spare row: the export serves as it is
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert {c["status"] for c in rows.values()} == {"PASS"}, checks
         measured = json.loads(pipeline.cli("eval-drafter", "--run", "on", "--drafter", str(out),
                                            "--max-new-tokens", "32", "--json", check=True).stdout)
         assert measured["lossless"]["checked"] >= 1 and measured["lossless"]["mismatches"] == []
-        doctor = pipeline.cli("doctor", "--json", "--drafter", str(out))
-        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-        checks = json.loads(doctor.stdout)["checks"]
-        rows = {c["status"] for c in checks if c["name"].startswith("drafter")}
-        assert rows == {"PASS"}, checks
     else:                     # the command's sources and errors, once
+        check_init_drafter(pipeline, tmp_path, out, storage)
         check_eval_drafter_command(pipeline, storage, final, out)
+
+
+def pipeline_target(pipeline: Pipeline) -> Path:
+    from common.config import load_settings
+    from common.models import resolve_model_path
+
+    return resolve_model_path(load_settings(model=pipeline.env["DFLASH_MODEL"],
+                                            cache_dir=pipeline.env["DFLASH_CACHE_DIR"]))
+
+
+def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage: object) -> None:
+    """A new run started from run "on"'s export: its first checkpoint grew from those weights
+    (not a fresh drafter's), and its own export has the same shape."""
+    from safetensors.torch import load_file
+
+    src = _write_jsonl(tmp_path / "more.jsonl", _mt_bench_rows(20)[16:])
+    start_train_worker(pipeline, "heir", "--init-drafter", str(export),
+                       DFLASH_TRAIN_CHECKPOINT_STEPS="1")
+    pipeline.cli("enqueue", "--input", src, "--run", "on2", "--shard-size", "4", "--mode",
+                 "online", "--max-new-tokens", "128", "--heldout-min", "0", check=True)
+    wait_until(lambda: committed_steps(storage, "on2"), 240, "the heir's first checkpoint")
+    first, _ = load_checkpoint(storage, "on2", committed_steps(storage, "on2")[0])
+    released = load_file(str(export / "model.safetensors"))
+    # One step (lr at most 3e-4 in warm-up) from the released weights: within 1e-3 of them,
+    # while a fresh drafter of that shape (the same init seed) is as far as run "on"'s steps.
+    from common.config import TrainSettings
+    from workers.train.drafter.model import add_mask_token
+    from workers.train.drafter.origin import new_drafter
+    from workers.train.drafter.target_loader import load_target
+
+    target, tokenizer = load_target(pipeline_target(pipeline))
+    fresh = new_drafter(target, add_mask_token(tokenizer, target), first["drafter_config"][
+        "target_layer_ids"], TrainSettings(drafter_config=str(tmp_path / "sliding.json")))
+    drift = max((first["drafter"][k].float() - released[k].float()).abs().max().item()
+                for k in released)
+    apart = max((fresh.state_dict()[k].float() - released[k].float()).abs().max().item()
+                for k in released)
+    assert drift < 1e-3 < apart, (drift, apart)
+    out = tmp_path / "export2"
+    pipeline.cli("export-drafter", "--run", "on2", "--out", str(out), check=True)
+    again = json.loads((out / "config.json").read_text())
+    assert {k: v for k, v in again.items() if k != "dtype"} == \
+        {k: v for k, v in json.loads((export / "config.json").read_text()).items()
+         if k != "dtype"}
 
 
 def check_eval_drafter_command(pipeline: Pipeline, storage: object, final: int,

@@ -181,7 +181,45 @@ def _check_shape(draft: dict[str, Any], target: TargetShape) -> list[CheckResult
                     detail=f"drafter hidden_size {hidden} != target hidden_size {target_hidden}",
                     fix=_TARGET_FIX))
     results.append(_check_layers(draft, dflash, target))
+    results.append(check_attention_layers(draft))
     return results
+
+
+def check_attention_layers(draft: dict[str, Any]) -> CheckResult:
+    """``layer_types``, ``sliding_window`` and ``is_causal`` as SGLang 0.5.23's DFLASH reads
+    them (``srt/speculative/dflash_utils.py``): one type per layer, full or sliding; a sliding
+    layer needs the window (served as ``window_left = sliding_window - 1``)."""
+    name, layers = "drafter attention layers", int(draft["num_hidden_layers"])
+    types = draft.get("layer_types")
+    fix = ("write layer_types with one of full_attention/sliding_attention per draft layer, "
+           "and sliding_window for sliding layers (export-drafter writes both)")
+    if types is None:
+        return CheckResult(name, ok=True, detail=f"{layers} full-attention layers (no "
+                                                 "layer_types: SGLang's default)")
+    if isinstance(types, str) or not isinstance(types, list) or len(types) != layers:
+        return CheckResult(name, ok=False, detail=f"layer_types {types!r}: SGLang needs one "
+                                                  f"entry per draft layer ({layers})", fix=fix)
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        return CheckResult(name, ok=False, detail=f"layer_types {unknown}: SGLang's DFLASH "
+                                                  "serves only full_attention and "
+                                                  "sliding_attention", fix=fix)
+    sliding = types.count("sliding_attention")
+    window = draft.get("sliding_window")
+    causal = draft.get("is_causal")
+    if sliding and (not isinstance(window, int) or window < 1):
+        return CheckResult(name, ok=False, detail=f"{sliding} sliding_attention layers and "
+                                                  f"sliding_window {window!r}: SGLang refuses "
+                                                  "to load it", fix=fix)
+    if sliding and draft.get("use_sliding_window") is False:
+        return CheckResult(name, ok=False, detail="sliding_attention layers with "
+                                                  "use_sliding_window false", fix=fix)
+    order = "causal" if causal else "bidirectional" if causal is False else \
+        "sliding causal, full bidirectional"
+    detail = (f"{layers - sliding} full, {sliding} sliding"
+              + (f" (window {window}: each query sees {window} positions, its own included)"
+                 if sliding else "") + f"; in-block attention {order}")
+    return CheckResult(name, ok=True, detail=detail)
 
 
 def _check_layers(draft: dict[str, Any], dflash: dict[str, Any],

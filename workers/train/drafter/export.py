@@ -29,7 +29,7 @@ from torch import nn
 from common.errors import DrafterMismatch
 from common.target import TargetShape
 from workers.train.drafter.export_files import CONFIG_FILE, WEIGHTS_FILE, check_export_dir
-from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.model import FULL, SLIDING, DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,27 @@ def hf_config(config: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
         "attention_bias": config.attention_bias,
         "attention_dropout": 0.0,
         "initializer_range": config.initializer_range,
-        "layer_types": ["full_attention"] * config.num_hidden_layers,
-        "is_causal": False,
-        "use_sliding_window": False,
-        "sliding_window": None,
+        # As SGLang 0.5.23 reads them (srt/speculative/dflash_utils.py): a sliding layer's
+        # window includes the query's own position; is_causal, when stated, holds for every
+        # layer (unstated: full layers bidirectional, sliding ones causal).
+        "layer_types": [config.layer_type(i) for i in range(config.num_hidden_layers)],
+        **_causality(config),
+        "use_sliding_window": config.sliding_window is not None and SLIDING in
+        (config.layer_types or ()),
+        "sliding_window": config.sliding_window if SLIDING in (config.layer_types or ()) else None,
         "tie_word_embeddings": False,
         "use_cache": True,
         "dtype": _DTYPE_NAMES[dtype],
         "torch_dtype": _DTYPE_NAMES[dtype],
     }
+
+
+def _causality(config: DFlashConfig) -> dict[str, Any]:
+    if config.is_causal is not None:
+        return {"is_causal": config.is_causal}
+    # Unstated: full layers bidirectional (written out, as earlier exports did), sliding ones
+    # causal, which only an absent key says to SGLang.
+    return {} if SLIDING in (config.layer_types or ()) else {"is_causal": False}
 
 
 def config_from_hf(data: dict[str, Any]) -> DFlashConfig:
@@ -113,7 +125,24 @@ def config_from_hf(data: dict[str, Any]) -> DFlashConfig:
         attention_bias=data.get("attention_bias", False),
         initializer_range=data.get("initializer_range", 0.02),
         mask_token=dflash.get("mask_token", DFlashConfig.mask_token),
+        **layer_shape(data),
     )
+
+
+def layer_shape(data: dict[str, Any]) -> dict[str, Any]:
+    """``layer_types``, ``sliding_window`` and ``is_causal`` of a drafter ``config.json``."""
+    types = data.get("layer_types")
+    sliding = types is not None and SLIDING in types
+    if sliding and data.get("use_sliding_window") is False:
+        raise ValueError("layer_types has sliding_attention layers but use_sliding_window is "
+                         "false")
+    causal = data.get("is_causal")
+    all_full_default = not sliding and causal is False
+    return {"layer_types": tuple(types) if types is not None and (sliding or len(set(types)) > 1
+                                                                 or types[0] != FULL) else None,
+            "sliding_window": data.get("sliding_window") if sliding else None,
+            # An export of an all-full drafter writes is_causal false: the default, kept None.
+            "is_causal": None if all_full_default or causal is None else bool(causal)}
 
 
 def export_drafter(trainer_or_model: Any, out_dir: str | Path,

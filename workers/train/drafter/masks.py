@@ -8,6 +8,13 @@ are the blocks' positions, ``B`` per block. Block ``n`` (anchor at packed contex
     block keys    every position of block n        (bidirectional inside the block)
     other blocks  nothing
 
+A sliding-window layer (``window`` W, as SGLang's DFLASH serves it: ``window_left = W - 1``)
+limits the query at block offset ``o`` (position ``anchor + o``) to keys at most ``W - 1``
+positions behind it: context keys ``j >= anchors[n] + o - (W - 1)`` and block keys at offsets
+``>= o - (W - 1)``. A causal layer (SGLang's default for sliding layers, or ``is_causal: true``)
+sees only block offsets ``<= o``. :func:`decode_mask` is the same rule from positions, for one
+block decoding over its whole context.
+
 "Strictly before" follows DESIGN and SpecForge's ``create_dflash_block_mask`` (``kv_idx <
 anchor_pos``): at inference the anchor is the token the target just produced, whose hidden state
 does not exist yet, so it can only enter the block as a token embedding (slot 0). Every query
@@ -22,36 +29,63 @@ from __future__ import annotations
 import torch
 
 
-def dense_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: int,
-                     block_size: int) -> torch.Tensor:
-    """The boolean allow-mask ``[N*B, S + N*B]`` (True = may attend), for SDPA on any device."""
-    n = anchors.shape[0]
-    device = anchors.device
-    q_block = torch.arange(n * block_size, device=device) // block_size
-    kv = torch.arange(context_len + n * block_size, device=device)
-    lo = starts[q_block].unsqueeze(1)
-    hi = anchors[q_block].unsqueeze(1)
-    kv = kv.unsqueeze(0)
-    context = (kv < context_len) & (kv >= lo) & (kv < hi)
-    own_block = (kv >= context_len) & ((kv - context_len) // block_size == q_block.unsqueeze(1))
+def _allowed(q_idx: torch.Tensor, kv_idx: torch.Tensor, anchors: torch.Tensor,
+             starts: torch.Tensor, context_len: int, block_size: int, window: int | None,
+             causal: bool) -> torch.Tensor:
+    """The rule of the module docstring on broadcastable query and key index tensors."""
+    block, offset = q_idx // block_size, q_idx % block_size
+    anchor = anchors[block]
+    context = (kv_idx < context_len) & (kv_idx >= starts[block]) & (kv_idx < anchor)
+    kv_offset = (kv_idx - context_len) % block_size
+    own_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
+    if window is not None:
+        context = context & (kv_idx >= anchor + offset - (window - 1))
+        own_block = own_block & (kv_offset >= offset - (window - 1))
+    if causal:
+        own_block = own_block & (kv_offset <= offset)
     return context | own_block
 
 
+def dense_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: int,
+                     block_size: int, window: int | None = None,
+                     causal: bool = False) -> torch.Tensor:
+    """The boolean allow-mask ``[N*B, S + N*B]`` (True = may attend), for SDPA on any device."""
+    n = anchors.shape[0]
+    q = torch.arange(n * block_size, device=anchors.device).unsqueeze(1)
+    kv = torch.arange(context_len + n * block_size, device=anchors.device).unsqueeze(0)
+    return _allowed(q, kv, anchors, starts, context_len, block_size, window, causal)
+
+
 def flex_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: int,
-                    block_size: int, device: torch.device | str):
+                    block_size: int, device: torch.device | str, window: int | None = None,
+                    causal: bool = False):
     """The same pattern as a flex-attention ``BlockMask`` (sparse, never materialised)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     n = anchors.shape[0]
 
     def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202 - flex calls it with index tensors
-        block = q_idx // block_size
-        context = (kv_idx < context_len) & (kv_idx >= starts[block]) & (kv_idx < anchors[block])
-        own_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
-        return context | own_block
+        return _allowed(q_idx, kv_idx, anchors, starts, context_len, block_size, window, causal)
 
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n * block_size,
                              KV_LEN=context_len + n * block_size, device=device)
+
+
+def decode_mask(block_positions: torch.Tensor, context_positions: torch.Tensor,
+                window: int | None, causal: bool) -> torch.Tensor:
+    """``[b, 1, Q, C + Q]`` allow-mask of one block (positions ``[b, Q]``) over its whole
+    context (``[b, C]``, all before the block): the training rule, from positions."""
+    q = block_positions.unsqueeze(-1)
+    ctx = context_positions.unsqueeze(-2)
+    blk = block_positions.unsqueeze(-2)
+    context = torch.ones_like(q - ctx, dtype=torch.bool)
+    own = torch.ones_like(q - blk, dtype=torch.bool)
+    if window is not None:
+        context = q - ctx <= window - 1
+        own = q - blk <= window - 1
+    if causal:
+        own = own & (blk <= q)
+    return torch.cat([context, own], dim=-1).unsqueeze(1)
 
 
 def flex_available(device: torch.device) -> bool:

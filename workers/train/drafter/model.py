@@ -10,8 +10,14 @@ submodules, so they are neither in ``parameters()`` nor in ``state_dict()`` (nor
 Target features ``[S, K*H]`` (K target layers concatenated) become ``hidden_norm(fc(x))`` and are
 prepended to every layer's keys and values; the block's own states are the queries and the rest
 of the keys. ``attn_mask`` is a dense boolean mask or a flex ``BlockMask`` from
-:mod:`workers.train.drafter.masks`, or None for one block that sees all of its context (decoding,
-where a :class:`ContextCache` keeps the context's keys and values: pass only new features).
+:mod:`workers.train.drafter.masks` (or a dict of them by :meth:`DFlashConfig.attention_kind`,
+when the layers differ), or None for one block decoding over all of its context (where a
+:class:`ContextCache` keeps the context's keys and values: pass only new features).
+
+Layers are ``full_attention`` or ``sliding_attention`` (``layer_types``, with ``sliding_window``
+W), read and written as SGLang's DFLASH and SpecForge do: a sliding layer's query sees keys at
+most W - 1 positions behind it, and is causal inside its block unless ``is_causal`` says
+otherwise (full layers are bidirectional unless ``is_causal: true``).
 Parameter names match the DFlash checkpoints SGLang loads (``layers.N.self_attn.q_proj.weight``,
 ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``).
 """
@@ -41,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # SGLang's DFLASH worker looks this token up (or adds it) when the config has no mask_token_id.
 MASK_TOKEN = "<|MASK|>"
+FULL, SLIDING = "full_attention", "sliding_attention"
+LAYER_TYPES = (FULL, SLIDING)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,46 @@ class DFlashConfig:
     attention_bias: bool = False
     initializer_range: float = 0.02
     mask_token: str = MASK_TOKEN
+    layer_types: tuple[str, ...] | None = None   # None: every layer full_attention
+    sliding_window: int | None = None            # keys per sliding query, its own included
+    is_causal: bool | None = None                # None: per layer type, as SGLang's DFLASH
+
+    def __post_init__(self) -> None:
+        for name in ("target_layer_ids", "layer_types"):   # JSON gives lists
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        types = self.layer_types
+        if types is not None:
+            if len(types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types has {len(types)} entries for "
+                                 f"{self.num_hidden_layers} layers (num_hidden_layers)")
+            unknown = sorted(set(types) - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(f"layer_types {unknown} unknown: a DFlash layer is "
+                                 f"{' or '.join(LAYER_TYPES)}")
+            if SLIDING not in types:   # one spelling of "every layer full"
+                object.__setattr__(self, "layer_types", types := None)
+        if types is None:
+            object.__setattr__(self, "sliding_window", None)
+        elif self.sliding_window is None or self.sliding_window < 1:
+            raise ValueError(f"sliding_attention layers need a positive sliding_window, not "
+                             f"{self.sliding_window}")
+
+    def layer_type(self, index: int) -> str:
+        return self.layer_types[index] if self.layer_types else FULL
+
+    def attention_kind(self, index: int) -> tuple[int | None, bool]:
+        """``(window, causal)`` of layer ``index``: what its attention mask depends on."""
+        sliding = self.layer_type(index) == SLIDING
+        causal = sliding if self.is_causal is None else self.is_causal
+        return (self.sliding_window if sliding else None), causal
+
+    @property
+    def attention_kinds(self) -> tuple[tuple[int | None, bool], ...]:
+        """The distinct kinds of the layers, in layer order (one mask each)."""
+        return tuple(dict.fromkeys(self.attention_kind(i)
+                                   for i in range(self.num_hidden_layers)))
 
     @property
     def num_context_features(self) -> int:
@@ -165,6 +213,12 @@ class ContextCache:
 
     def __init__(self) -> None:
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.positions: torch.Tensor | None = None
+
+    def positions_seen(self, new: torch.Tensor) -> torch.Tensor:
+        """Record the new context positions ``[b, n]``; all context positions so far."""
+        self.positions = new if self.positions is None else torch.cat([self.positions, new], 1)
+        return self.positions
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Append ``[b, h, n, d]`` keys/values to ``layer``'s and return all of them."""
@@ -309,7 +363,24 @@ class DFlashDraftModel(nn.Module):
         context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         q_rope = self.rotary_emb(x, block_positions)
         k_rope = self.rotary_emb(x, torch.cat([context_positions, block_positions], dim=1))
+        if attn_mask is None:
+            seen = context_positions if cache is None else cache.positions_seen(context_positions)
+            attn_mask = self._decode_masks(block_positions, seen)
         for index, layer in enumerate(self.layers):
-            x = layer(x, context, q_rope, k_rope, attn_mask,
+            mask = attn_mask.get(self.config.attention_kind(index)) \
+                if isinstance(attn_mask, dict) else attn_mask
+            x = layer(x, context, q_rope, k_rope, mask,
                       None if cache is None else (cache, index))
         return self.norm(x)
+
+    def _decode_masks(self, block_positions: torch.Tensor,
+                      context_positions: torch.Tensor) -> dict[Any, Any] | None:
+        """Decoding masks per attention kind; None when every layer sees its whole context
+        and block (full, bidirectional: no mask at all)."""
+        from workers.train.drafter.masks import decode_mask
+
+        kinds = self.config.attention_kinds
+        if kinds == ((None, False),):
+            return None
+        return {kind: None if kind == (None, False)
+                else decode_mask(block_positions, context_positions, *kind) for kind in kinds}

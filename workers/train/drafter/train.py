@@ -153,11 +153,18 @@ class DrafterTrainer:
         return batch.to(self.device), len(rows) - len(keep)
 
     def attn_mask(self, batch: PackedBatch) -> Any:
-        """The dense or flex attention mask of a packed batch."""
-        if self.attention == "flex":
-            return flex_block_mask(batch.anchors, batch.starts, batch.tokens, self.block_size,
-                                   self.device)
-        return dense_block_mask(batch.anchors, batch.starts, batch.tokens, self.block_size)
+        """The dense or flex attention mask of a packed batch: one per attention kind of the
+        drafter's layers (full or sliding window, bidirectional or causal in the block)."""
+        masks = {}
+        for window, causal in self.drafter.config.attention_kinds:
+            if self.attention == "flex":
+                masks[window, causal] = flex_block_mask(
+                    batch.anchors, batch.starts, batch.tokens, self.block_size, self.device,
+                    window, causal)
+            else:
+                masks[window, causal] = dense_block_mask(
+                    batch.anchors, batch.starts, batch.tokens, self.block_size, window, causal)
+        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted loss and a ``[2, B]`` tensor: correct and labelled counts per slot."""
@@ -261,7 +268,6 @@ class DrafterTrainer:
     def from_state_dict(cls, state: dict[str, Any], target: nn.Module) -> DrafterTrainer:
         """Rebuild a trainer from :meth:`state_dict` alone, on ``target``'s embedding and head."""
         drafter_config = dict(state["drafter_config"])
-        drafter_config["target_layer_ids"] = tuple(drafter_config["target_layer_ids"])
         train_config = dict(state["train_config"])
         train_config["betas"] = tuple(train_config["betas"])
         embed = target.get_input_embeddings()
@@ -276,7 +282,7 @@ class DrafterTrainer:
         if state["train_config"] != asdict(self.config):
             log.warning("resuming with a different train config: %s -> %s",
                         state["train_config"], asdict(self.config))
-        if state["drafter_config"] != asdict(self.drafter.config):
+        if DFlashConfig(**state["drafter_config"]) != self.drafter.config:
             raise ValueError("the checkpoint was trained for a different drafter config")
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,153 @@
+"""Where a run's new drafter comes from: the target alone, a published shape
+(``--drafter-config``), or a released drafter's weights and shape (``--init-drafter``).
+
+    drafter = new_drafter(target, mask_id, layers, settings.train)   # on the target's device
+    check_train_options(settings)                                    # at worker start: exit 1
+
+A released drafter is a directory as ``export-drafter`` writes and z-lab publishes:
+``config.json`` and safetensors weights named as SGLang loads them (``layers.N.self_attn...``,
+``fc.weight``, ``hidden_norm.weight``, ``norm.weight``); an embedding or LM head in the file is
+the target's and is not loaded. Its target layers and mask token must be the target's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from common.config import Settings, TrainSettings
+from common.target import TargetShape
+from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.shape import (
+    DrafterShapeError,
+    check_target,
+    differences,
+    read_shape,
+    shaped_config,
+)
+
+log = logging.getLogger(__name__)
+
+TARGET_OWNED = ("embed_tokens.", "lm_head.", "model.embed_tokens.")
+
+
+def shape_source(train: TrainSettings) -> str | None:
+    """The file or directory that shapes a new drafter, if any."""
+    return train.init_drafter or train.drafter_config or None
+
+
+def new_drafter(target: nn.Module, mask_id: int, layer_ids: Sequence[int],
+                train: TrainSettings) -> DFlashDraftModel:
+    """A run's first drafter, on the target's device."""
+    config = drafter_config(target, mask_id, layer_ids, train)
+    embed = target.get_input_embeddings()
+    drafter = DFlashDraftModel(config, embed, target.get_output_embeddings())
+    if train.init_drafter:
+        load_released(drafter, Path(train.init_drafter))
+    return drafter.to(embed.weight.device)
+
+
+def drafter_config(target: nn.Module, mask_id: int, layer_ids: Sequence[int],
+                   train: TrainSettings) -> DFlashConfig:
+    """The target's drafter shape with a published or released config's fields applied."""
+    base = DFlashConfig.from_target(target.config, mask_id, layer_ids=layer_ids,
+                                    num_hidden_layers=train.drafter_layers)
+    source = shape_source(train)
+    if source is None:
+        return base
+    if train.init_drafter and train.drafter_config:
+        raise DrafterShapeError("--init-drafter brings its own shape: leave out "
+                                "--drafter-config")
+    config = shaped_config(base, read_shape(source), TargetShape.of(target.config))
+    if config.target_layer_ids != base.target_layer_ids:
+        # The run's features (stored hidden states, the eval's) are of its frozen layers.
+        wanted = ",".join(map(str, config.target_layer_ids))
+        raise DrafterShapeError(f"{source}: dflash_config.target_layer_ids "
+                                f"{list(config.target_layer_ids)} != the run's target layers "
+                                f"{list(base.target_layer_ids)} (frozen in run.json: enqueue "
+                                f"the run with --target-layers {wanted})")
+    return config
+
+
+def load_released(drafter: DFlashDraftModel, path: Path) -> None:
+    """Load a released drafter's weights into ``drafter`` (built to its shape); every weight
+    the drafter has must be in the files, and nothing else but the target's own."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DrafterShapeError(f"--init-drafter {path}: no .safetensors weights in it")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    weights = {k: v for k, v in weights.items() if not k.startswith(TARGET_OWNED)}
+    own = drafter.state_dict()
+    missing = sorted(set(own) - set(weights))
+    extra = sorted(set(weights) - set(own))
+    if missing or extra:
+        raise DrafterShapeError(f"--init-drafter {path}: weights do not fit its config.json "
+                                f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, tensor in weights.items():
+        if tensor.shape != own[name].shape:
+            raise DrafterShapeError(f"--init-drafter {path}: {name} is {list(tensor.shape)}, "
+                                    f"the config makes it {list(own[name].shape)}")
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()}, strict=True)
+    log.info("drafter initialised from %s (%d tensors)", path, len(weights))
+
+
+def check_train_options(settings: Settings) -> None:
+    """At worker start: the drafter config or released drafter is readable, a DFlash drafter,
+    and fits the worker's target; raises :class:`DrafterShapeError` (one line, exit 1)."""
+    train = settings.train
+    source = shape_source(train)
+    if source is None:
+        return
+    if train.init_drafter and train.drafter_config:
+        raise DrafterShapeError("--init-drafter brings its own shape: leave out "
+                                "--drafter-config")
+    if train.init_drafter and not (Path(train.init_drafter) / "config.json").is_file():
+        raise DrafterShapeError(f"--init-drafter {train.init_drafter}: not a drafter directory "
+                                "(no config.json)")
+    shape = read_shape(source)
+    target = _target_shape(settings)
+    if target is not None:
+        check_target(shape, target)
+
+
+def _target_shape(settings: Settings) -> TargetShape | None:
+    """The worker's target shape from its config.json (no weights loaded), if it has one."""
+    from common.errors import ConfigError
+    from common.models import resolve_model_path
+
+    try:
+        return TargetShape.from_dir(resolve_model_path(settings))
+    except (ConfigError, OSError, ValueError, KeyError) as exc:
+        log.warning("drafter config not checked against the target at start: %s", exc)
+        return None
+
+
+def check_same_shape(run: str, trained: DFlashConfig, target: nn.Module, mask_id: int,
+                     layer_ids: Sequence[int], settings: Settings) -> None:
+    """A run resumed from its checkpoint keeps its drafter's shape: a drafter config that would
+    change it is refused (the shape is frozen by the run's first checkpoint)."""
+    if shape_source(settings.train) is None:
+        return
+    wanted = drafter_config(target, mask_id, layer_ids, settings.train)
+    changed = differences(trained, wanted)
+    if changed:
+        raise DrafterShapeError(f"run {run}: its drafter was trained with another shape "
+                                f"({', '.join(changed)} differ from the drafter config); "
+                                "use a new run, or leave the option out")
+
+
+def describe(config: DFlashConfig) -> dict[str, Any]:
+    """What a log line says of a drafter's shape."""
+    return {"layers": config.num_hidden_layers, "layer_types": config.layer_types or "full",
+            "window": config.sliding_window, "heads": config.num_attention_heads,
+            "kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+            "block": config.block_size, "target_layers": list(config.target_layer_ids)}
