@@ -26,6 +26,7 @@ from tests.test_generate_e2e import (
     _mt_bench_rows,
     _write_jsonl,
     pipeline_requests,
+    sent_requests,
 )
 from tests.test_hidden_e2e import generated_run, hidden_commits
 from tests.test_train_e2e import TRAIN_ENV
@@ -86,10 +87,12 @@ def test_killed_generate_worker_heals_without_resume(pipeline: Pipeline, tmp_pat
     print(f"\nkill -9 -> shard taken over by a new worker: {took_over:.1f}s "
           f"(lease TTL {pipeline.env['DFLASH_LEASE_TTL']}s, worker start included)")
 
-    ids = [s["id"] for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], "heal")]
+    samples = _committed_samples(pipeline.env["DFLASH_STORAGE"], "heal")
+    ids = [s["id"] for s in samples]
     assert sorted(ids) == sorted(str(r["question_id"]) for r in rows)
     assert len(ids) == len(set(ids))
-    expected = sum(len(r["turns"]) for r in rows if str(r["question_id"]) not in kept)
+    # What the records say was sent: a conversation stops at its first rejected turn.
+    expected = sum(sent_requests(s) for s in samples if s["id"] not in kept)
     assert pipeline_requests(pipeline, "heal", "rescuer@") == expected, "kept parts regenerated"
     assert "queued again" in healer_logs(pipeline)
 

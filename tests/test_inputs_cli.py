@@ -240,3 +240,66 @@ def test_sampling_comes_from_the_targets_generation_config_and_flags_override(
     (model / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     greedy = json.loads(enqueue(env, "gr", "--input", src, "--dry-run", "--json").stdout)
     assert greedy["sampling"]["temperature"]["value"] == 0.0
+
+
+def test_thinking_modes_are_frozen_and_max_new_tokens_comes_from_the_context(
+        env, tmp_path: Path) -> None:
+    from common.runstore import RunStore
+
+    src = write(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"Question {i}?"}
+                                        for i in range(40)])
+    dry = json.loads(enqueue(env, "mx", "--input", src, "--dry-run", "--json", "--show", "40",
+                             "--thinking", "mix:0.5").stdout)
+    # The tiny target's context is 4096: the budget it allows, below the 32,768 cap.
+    assert dry["sampling"]["max_new_tokens"] == {"value": 4096, "source": "target context"}
+    assert dry["sampling"]["thinking_off_share"]["value"] == 0.5
+    modes = [row["thinking"] for row in dry["shown"]]
+    assert 8 <= modes.count(False) <= 32 and True in modes   # a stable share, chosen by id
+    for row in dry["shown"]:
+        closed = row["prompt"].endswith("<think>\n\n</think>\n\n")
+        assert closed == (not row["thinking"]), row["prompt"][-40:]
+    again = json.loads(enqueue(env, "mx", "--input", src, "--dry-run", "--json", "--show", "40",
+                               "--thinking", "mix:0.5").stdout)
+    assert [row["thinking"] for row in again["shown"]] == modes
+    assert enqueue(env, "mx", "--input", src, "--thinking", "mix:0.5").returncode == 0
+    config = RunStore(open_storage(env["DFLASH_STORAGE"]), "mx").config()
+    assert (config.sampling.thinking, config.sampling.thinking_off_share) == (True, 0.5)
+    assert config.sampling.max_new_tokens == 4096
+    changed = enqueue(env, "mx", "--input", src, "--thinking", "on")
+    assert changed.returncode == 4 and "sampling.thinking_off_share" in changed.stderr
+    off = json.loads(enqueue(env, "off", "--input", src, "--dry-run", "--json",
+                             "--no-thinking", "--max-new-tokens", "64").stdout)
+    assert off["sampling"]["thinking"]["value"] is False
+    assert off["sampling"]["max_new_tokens"] == {"value": 64, "source": "flag"}
+    for bad in ("mix:2", "sometimes", "mix:x"):
+        result = enqueue(env, "bad", "--input", src, "--thinking", bad)
+        assert result.returncode == 2 and "--thinking" in result.stderr, result.stderr
+
+
+def test_tool_rows_are_rejected_when_the_template_cannot_render_tools(
+        env, tmp_path: Path, model_cache: Path) -> None:
+    import shutil
+
+    from embedded.tinymodel import ensure_tiny_model
+
+    model = tmp_path / "target"
+    shutil.copytree(ensure_tiny_model(model_cache), model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                               "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                               "<|im_start|>assistant\n{% endif %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    tool = {"type": "function", "function": {"name": "add", "parameters": {}}}
+    rows = [{"id": "plain", "prompt": "Hi"},
+            {"id": "tools", "tools": [tool], "messages": [{"role": "user", "content": "2+3?"}]}]
+    src = write(tmp_path / "in.jsonl", rows)
+    for target in (None, str(model)):
+        run_env = {**env, **({"DFLASH_MODEL": target} if target else {})}
+        report = json.loads(enqueue(run_env, f"t{bool(target)}", "--input", src, "--dry-run",
+                                    "--json").stdout)
+        if target is None:   # the tiny target's template renders tools: both rows go on
+            assert report["rejected"] == 0, report
+            continue
+        assert report["rejected"] == 1, report
+        assert "does not render tool definitions, tool calls, call arguments" in \
+            report["examples"][0]["reason"]
