@@ -73,7 +73,8 @@ def test_good_export_passes(exports: Exports) -> None:
     assert [(r.name, r.status) for r in results] == [
         ("drafter files", "PASS"), ("drafter mask token", "PASS"),
         ("drafter hidden size", "PASS"), ("drafter target layers", "PASS"),
-        ("drafter dtype", "PASS"), ("drafter tensors", "PASS")]
+        ("drafter attention layers", "PASS"), ("drafter dtype", "PASS"),
+        ("drafter tensors", "PASS")]
     config = json.loads((exports.drafter / "config.json").read_text())
     stored = load_file(str(exports.drafter / "model.safetensors"))
     assert set(stored) == set(expected_tensors(config))   # the loader's rules, on a real export
@@ -168,3 +169,20 @@ def test_doctor_command_checks_the_drafter(exports: Exports, redis_server: Redis
     checks = {c["name"]: c for c in json.loads(bad.stdout)["checks"]}
     assert checks["drafter mask token"]["status"] == "FAIL"
     assert checks["drafter mask token"]["fix"]
+
+
+def test_attention_layers_are_read_as_sglang_reads_them() -> None:
+    from producer.doctor.drafter_check import check_attention_layers
+
+    five = {"num_hidden_layers": 5}
+    sliding = {**five, "layer_types": ["sliding_attention"] * 5, "sliding_window": 2048}
+    assert check_attention_layers(five).status == "PASS"
+    good = check_attention_layers(sliding)
+    assert good.status == "PASS" and "5 sliding (window 2048" in good.detail
+    assert "causal" in check_attention_layers({**sliding, "is_causal": True}).detail
+    for bad, words in (({"sliding_window": None}, "SGLang refuses"),
+                       ({"layer_types": ["sliding_attention"] * 4}, "one entry per draft layer"),
+                       ({"layer_types": ["chunked"] * 5}, "serves only"),
+                       ({"use_sliding_window": False}, "use_sliding_window false")):
+        result = check_attention_layers({**sliding, **bad})
+        assert result.status == "FAIL" and words in result.detail, result

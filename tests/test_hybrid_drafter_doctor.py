@@ -119,7 +119,8 @@ def test_good_hybrid_export_passes_every_row(hybrid: Hybrid) -> None:
     assert [(r.name, r.status) for r in results] == [
         ("drafter files", "PASS"), ("drafter mask token", "PASS"),
         ("drafter hidden size", "PASS"), ("drafter target layers", "PASS"),
-        ("drafter dtype", "PASS"), ("drafter tensors", "PASS")]
+        ("drafter attention layers", "PASS"), ("drafter dtype", "PASS"),
+        ("drafter tensors", "PASS")]
     layers = {r.name: r for r in results}["drafter target layers"].detail
     assert "of a hybrid target (1:linear, 2:linear, 3:full, 4:linear, 5:linear)" in layers
     assert "bfloat16, as the target" in {r.name: r for r in results}["drafter dtype"].detail

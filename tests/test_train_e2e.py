@@ -70,7 +70,7 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     before_state, _ = load_checkpoint(storage, "on", before)
     assert adam_steps(before_state) == {before}
 
-    start_train_worker(pipeline, "trainer2", **evals)
+    survivor = start_train_worker(pipeline, "trainer2", **evals)
     pipeline.wait_done("on")
     pipeline.cli("resume", "--run", "on", check=True)  # shards acked after the last checkpoint
     wait_until(lambda: sorted(read_ledger(storage, "on").done) == [0, 1, 2, 3], 240,
@@ -119,6 +119,8 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
                                            "--max-new-tokens", "32", "--json", check=True).stdout)
         assert measured["lossless"]["checked"] >= 1 and measured["lossless"]["mismatches"] == []
     else:                     # the command's sources and errors, once
+        survivor.send_signal(signal.SIGTERM)   # the next run's drafter is the heir's alone
+        survivor.wait(timeout=60)
         check_init_drafter(pipeline, tmp_path, out, storage)
         check_eval_drafter_command(pipeline, storage, final, out)
 

@@ -115,8 +115,8 @@ def check_train_options(settings: Settings) -> None:
                                 "(no config.json)")
     shape = read_shape(source)
     target = _target_shape(settings)
-    if target is not None:
-        check_target(shape, target)
+    if target is not None:   # its vocabulary is checked once loaded (the mask row may add one)
+        check_target(shape, target, vocab=False)
 
 
 def _target_shape(settings: Settings) -> TargetShape | None:
