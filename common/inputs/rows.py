@@ -18,12 +18,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BadRow
+from common.inputs.text import (  # noqa: F401 - re-exported for the layouts
+    check_text,
+    jsonable,
+    type_name,
+)
+from common.inputs.tools import (  # noqa: F401 - re-exported
+    normalize_tools,
+    tool_call_message,
+    tool_result_message,
+    uses_tools,
+)
 
 ID_FIELDS = ("id", "question_id", "conversation_id", "uid", "task_id")
 # Reference answers of instruction datasets: large, and regenerated anyway, so kept out of source.
@@ -45,8 +54,6 @@ SHAREGPT_ROLES = {
     "function_call": "call",
 }
 
-# Lone surrogates survive json.loads ("\ud800") but cannot be encoded as UTF-8 later.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,20 +97,6 @@ class IdRegistry:
         if key in self._seen:
             raise BadRow(f"duplicate id {sample_id!r}")
         self._seen.add(key)
-
-
-def type_name(value: object) -> str:
-    """Name a value's type the way reasons print it (``null`` for None)."""
-    return "null" if value is None else type(value).__name__
-
-
-def check_text(value: object, where: str) -> str:
-    """Return ``value`` if it is an encodable string, else raise BadRow naming ``where``."""
-    if not isinstance(value, str):
-        raise BadRow(f"{where} must be a string, got {type_name(value)}")
-    if _SURROGATE.search(value):
-        raise BadRow(f"{where} contains an unpaired UTF-16 surrogate")
-    return value
 
 
 def parse_messages(
@@ -150,97 +143,6 @@ def parse_messages(
     return messages
 
 
-def _tool_text(value: object, where: str) -> str:
-    """A tool result's text: a string as is, structured results as JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return check_text(value, where)
-    return json.dumps(value, ensure_ascii=False)
-
-
-def tool_result_message(item: dict, content: object, where: str, content_key: str) -> dict:
-    """A ``role: tool`` message: its text, and the call id and name when the row gives them."""
-    message = {"role": "tool", "content": _tool_text(content, f"{where}.{content_key}")}
-    for key in ("tool_call_id", "name"):
-        if isinstance(item.get(key), str):
-            message[key] = check_text(item[key], f"{where}.{key}")
-    return message
-
-
-def _arguments(value: object, where: str) -> dict:
-    """A call's arguments as an object (templates iterate them); JSON text is parsed."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except ValueError:
-            raise BadRow(f"{where}.arguments is not JSON: {value[:80]!r}") from None
-    if not isinstance(value, dict):
-        raise BadRow(f"{where}.arguments must be an object, got {type_name(value)}")
-    return value
-
-
-def _call(call: object, where: str) -> dict:
-    """One call in the OpenAI structure: ``{"type": "function", "function": {...}}``."""
-    function = call.get("function", call) if isinstance(call, dict) else call
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
-            or not function["name"].strip():
-        raise BadRow(f"{where} has no function name")
-    out = {"type": "function", "function": {
-        "name": check_text(function["name"], f"{where}.name"),
-        "arguments": _arguments(function.get("arguments"), where)}}
-    if isinstance(call, dict) and isinstance(call.get("id"), str):
-        out["id"] = call["id"]
-    return out
-
-
-def tool_call_message(item: dict, content: object, where: str) -> dict:
-    """An assistant tool call as an OpenAI message: its text (if any) and its ``tool_calls``."""
-    calls = item.get("tool_calls")
-    if not calls:  # ShareGPT function_call: the value is the call's JSON text
-        text = check_text(content, f"{where}.value") if content is not None else ""
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            raise BadRow(f"{where} is a function_call whose value is not JSON: "
-                         f"{text[:80]!r}") from None
-        return {"role": "assistant", "content": "", "tool_calls": [_call(parsed, where)]}
-    if not isinstance(calls, list):
-        raise BadRow(f"{where}.tool_calls must be a list, got {type_name(calls)}")
-    text = "" if content is None else check_text(content, f"{where}.content")
-    return {"role": "assistant", "content": text,
-            "tool_calls": [_call(call, f"{where}.tool_calls[{i}]")
-                           for i, call in enumerate(calls)]}
-
-
-def normalize_tools(tools: object) -> list[dict]:
-    """A row's tool definitions (a list, one object, or their JSON text) in the OpenAI
-    structure ``[{"type": "function", "function": {"name", ...}}]``."""
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except ValueError:
-            raise BadRow(f"tools is not JSON: {tools[:80]!r}") from None
-    if isinstance(tools, dict):
-        tools = [tools]
-    if not isinstance(tools, list):
-        raise BadRow(f"tools must be a list of function definitions, got {type_name(tools)}")
-    out = []
-    for index, tool in enumerate(tools):
-        if isinstance(tool, str):
-            try:
-                tool = json.loads(tool)
-            except ValueError:
-                raise BadRow(f"tools[{index}] is not JSON: {tool[:80]!r}") from None
-        function = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise BadRow(f"tools[{index}] is not a function definition (no name)")
-        out.append({"type": "function", "function": jsonable(function)})
-    return out
-
-
 def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict]]:
     """Group non-assistant messages so that one reply is generated after each group; a tool
     call is kept as context when its results follow it."""
@@ -276,12 +178,6 @@ def _asks(group: list[dict]) -> bool:
     return any(m["role"] in ("user", "tool") for m in group)
 
 
-def uses_tools(row: dict) -> bool:
-    """A row whose rendering needs the template's tool branches."""
-    return bool(row.get("tools")) or any(
-        m["role"] == "tool" or m.get("tool_calls") for group in row["turns"] for m in group)
-
-
 def sample_id(data: dict) -> tuple[str | None, str | None, object]:
     """Return ``(id string, field it came from, original value)``; ``None`` when there is none."""
     for field in ID_FIELDS:
@@ -306,21 +202,3 @@ def content_id(turns: list[list[dict]], tools: list[dict] | None = None) -> str:
     content: object = {"turns": turns, "tools": tools} if tools else turns
     canonical = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "h-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-
-
-def jsonable(value: Any) -> Any:
-    """Return a strict-JSON copy of ``value``, turning anything else into its ``str``."""
-    if value is None or isinstance(value, bool | int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, str):
-        # Replace lone surrogates so the shard writer can always encode the source as UTF-8.
-        return (
-            value.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(value) else value
-        )
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    return str(value)
