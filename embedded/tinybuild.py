@@ -200,6 +200,16 @@ def _train(
     return loss
 
 
+def _spare_rows(model: Qwen3ForCausalLM, tokenizer_size: int) -> None:
+    """Pad the trained embedding (tied to the head) with zero rows, as Qwen3 checkpoints carry
+    spare rows: a drafter's mask token takes one without resizing the served target. Added
+    after training, so the trained weights and greedy outputs are those of the unpadded model."""
+    rows = tinyhybrid.padded_vocab(tokenizer_size)
+    model.resize_token_embeddings(rows, mean_resizing=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[tokenizer_size:] = 0.0
+
+
 def build(dest: Path, name: str = TINY_QWEN3) -> None:
     """Train tokenizer and model ``name`` and save them, loadable by ``from_pretrained``."""
     if name == TINY_QWEN3_5:
@@ -254,6 +264,7 @@ def _build(dest: Path, name: str,
             # initialised reproducibly.
             tinyhybrid.save(model, generation, dest)
         else:
+            _spare_rows(model, len(tok))
             model.generation_config = generation
             model.save_pretrained(dest, safe_serialization=True)
     # save_jinja_files=False keeps the chat template inside tokenizer_config.json.

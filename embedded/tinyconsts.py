@@ -4,6 +4,7 @@ Both tiny targets use the same tokenizer recipe and special tokens; each speaks 
 conversation format:
 
     tiny-qwen3     a dense ``Qwen3ForCausalLM`` with Qwen3's chat template (tools as JSON calls)
+                   and spare (zero) vocabulary rows, as Qwen3 checkpoints have
     tiny-qwen3.5   a hybrid ``Qwen3_5ForConditionalGeneration`` in Qwen3.6's on-disk shape
                    (nested ``text_config``, Gated DeltaNet + full attention 3:1, MRoPE, a tiny
                    vision tower, an ``mtp.*`` head, spare vocabulary rows) with a template that
@@ -19,7 +20,7 @@ from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
 TINY_QWEN3_5 = "tiny-qwen3.5"
-TINY_MODEL_VERSIONS = {TINY_QWEN3: "v3", TINY_QWEN3_5: "v2"}
+TINY_MODEL_VERSIONS = {TINY_QWEN3: "v4", TINY_QWEN3_5: "v2"}
 TINY_MODELS = tuple(TINY_MODEL_VERSIONS)
 TINY_MODEL_VERSION = TINY_MODEL_VERSIONS[TINY_QWEN3]
 READY_MARKER = "_READY"

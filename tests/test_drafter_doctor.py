@@ -108,9 +108,12 @@ def test_float32_export_for_a_bf16_target_fails_with_fix(exports: Exports,
     assert "--dtype auto" in fails["drafter dtype"].fix
 
 
-def test_mask_id_outside_the_target_vocab_fails_with_fix(exports: Exports) -> None:
-    # The tiny model as built has no spare row: add_mask_token grew it for training.
-    fails = failed(exports.drafter, exports.tiny)
+def test_mask_id_outside_the_target_vocab_fails_with_fix(exports: Exports,
+                                                        tmp_path: Path) -> None:
+    # A target without spare rows (vocab_size = the tokenizer's): the mask row is not there.
+    mask_id = json.loads((exports.drafter / "config.json").read_text())["dflash_config"][
+        "mask_token_id"]
+    fails = failed(exports.drafter, exports.target_variant(tmp_path, vocab_size=mask_id))
     assert list(fails) == ["drafter mask token"]
     assert "outside the target's vocabulary" in fails["drafter mask token"].detail
     assert "spare vocabulary row" in fails["drafter mask token"].fix
@@ -163,8 +166,15 @@ def test_doctor_command_checks_the_drafter(exports: Exports, redis_server: Redis
     assert checks["nvml"]["status"] == "WARN"
     assert checks["nvml"]["detail"].startswith("no NVIDIA driver")
 
-    # The default target is the tiny model, whose vocabulary lacks the mask row.
-    bad = doctor(redis_server, s3_storage, model_cache, "--drafter", str(exports.drafter))
+    # A target whose vocabulary lacks the mask row (no spare rows): the command fails.
+    mask_id = json.loads((exports.drafter / "config.json").read_text())["dflash_config"][
+        "mask_token_id"]
+    tight = exports.target_variant(tmp_path, vocab_size=mask_id)
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        if (exports.served / name).exists():
+            (tight / name).symlink_to(exports.served / name)
+    bad = doctor(redis_server, s3_storage, model_cache, "--model", str(tight), "--drafter",
+                 str(exports.drafter))
     assert bad.returncode == 1, bad.stdout + bad.stderr
     checks = {c["name"]: c for c in json.loads(bad.stdout)["checks"]}
     assert checks["drafter mask token"]["status"] == "FAIL"

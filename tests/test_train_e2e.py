@@ -108,17 +108,18 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     assert not [k for k in weights if "embed_tokens" in k or "lm_head" in k]
     assert torch.equal(weights["fc.weight"].float(), state["drafter"]["fc.weight"].float())
 
+    # Both targets carry spare vocabulary rows: the mask token takes one, the export serves.
     doctor = pipeline.cli("doctor", "--json", "--drafter", str(out))
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     checks = json.loads(doctor.stdout)["checks"]
     rows = {c["name"]: c for c in checks if c["name"].startswith("drafter")}
+    assert {c["status"] for c in rows.values()} == {"PASS"}, checks
     assert "5 sliding (window 24" in rows["drafter attention layers"]["detail"]
-    if target_model.hybrid:   # its mask token takes a spare row: the export serves as it is
-        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-        assert {c["status"] for c in rows.values()} == {"PASS"}, checks
+    if target_model.hybrid:
         measured = json.loads(pipeline.cli("eval-drafter", "--run", "on", "--drafter", str(out),
                                            "--max-new-tokens", "32", "--json", check=True).stdout)
         assert measured["lossless"]["checked"] >= 1 and measured["lossless"]["mismatches"] == []
-    else:                     # the command's sources and errors, once
+    else:                     # the command's sources and errors, and --init-drafter, once
         survivor.send_signal(signal.SIGTERM)   # the next run's drafter is the heir's alone
         survivor.wait(timeout=60)
         check_init_drafter(pipeline, tmp_path, out, storage)
