@@ -107,7 +107,9 @@ def main() -> None:
                 help="Conversations per shard (one task each).")
 @command_option("limit", type=click.IntRange(min=1), help="Read at most this many input rows.")
 @command_option("max_new_tokens", type=click.IntRange(min=1),
-                help="Generation budget per assistant turn.")
+                help="Generation budget per assistant turn [default: what the target's "
+                     "context allows, at most 32768; each request is capped to the room its "
+                     "prompt leaves].")
 @command_option("temperature", type=click.FloatRange(min=0),
                 help="Sampling temperature (0 = greedy) [default: the target's "
                      "generation_config.json, else 0.6].")
