@@ -45,6 +45,7 @@ def reference(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     target, mask_id = dp_probe.tiny(str(model_cache))
     trainer = dp_probe.trainer_for(target, mask_id, None)
     halfway = tmp_path_factory.mktemp("reference") / "step2.pt"
+    initial = copy.deepcopy(trainer.drafter.state_dict())
     losses, norms = [], []
     for s in range(STEPS):
         if s == STEPS // 2:
@@ -54,7 +55,7 @@ def reference(model_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         norms.append(metrics.grad_norm)
     assert min(norms) > trainer.config.grad_clip   # clipped: the case the norms tell apart
     yield {"losses": losses, "grad_norms": norms, "state": trainer.state_dict(),
-           "halfway": halfway, "target": target}
+           "halfway": halfway, "target": target, "initial": initial}
     torch.set_num_threads(threads)
 
 
@@ -123,7 +124,10 @@ def test_two_ranks_train_the_drafter_one_rank_trains(reference: dict, from_scrat
                                                      mode: str) -> None:
     steps, state, _ = from_scratch(mode)
     assert_same_steps(steps, reference, 0)
-    assert reference["losses"][-1] < reference["losses"][0]   # it trained at all
+    # It trained at all: every weight moved (the rows are random tokens, so the loss is not a
+    # measure of progress here).
+    trained = reference["state"]["drafter"]
+    assert all(not torch.equal(trained[k], v) for k, v in reference["initial"].items())
     assert_same_trainer(state, reference["state"])
 
 
