@@ -300,6 +300,7 @@ def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kills(
         quality = by_id[row["question_id"]]["quality"]
         assert quality["passed"] and quality["stopped"]["reasons"] == ["context_overflow"]
         assert not quality["stopped"]["output_ids"] and quality["stopped"]["turn"] == 2
+        assert quality["stopped"]["refused"]["reason"] == "context_overflow"
         turns = by_id[row["question_id"]]["turns"]
         assert len(turns) == 1 and turns[0]["output_ids"]
     assert status["gates"]["reasons"].get("context_overflow") == 2, status["gates"]

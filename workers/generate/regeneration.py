@@ -228,6 +228,8 @@ def _quality(convo: _Conversation, gates: GateConfig, thinking: bool) -> dict[st
             "details": verdict["details"], "finish_reason": stopped["finish_reason"],
             "prompt_ids": stopped["prompt_ids"], "output_ids": stopped["output_ids"],
             "answer": stopped["answer"], "supervised_tokens": verdict["supervised_tokens"][0]}
+        if "refused" in stopped:   # never generated: the engine's reason and words
+            quality["stopped"]["refused"] = stopped["refused"]
     return quality
 
 
