@@ -241,3 +241,32 @@ def test_worker_train_refuses_a_shape_it_cannot_honour_with_one_line(
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and field in lines[0], lines
+
+
+READ_AS_SGLANG = """
+import json, sys
+from sglang.srt.speculative.dflash_utils import (
+    get_dflash_attention_sliding_window_size, get_dflash_layer_types, parse_dflash_draft_config)
+config = json.load(open(sys.argv[1]))
+parsed = parse_dflash_draft_config(draft_hf_config=config)
+print(json.dumps({"layer_types": list(get_dflash_layer_types(config)),
+                  "window_left": get_dflash_attention_sliding_window_size(config),
+                  "block_size": parsed.block_size, "layers": parsed.num_hidden_layers}))
+"""
+
+
+def test_sglang_reads_the_sliding_export_with_its_own_code(target, tmp_path: Path) -> None:  # noqa: ANN001
+    """The export as SGLang 0.5.23's DFLASH reads a draft config (its dflash_utils, in its own
+    venv): the layer types, the window as window_left = W - 1, the block and the depth."""
+    import subprocess
+
+    from tests.sglang_real import require_sglang
+
+    python = require_sglang()
+    out = export_drafter(sliding_drafter(target), tmp_path / "export")
+    read = subprocess.run([str(python), "-c", READ_AS_SGLANG, str(out / "config.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert read.returncode == 0, read.stderr[-2000:]
+    seen = json.loads(read.stdout.strip().splitlines()[-1])
+    assert seen == {"layer_types": [SLIDING] * 5, "window_left": 6 - 1, "block_size": 8,
+                    "layers": 5}
