@@ -29,7 +29,7 @@ from torch import nn
 from common.errors import DrafterMismatch
 from common.target import TargetShape
 from workers.train.drafter.export_files import CONFIG_FILE, WEIGHTS_FILE, check_export_dir
-from workers.train.drafter.model import FULL, SLIDING, DFlashConfig, DFlashDraftModel
+from workers.train.drafter.model import SLIDING, DFlashConfig, DFlashDraftModel
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +137,12 @@ def layer_shape(data: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("layer_types has sliding_attention layers but use_sliding_window is "
                          "false")
     causal = data.get("is_causal")
-    all_full_default = not sliding and causal is False
-    return {"layer_types": tuple(types) if types is not None and (sliding or len(set(types)) > 1
-                                                                 or types[0] != FULL) else None,
-            "sliding_window": data.get("sliding_window") if sliding else None,
-            # An export of an all-full drafter writes is_causal false: the default, kept None.
-            "is_causal": None if all_full_default or causal is None else bool(causal)}
+    # DFlashConfig spells "every layer full" as None (and drops the window then); an export of
+    # such a drafter writes is_causal false, which is the default there, kept None.
+    return {"layer_types": tuple(types) if types is not None else None,
+            "sliding_window": data.get("sliding_window"),
+            "is_causal": None if causal is None or (not sliding and causal is False)
+            else bool(causal)}
 
 
 def export_drafter(trainer_or_model: Any, out_dir: str | Path,
