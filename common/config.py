@@ -138,7 +138,9 @@ class TrainSettings:
     PREFIX: ClassVar[str] = "train_"
     checkpoint_steps: int = 50
     rows_per_step: int = 8
-    total_steps: int = 2000
+    # 0: the schedule comes from the run's data (epochs x training rows / rows per step);
+    # N: an explicit length, and training ends there even with data left (it says so).
+    total_steps: int = setting(0, zero_ok=True)
     min_supervised_tokens: int = setting(0, zero_ok=True)   # 0: two blocks' worth
     max_anchors: int = 512   # blocks drawn per row and step (DFlash's 512)
     eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)

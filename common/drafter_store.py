@@ -1,10 +1,10 @@
 """Drafter checkpoints in storage: ``runs/<run>/drafter/step-N/{state.pt,_COMMIT.json}``.
 
-A checkpoint holds the trainer's full state (drafter, optimizer, scheduler, anchor RNG) and the
-**ledger** of what it has consumed: shards finished in the current epoch and, for the shard in
-progress, how many of its rows were trained. Both files are put-once; ``_COMMIT.json`` is
-written last and makes the checkpoint real. ``latest.json`` points at the newest one (a hint:
-readers fall back to the highest committed step when it is missing or stale).
+A checkpoint holds the trainer's full state (drafter, optimizer, schedule, anchor RNG) and the
+**ledger** of what it has consumed: the epoch, shards finished in it and, for the shard in
+progress, how many of its rows were trained (:class:`Ledger`). Both files are put-once;
+``_COMMIT.json`` is written last and makes the checkpoint real. ``latest.json`` points at the
+newest one (a hint: readers fall back to the highest committed step when it is missing or stale).
 """
 
 from __future__ import annotations
@@ -28,19 +28,30 @@ STATE_FILE, COMMIT_FILE = "state.pt", "_COMMIT.json"
 
 @dataclass
 class Ledger:
-    """What a trainer has consumed: whole shards this epoch, and rows of the current one."""
+    """What a trainer has consumed: the epoch (0-based), whole shards done in it, rows of the
+    shard in progress; what a shard yields per epoch (exact once trained); the held-out tau at
+    each epoch's end; the schedule's length; and, once training ended, why."""
 
     epoch: int = 0
     done: list[int] = field(default_factory=list)
     partial: dict[str, int] = field(default_factory=dict)  # shard -> rows already trained
+    shard_rows: dict[str, int] = field(default_factory=dict)   # shard -> rows trained per epoch
+    shard_steps: dict[str, int] = field(default_factory=dict)  # shard -> steps per epoch
+    tau_by_epoch: list[float | None] = field(default_factory=list)
+    total_steps: int = 0    # the schedule's length when this ledger was written (0: unknown)
+    finished: str = ""      # why training ended (common.epochs.Finish); "" while it goes on
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Ledger:
+        ints = lambda d: {str(k): int(v) for k, v in (d or {}).items()}  # noqa: E731
         return cls(int(data.get("epoch", 0)), [int(s) for s in data.get("done", [])],
-                   {str(k): int(v) for k, v in data.get("partial", {}).items()})
+                   ints(data.get("partial")), ints(data.get("shard_rows")),
+                   ints(data.get("shard_steps")),
+                   [None if t is None else float(t) for t in data.get("tau_by_epoch", [])],
+                   int(data.get("total_steps", 0)), str(data.get("finished", "")))
 
     def rows_done(self, shard: int) -> int:
         return self.partial.get(str(shard), 0)
@@ -70,9 +81,14 @@ def _newest(storage: Storage, run: str, step: int | None) -> tuple[int, int] | N
 
 def read_ledger(storage: Storage, run: str) -> Ledger:
     """The ledger of the newest checkpoint (empty before the first)."""
+    return ledger_or_none(storage, run) or Ledger()
+
+
+def ledger_or_none(storage: Storage, run: str) -> Ledger | None:
+    """The ledger of the newest checkpoint; None before a trainer wrote one."""
     newest = _newest(storage, run, None)
     if newest is None:
-        return Ledger()
+        return None
     raw = storage.get(keys.drafter_checkpoint(run, newest[0], COMMIT_FILE, newest[1]))
     return Ledger.from_json(json.loads(raw)["ledger"])
 
@@ -98,9 +114,14 @@ def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
     return history
 
 
-def trained_shards(storage: Storage, run: str) -> set[int]:
-    """Shards whose training is in the newest checkpoint (``resume`` re-queues the others)."""
-    return set(read_ledger(storage, run).done)
+def train_due(storage: Storage, run: str, upstream: set[int]) -> tuple[set[int], int] | None:
+    """Of the ``upstream`` shards, those the trainer has yet to train in its epoch, and that
+    epoch (``resume`` and the reconciler queue them); none once training finished; None before
+    a trainer wrote its first checkpoint."""
+    ledger = ledger_or_none(storage, run)
+    if ledger is None:
+        return None
+    return (set() if ledger.finished else upstream - set(ledger.done)), ledger.epoch
 
 
 def save_checkpoint(storage: Storage, run: str, step: int, state: dict[str, Any],

@@ -12,6 +12,7 @@ from dataclasses import Field, dataclass
 from typing import Any, ClassVar
 
 from common.config import section_fields
+from common.epochs import RECIPE_EPOCHS
 from common.gates import GateConfig
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 
@@ -51,6 +52,8 @@ class RunOptions:
     target_layers: str | None = None
     heldout_fraction: float = HELDOUT_FRACTION
     heldout_min: int = HELDOUT_MIN
+    epochs: int = RECIPE_EPOCHS
+    patience: int | None = None
     min_supervised_tokens: int = GateConfig.min_supervised_tokens
     max_reject_rate: float = GateConfig.max_reject_rate
     pause_after: int = GateConfig.pause_after

@@ -13,9 +13,10 @@ Duplicate deliveries stay harmless: the lease keeps them apart and commits are p
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -24,6 +25,7 @@ from celery import Celery
 from common import keys, redis_keys
 from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
 from common.dispatch import Marker, publish_shard, queued_in
+from common.epochs import shard_order
 from common.errors import DflashError
 from common.keys import parse_shard_name
 from common.redis_keys import lease_is_live, lease_shard
@@ -105,7 +107,12 @@ class RunPlan:
     run: str
     due: dict[str, set[int]] = field(default_factory=dict)
     upstream: dict[str, str] = field(default_factory=dict)
+    order: dict[str, Callable[[Iterable[int]], list[int]]] = field(default_factory=dict)
     paused: bool = False
+
+    def ordered(self, stage: str, shards: set[int]) -> list[int]:
+        """``shards`` in the order the stage takes them (the train epoch's), else by number."""
+        return self.order[stage](shards) if stage in self.order else sorted(shards)
 
     @property
     def finished(self) -> bool:
@@ -123,23 +130,27 @@ def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
     if not plan.paused:  # a paused run generates nothing new; `resume --accept-gates` lifts it
         plan.due[GENERATE.name] = set(range(manifest.shards)) - generated
     if config.mode == "online":
-        plan.due[TRAIN.name] = generated - _trained(storage, run)
-        plan.upstream[TRAIN.name] = GENERATE.name
+        _plan_training(plan, storage, run, generated, GENERATE.name)
         return plan
     hidden = store.committed("hidden")
     plan.due[HIDDEN.name] = generated - hidden
     plan.upstream[HIDDEN.name] = GENERATE.name
-    trained = _trained(storage, run) if config.layout == "dflash" else set()
-    if trained:  # offline training only once a trainer ran
-        plan.due[TRAIN.name] = hidden - trained
-        plan.upstream[TRAIN.name] = HIDDEN.name
+    if config.layout == "dflash":  # offline training only once a trainer ran
+        _plan_training(plan, storage, run, hidden, HIDDEN.name, started_only=True)
     return plan
 
 
-def _trained(storage: Storage, run: str) -> set[int]:
-    from common.drafter_store import trained_shards
+def _plan_training(plan: RunPlan, storage: Storage, run: str, upstream: set[int],
+                   stage: str, started_only: bool = False) -> None:
+    """The train stage's due shards: not trained in the trainer's epoch, in its order."""
+    from common.drafter_store import train_due
 
-    return trained_shards(storage, run)
+    due = train_due(storage, run, upstream)
+    if due is None and started_only:
+        return
+    plan.due[TRAIN.name], epoch = due if due is not None else (set(upstream), 0)
+    plan.order[TRAIN.name] = functools.partial(shard_order, run, epoch)
+    plan.upstream[TRAIN.name] = stage
 
 
 @dataclass(frozen=True)
@@ -174,7 +185,7 @@ def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
             set() if flags.parked else set(view.parked))
         if spec.name in plan.upstream and flags.leases:
             skip |= views[plan.upstream[spec.name]].live
-        for shard in sorted(due - skip):
+        for shard in plan.ordered(spec.name, due - skip):
             why = ("its worker was lost" if shard in view.running else
                    "its queued message is gone" if shard in view.stale else "it was never queued")
             log.warning("run %s shard %d (%s): due, not owned (%s); queued again", run, shard,

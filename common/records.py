@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import zstandard
 
+from common.epochs import RECIPE_EPOCHS
 from common.errors import RunConfigMismatch
 from common.gates import GateConfig
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
@@ -96,6 +97,10 @@ class RunConfig:
     sampling_sources: dict[str, str] = field(default_factory=dict)
     heldout_fraction: float = HELDOUT_FRACTION  # never trained on: what eval-drafter decodes
     heldout_min: int = HELDOUT_MIN
+    # The drafter's passes over the run's training rows (the schedule's length follows), and
+    # how many end-of-epoch evaluations without a better held-out tau stop it early (None: never).
+    epochs: int = RECIPE_EPOCHS
+    patience: int | None = None
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)
 

@@ -148,6 +148,13 @@ def main() -> None:
                 help="Samples (by id hash) never trained on, decoded by eval-drafter.")
 @command_option("heldout_min", type=click.IntRange(min=0),
                 help="Hold out at least this many samples (at most half a small input).")
+@command_option("epochs", type=click.IntRange(min=1),
+                help="Passes the drafter trains over the run's training rows (the published "
+                     "DFlash recipe's 10); the learning-rate schedule is epochs x rows / rows "
+                     "per step long. Later epochs revisit the samples in a new seeded order.")
+@command_option("patience", type=click.IntRange(min=1),
+                help="Stop training after this many end-of-epoch evaluations without a better "
+                     "held-out acceptance length [default: never; every epoch trains].")
 @gate_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
@@ -159,7 +166,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             presence_penalty: float | None, thinking: str, no_thinking: bool,
             chat_template_kwargs: dict[str, Any] | None, model: str | None,
             mode: str, layout: str, target_layers: str | None, heldout_fraction: float,
-            heldout_min: int, as_json: bool, **gates: Any) -> None:
+            heldout_min: int, epochs: int, patience: int | None, as_json: bool,
+            **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
     from producer.commands import (
         build_gates,
@@ -184,7 +192,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
                               target_layers=target_layers,
                               prompt_template=_unescape(prompt_template),
                               strict_fields=strict_fields,
-                              heldout_fraction=heldout_fraction, heldout_min=heldout_min)
+                              heldout_fraction=heldout_fraction, heldout_min=heldout_min,
+                              epochs=epochs, patience=patience)
     if dry_run:  # no storage, no Redis: nothing is written anywhere
         from producer.dryrun import dry_run as run_dry
 

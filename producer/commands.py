@@ -15,6 +15,7 @@ import redis
 
 from common import keys
 from common.config import Settings
+from common.epochs import RECIPE_EPOCHS
 from common.errors import ConfigError, InputError
 from common.gates import GateConfig
 from common.inputs.layouts import FORMATS, template_fields
@@ -47,7 +48,8 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
                      heldout_min: int = HELDOUT_MIN,
                      chat_template_kwargs: dict[str, Any] | None = None,
                      min_p: float | None = None, repetition_penalty: float | None = None,
-                     presence_penalty: float | None = None) -> RunConfig:
+                     presence_penalty: float | None = None, epochs: int = RECIPE_EPOCHS,
+                     patience: int | None = None) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint; sampling
     a flag leaves unset comes from the target's generation_config.json."""
     if not keys.valid_run_id(run):
@@ -89,7 +91,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
         strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
         chat_template_kwargs=dict(chat_template_kwargs or {}),
-        sampling_sources=sampling_sources,
+        sampling_sources=sampling_sources, epochs=epochs, patience=patience,
     )
 
 

@@ -107,6 +107,7 @@ class DemoOptions:
     model: str | None = None
     eval_prompts: int = 16
     eval_max_new_tokens: int = 128
+    epochs: int = 3
 
 
 def run_demo(options: DemoOptions) -> int:
@@ -118,7 +119,13 @@ def run_demo(options: DemoOptions) -> int:
         print_enqueue_report,
         render_status,
     )
-    from producer.demo_train import THREAD_ENV, TRAIN, finish_training, watch_demo
+    from producer.demo_train import (
+        THREAD_ENV,
+        TRAIN,
+        finish_training,
+        tau_by_epoch_line,
+        watch_demo,
+    )
     from producer.enqueue import enqueue_run
     from producer.status import StatusReader
 
@@ -140,7 +147,8 @@ def run_demo(options: DemoOptions) -> int:
                                   prompt_field=None, shard_size=options.shard_size, limit=None,
                                   max_new_tokens=options.max_new_tokens, temperature=0.7,
                                   top_p=0.95, top_k=50, thinking=True,
-                                  mode="online" if online else "offline")
+                                  mode="online" if online else "offline",
+                                  epochs=options.epochs)
         exe = [sys.executable, "-m", "producer.cli"]
         worker_env = {**THREAD_ENV, **env} if online else env
         workers = {"worker": _spawn([*exe, "worker", "generate"], worker_env,
@@ -182,6 +190,8 @@ def run_demo(options: DemoOptions) -> int:
         watched = watch_demo(StatusReader(storage, client, run), online, check, started)
         status = watched.status
         click.echo(generation_summary(status, watched.generated_s))
+        if online and status["downstream"].get("finished"):
+            click.echo(tau_by_epoch_line(status["downstream"]))
         if status["state"] == RunState.PAUSED:
             click.echo(render_status(status))
         if status["state"] != RunState.DONE:

@@ -10,6 +10,10 @@ import click
 from common.cli import EXIT_FAILURE, setting_option, setup_logging
 from common.errors import DflashError
 
+DEMO_EPOCHS = 3
+"""More than one pass, as the recipes train, sized for two CPU cores (a run's default is
+:data:`common.epochs.RECIPE_EPOCHS`)."""
+
 
 @click.command()
 @click.option("--input", "input_path", default="data/mt_bench_question.jsonl",
@@ -30,6 +34,9 @@ from common.errors import DflashError
               help="Generation only: an offline run, no drafter training, eval or export.")
 @setting_option("model", help="Target: tiny-qwen3 (dense) or tiny-qwen3.5 (hybrid, Qwen3.6's "
                 "shape), the embedded CPU models, or a local model directory.")
+@click.option("--epochs", type=click.IntRange(min=1), default=DEMO_EPOCHS, show_default=True,
+              help="Epochs the drafter trains over the demo's data (the schedule follows; a "
+                   "real run's default is the recipe's, see `enqueue --epochs`).")
 @click.option("--eval-prompts", type=click.IntRange(min=1), default=16, show_default=True,
               help="Held-out prompts the final acceptance-length eval decodes.")
 @click.option("--eval-max-new-tokens", type=click.IntRange(min=1), default=128,

@@ -1,8 +1,10 @@
 """The demo's training half: the train worker's settings, the live view, the final eval, exports.
 
-The drafter trains on each shard as soon as it is committed (an online run), so its settings are
-sized for the demo's ~160 rows on two CPU cores: short steps, a checkpoint (and a measured
-acceptance length on held-out prompts) every few steps and at the end of every shard. At the
+The drafter trains on each shard as soon as it is committed (an online run), then for
+``demo --epochs`` epochs in all (3 by default), its schedule made from the data (no step count
+is set here); its settings are sized for the demo's ~160 rows on two CPU cores: short steps, a
+checkpoint (and a measured acceptance length on held-out prompts) every few steps and at the
+end of every epoch. At the
 end ``eval-drafter`` decodes every held-out prompt speculatively and plainly (tau, and whether
 both outputs are equal token for token), then ``export-dataset`` and ``export-drafter`` write
 what a user takes away. Every step runs the product's own commands, as a user would.
@@ -35,9 +37,8 @@ class TrainPlan:
     """The demo trainer's settings (``worker train``'s, by their ``DFLASH_TRAIN_*`` names)."""
 
     rows_per_step: int = 4
-    checkpoint_steps: int = 8
-    total_steps: int = 40
-    eval_steps: int = 8
+    checkpoint_steps: int = 16
+    eval_steps: int = 16
     eval_prompts: int = 4
     eval_max_new_tokens: int = 64
 
@@ -87,31 +88,43 @@ def watch_demo(reader: StatusReader, online: bool, check: Callable[[], None],
                 generated = time.monotonic() - started
             down = status["downstream"]
             if online:
-                progress.update(train, total=shards["total"], completed=down["committed"],
+                train_state = down.get("train") or {}
+                progress.update(train, total=train_state.get("total_steps"),
+                                completed=train_state.get("step") or 0,
                                 detail=train_detail(down))
             if state in (RunState.FAILED, RunState.PAUSED) or (
-                    state == RunState.DONE and (not online or trained(down, shards["total"]))):
+                    state == RunState.DONE and (not online or trained(down))):
                 return Watched(status, generated or time.monotonic() - started)
             check()
             time.sleep(REFRESH_S)
 
 
-def trained(down: dict[str, Any], total: int) -> bool:
-    """Every shard in the trainer's ledger; a parked train shard ends the wait too."""
+def trained(down: dict[str, Any]) -> bool:
+    """The trainer finished (every epoch, or why not); a parked train shard ends the wait too."""
     if down.get("parked"):
         raise ConfigError(f"the trainer parked {down['parked']} shard(s); see `dflash-pipeline "
                           "status` and the trainer log")
-    return down["committed"] >= total
+    return bool(down.get("finished"))
 
 
 def train_detail(down: dict[str, Any]) -> str:
     train = down.get("train") or {}
-    if "step" not in train:
+    if train.get("step") is None:
         return "waiting for the first committed shard"
     tau = f" | tau {down['tau']:.3f} at step {down['tau_step']}" if down.get("tau") else ""
     # A checkpoint's eval can record tau before the first optimizer step records a loss.
     loss = f" | loss {float(train['loss']):.3f}" if train.get("loss") not in (None, "") else ""
-    return f"step {train['step']}{loss}{tau}"
+    lr = f" | lr {train['lr']:.2e}" if train.get("lr") is not None else ""
+    return f"epoch {train['epoch']}/{train['epochs']}{loss}{lr}{tau}"
+
+
+def tau_by_epoch_line(down: dict[str, Any]) -> str:
+    """The held-out tau measured at each epoch's end, as the demo prints it."""
+    train = down.get("train") or {}
+    taus = ", ".join("-" if t is None else f"{t:.3f}" for t in train.get("tau_by_epoch") or [])
+    return (f"drafter trained {train.get('epoch')} epoch(s), {train.get('step')} steps "
+            f"(schedule {train.get('total_steps')}, finished: {down.get('finished')}); "
+            f"held-out tau by epoch: {taus or 'not measured'}")
 
 
 def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str, prompts: int,

@@ -161,6 +161,8 @@ class StatusReader:
         train = dict(live["train"]) if live is not None else {}
         if not train:   # Redis lost its record: the newest checkpoint's metrics
             train = dict(latest_metrics(self.storage, self.run))
+        ledger = read_ledger(self.storage, self.run)
+        train.update(training_progress(train, ledger, config.epochs))
         for name in ("slot_accuracy", "tau_per_position"):
             if isinstance(train.get(name), str):
                 train[name] = json.loads(train[name])
@@ -169,7 +171,8 @@ class StatusReader:
         error = ({"message": train["eval_error"], "step": int(train["eval_error_step"])}
                  if train.get("eval_error") and train.get("eval_error_step") else None)
         return {"mode": "online", "stage": "train", "parked": parked,
-                "committed": len(read_ledger(self.storage, self.run).done), "train": train,
+                "committed": len(ledger.done), "train": train,
+                "finished": ledger.finished or None,
                 "tau": float(tau) if tau not in (None, "") else None,
                 "tau_step": int(train["tau_step"]) if train.get("tau_step") else None,
                 "eval_error": error}
@@ -307,3 +310,18 @@ def _state(enqueued: bool, total: int, committed: int, parked: int, running: int
     if running or progressed:
         return RunState.RUNNING
     return RunState.PENDING
+
+
+def training_progress(train: dict[str, Any], ledger: Any, epochs: int) -> dict[str, Any]:
+    """The trainer's epoch, schedule and learning rate as numbers: the ledger (storage) for
+    what it holds, the live metrics record for the rest (``status --json`` contract)."""
+    def number(name: str, kind: type) -> Any:
+        value = train.get(name)
+        return kind(float(value)) if value not in (None, "") else None
+
+    step = number("step", int)
+    return {"epoch": number("epoch", int) or min(ledger.epoch + 1, epochs), "epochs": epochs,
+            "step": step, "total_steps": number("total_steps", int) or ledger.total_steps or None,
+            "lr": number("lr", float), "eta_s": number("eta_s", float),
+            "tau_by_epoch": list(ledger.tau_by_epoch),
+            "finished": ledger.finished or None}

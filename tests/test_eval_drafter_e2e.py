@@ -31,7 +31,8 @@ def test_a_failing_eval_is_recorded_and_training_goes_on(pipeline: Pipeline,
     trainer = pipeline.start_worker("trainer", kind="train", **{
         **TRAIN_ENV, "DFLASH_TRAIN_EVAL_STEPS": "2", "DFLASH_TEST_FAULT": "eval=eval exploded"})
     pipeline.cli("enqueue", "--input", src, "--run", "bad", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "64", "--heldout-min", "2", check=True)
+                 "online", "--epochs", "1",
+                 "--max-new-tokens", "64", "--heldout-min", "2", check=True)
     pipeline.wait_done("bad")
     wait_until(lambda: len(read_ledger(storage, "bad").done) == 3, 240, "every shard trained")
     steps = committed_steps(storage, "bad")
@@ -66,7 +67,7 @@ def test_eval_drafter_on_a_hybrid_target(pipeline: Pipeline, tmp_path: Path,
 
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
     pipeline.cli("enqueue", "--input", src, "--run", "hy", "--model", HYBRID, "--mode",
-                 "online", "--heldout-min", "3", check=True)
+                 "online", "--epochs", "1", "--heldout-min", "3", check=True)
     run = json.loads(open_storage(pipeline.env["DFLASH_STORAGE"]).get(keys.run_config("hy")))
     assert run["target_layer_ids"] == [4]     # the hybrid default: the layer after full attention
     target, tokenizer = load_target(ensure_tiny_model(model_cache, HYBRID))

@@ -163,7 +163,8 @@ def test_unexpected_train_error_parks_and_the_train_task_has_a_delivery_cap(
     pipeline.start_worker("gen")
     # No held-out split: every shard must reach the (faulty) training forward.
     pipeline.cli("enqueue", "--input", src, "--run", "toom", "--shard-size", "2", "--mode",
-                 "online", "--max-new-tokens", "128", "--heldout-min", "0", "--heldout-fraction",
+                 "online", "--epochs", "1",
+                 "--max-new-tokens", "128", "--heldout-min", "0", "--heldout-fraction",
                  "0", check=True)
     pipeline.wait_done("toom")
     # The delivery cap: a shard started more often than allowed is parked, never retried forever.

@@ -158,7 +158,7 @@ def test_a_killed_trainer_s_shard_is_queued_again_within_two_lease_ttls(
     pipeline.start_worker("gen")  # stays up: its reconciler heals the trainer's shard
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(4))
     pipeline.cli("enqueue", "--input", src, "--run", "tk", "--shard-size", "2", "--mode",
-                 "online", "--max-new-tokens", "32", *ANY_SAMPLE,
+                 "online", "--epochs", "1", "--max-new-tokens", "32", *ANY_SAMPLE,
                  "--heldout-min", "0", "--heldout-fraction", "0", check=True)
     lease = TRAIN.lease_key("tk", 0)
     token = wait_until(lambda: client.get(lease), 300, "the trainer to lease a shard")

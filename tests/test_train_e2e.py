@@ -21,7 +21,7 @@ from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
 pytestmark = pytest.mark.e2e
 
 TRAIN_ENV = {"DFLASH_TRAIN_CHECKPOINT_STEPS": "2", "DFLASH_TRAIN_ROWS_PER_STEP": "4",
-             "DFLASH_TRAIN_TOTAL_STEPS": "40", "DFLASH_TRAIN_EVAL_PROMPTS": "1",
+             "DFLASH_TRAIN_EVAL_PROMPTS": "1",
              "DFLASH_TRAIN_EVAL_MAX_NEW_TOKENS": "16",
              # A step's dense attention grows with the square of its blocks: 16 per row keep
              # each CPU step about a second (DFlash's 512 took 4-10 s on these rows).
@@ -61,7 +61,8 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     victim = start_train_worker(pipeline, "trainer", **evals)
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "on", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "128", "--heldout-min", "2", check=True)
+                 "online", "--epochs", "1",
+                 "--max-new-tokens", "128", "--heldout-min", "2", check=True)
     wait_until(lambda: committed_steps(storage, "on"), 240, "a first drafter checkpoint")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -143,7 +144,8 @@ def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage
     start_train_worker(pipeline, "heir", "--init-drafter", str(export),
                        DFLASH_TRAIN_CHECKPOINT_STEPS="1")
     pipeline.cli("enqueue", "--input", src, "--run", "on2", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "128", "--heldout-min", "0", check=True)
+                 "online", "--epochs", "1",
+                 "--max-new-tokens", "128", "--heldout-min", "0", check=True)
     wait_until(lambda: committed_steps(storage, "on2"), 240, "the heir's first checkpoint")
     first, _ = load_checkpoint(storage, "on2", committed_steps(storage, "on2")[0])
     released = load_file(str(export / "model.safetensors"))
@@ -217,7 +219,7 @@ def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tm
     pipeline.start_worker("gen")
     start_hidden_worker(pipeline, "hid")
     trainer = start_train_worker(pipeline, "trainer")
-    pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4",
+    pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4", "--epochs", "1",
                  "--max-new-tokens", "128", "--heldout-min", "1", check=True)
     wait_until(lambda: sorted(read_ledger(storage, "off").done) == [0, 1], 240,
                "both shards trained from stored hidden states")

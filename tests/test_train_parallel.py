@@ -168,7 +168,8 @@ def test_a_group_survives_kill9_of_a_rank_and_an_fsdp_group_finishes(pipeline: P
     ranks = [psutil.Process(rank_pid(group, r)) for r in (0, 1)]
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "dp", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "128", "--heldout-min", "1", check=True)
+                 "online", "--epochs", "1",
+                 "--max-new-tokens", "128", "--heldout-min", "1", check=True)
     wait_until(lambda: committed_steps(storage, "dp"), 240, "a first drafter checkpoint")
     os.kill(ranks[1].pid, signal.SIGKILL)
     assert group.wait(timeout=120) != 0, "the group did not stop"
@@ -207,7 +208,7 @@ def test_a_rank_s_own_failure_parks_the_shard_on_its_first_delivery(pipeline: Pi
                                   DFLASH_TEST_FAULT=f"train.forward.rank1={OOM}")
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "dpf", "--shard-size", "2", "--mode",
-                 "online", "--max-new-tokens", "128", "--heldout-min", "0",
+                 "online", "--epochs", "1", "--max-new-tokens", "128", "--heldout-min", "0",
                  "--heldout-fraction", "0", check=True)
     found = wait_until(lambda: len(parked(pipeline, "dpf", "train")) == 2
                        and parked(pipeline, "dpf", "train"), 300, "both train shards parked")

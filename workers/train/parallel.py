@@ -35,6 +35,7 @@ from common.faults import inject
 from common.trainrows import TrainingRow
 from workers.train.drafter.blocks import pack_rows, sample_anchors
 from workers.train.drafter.features import FeaturedRow, with_target_features
+from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import DrafterTrainer, StepMetrics
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,14 @@ class DataParallelTrainer:
     def steps(self) -> int:
         return self.trainer.steps
 
+    @property
+    def schedule(self) -> Schedule:
+        return self.trainer.schedule
+
+    @property
+    def min_supervised(self) -> int:
+        return self.trainer.min_supervised
+
     def state_dict(self) -> dict[str, Any]:
         """One rank's format; FSDP2 shards are gathered, by every rank (rank 0 calls them)."""
         if not self.group.sharded:
@@ -240,11 +249,13 @@ class DataParallelTrainer:
         pairs = list(zip(keep, anchors, strict=True))
         parts = [pairs[i::self.group.world] for i in range(self.group.world)]
         skipped = len(rows) - len(keep)
+        # The schedule travels with the step: rank 0 alone revises it (workers.train.epochs).
         messages = [("step", self.run, [(_portable(r), a) for r, a in part or pairs[:1]],
-                     skipped, 1.0 if part else 0.0) for part in parts[1:]]
+                     skipped, 1.0 if part else 0.0, t.schedule.to_json())
+                    for part in parts[1:]]
         with self.group.in_step(f"run {self.run}: data-parallel step {t.steps + 1}"):
             self.group.send([("self",), *messages])
-            return self.train_part(parts[0], skipped, 1.0, started)
+            return self.train_part(parts[0], skipped, 1.0, started=started)
 
     def _prepare(self, part: Part, share: float) -> tuple[Any, torch.Tensor]:
         """This rank's rows as a packed batch on its device, and their loss weight."""
@@ -274,13 +285,17 @@ class DataParallelTrainer:
         return result
 
     def train_part(self, part: Part, skipped: int, share: float,
+                   schedule: dict[str, Any] | None = None,
                    started: float | None = None) -> StepMetrics:
         """Every rank: forward and backward on its part, then the group's optimizer step.
 
-        ``share`` 0 marks a stand-in row of a rank that got none (fewer rows than ranks).
+        ``share`` 0 marks a stand-in row of a rank that got none (fewer rows than ranks);
+        ``schedule`` is rank 0's learning-rate schedule (ranks > 0 take it).
         """
         started = time.perf_counter() if started is None else started
         t = self.trainer
+        if schedule is not None:
+            t.schedule = Schedule.from_json(schedule)
         batch, weight = self._own(lambda: self._prepare(part, share))
         t.drafter.train()
         if self.group.sharded:  # FSDP2's forward gathers parameters: a collective of the group

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,10 +42,22 @@ class Session:
     last_checkpoint: int
     heldout: frozenset[str] = frozenset()
     evaluator: Any = None
+    step_seconds: float = 0.0   # wall time per step, smoothed (the ETA's rate)
+    last_step_at: float = 0.0
 
     @property
     def steps(self) -> int:
         return self.trainer.steps
+
+    def eta_s(self) -> float:
+        """Seconds to the schedule's end at the recent pace (called once per step)."""
+        now = time.monotonic()
+        if self.last_step_at:
+            took = now - self.last_step_at
+            self.step_seconds = took if not self.step_seconds else (
+                0.9 * self.step_seconds + 0.1 * took)
+        self.last_step_at = now
+        return max(0, self.trainer.schedule.total - self.steps) * self.step_seconds
 
 
 def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
@@ -84,11 +97,11 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
                  trainer.steps, len(ledger.done))
     else:
         drafter = new_drafter(target, mask_id, layers, ctx.settings.train)
+        ledger = Ledger()
         trainer = DrafterTrainer(drafter, TrainConfig(
-            total_steps=ctx.settings.train_total_steps,
+            total_steps=first_total(ctx, config, ledger),
             min_supervised_tokens=ctx.settings.train_min_supervised_tokens,
             max_anchors=ctx.settings.train_max_anchors))
-        ledger = Ledger()
         log.info("run %s: new drafter %s%s", config.run, describe(drafter.config),
                  f" from {ctx.settings.train.init_drafter}" if ctx.settings.train.init_drafter
                  else "")
@@ -98,6 +111,19 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     heldout = manifest.heldout_ids if manifest is not None else frozenset()
     return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps, heldout,
                    PeriodicEval.for_run(ctx, config, manifest, target, tokenizer))
+
+
+def first_total(ctx: WorkerContext, config: RunConfig, ledger: Ledger) -> int:
+    """A new drafter's schedule length: --total-steps, else the data's first estimate."""
+    from workers.train.epochs import planned_total
+
+    if ctx.settings.train_total_steps:
+        return ctx.settings.train_total_steps
+    manifest = RunStore(ctx.storage, config.run).manifest()
+    total, basis = planned_total(ledger, config, manifest.shard_rows if manifest else [],
+                                 ctx.settings.train_rows_per_step)
+    log.info("run %s: schedule of %d steps (%s)", config.run, total, basis)
+    return total
 
 
 def follower_session(run: str) -> Session:

@@ -2,7 +2,7 @@
 the group instead of replicated (drafters too big to hold N times, e.g. ~2B parameters).
 
 :func:`shard` applies ``fully_shard`` to each decoder layer and to the drafter, then rebuilds
-the optimizer and schedule over the sharded parameters with the state they held;
+the optimizer over the sharded parameters with the state they held;
 :func:`full_state` gathers the one-rank state dict (a collective: every rank calls it), so an
 FSDP checkpoint is a one-rank checkpoint and any group size, ``export-drafter`` included,
 reads it.
@@ -10,7 +10,6 @@ reads it.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -19,13 +18,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from workers.train.drafter.train import DrafterTrainer, lr_factor
+from workers.train.drafter.train import DrafterTrainer
 
 
 def shard(trainer: DrafterTrainer) -> None:
     """Shard ``trainer``'s drafter over the default group, keeping its optimizer state."""
     mesh = init_device_mesh(trainer.device.type, (dist.get_world_size(),))
-    optimizer, schedule = trainer.optimizer.state_dict(), trainer.scheduler.state_dict()
+    optimizer = trainer.optimizer.state_dict()
     for layer in trainer.drafter.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(trainer.drafter, mesh=mesh)
@@ -33,12 +32,9 @@ def shard(trainer: DrafterTrainer) -> None:
     config = trainer.config
     trainer.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas,
                                           weight_decay=config.weight_decay)
-    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, functools.partial(
-        lr_factor, warmup=config.warmup_steps, total=config.total_steps))
     state = {i: {k: distribute_tensor(v, mesh, params[int(i)].placements) if k != "step" else v
                  for k, v in moments.items()} for i, moments in optimizer["state"].items()}
     trainer.optimizer.load_state_dict({"state": state, "param_groups": optimizer["param_groups"]})
-    trainer.scheduler.load_state_dict(schedule)
 
 
 def full_state(trainer: DrafterTrainer, keep: bool) -> dict[str, Any]:

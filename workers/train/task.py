@@ -26,13 +26,22 @@ from celery import Task
 from common import keys
 from common.celery_app import TASK_TRAIN, app
 from common.drafter_store import save_checkpoint
+from common.epochs import row_order
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
-from common.records import ShardTask, TaskOutcome
+from common.records import RunConfig, ShardTask, TaskOutcome
 from common.runstore import RunStore
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.stage import TRAIN, Delivery, run_delivery
+from workers.train.epochs import (
+    end_epoch,
+    epoch_complete,
+    note_shard,
+    queue_epoch,
+    revise_schedule,
+    schedule_spent,
+)
 from workers.train.parallel import DataParallelTrainer, group_fields
 from workers.train.session import Session, get_session
 from workers.train.tensorboard import log_step
@@ -46,7 +55,8 @@ def train_shard(self: Task, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def process_train(delivery: Delivery) -> TaskOutcome:
-    """Train on a shard's rows that the ledger has not seen; checkpoint on the way."""
+    """Train on a shard's rows that the ledger has not seen in its epoch; checkpoint on the way;
+    at an epoch's end, measure tau and start the next epoch (or finish)."""
     ctx, task = delivery.ctx, delivery.task
     # One trainer per run: the run-wide lease keeps a second worker from forking the drafter.
     with delivery.claim() as lease:
@@ -56,39 +66,80 @@ def process_train(delivery: Delivery) -> TaskOutcome:
             # The held-out split is frozen with the manifest, when enqueue has read the input.
             raise NotReady(f"run {task.run}: enqueue has not finished reading the input")
         session = get_session(ctx, config)
-        if task.shard in session.ledger.done:
-            log.info("run %s shard %d: already trained this epoch; skipped", task.run,
-                     task.shard)
+        ledger = session.ledger
+        if ledger.finished or task.shard in ledger.done:
+            log.info("run %s shard %d: %s; skipped", task.run, task.shard,
+                     f"training finished ({ledger.finished})" if ledger.finished else
+                     f"already trained in epoch {ledger.epoch + 1}")
             return TaskOutcome.ALREADY_COMMITTED
         rows = training_rows(ctx, store, session, task, online=config.mode == "online")
-        start = session.ledger.rows_done(task.shard)
-        size = ctx.settings.train_rows_per_step
-        for first in range(start, len(rows), size):
-            lease.check()
-            if ctx.stopping.is_set():
-                raise ShuttingDown("worker stopping; the shard resumes from the last checkpoint")
-            estimate = train_step(ctx, session, rows[first:first + size], task)
-            session.ledger.partial[str(task.shard)] = first + size
-            if session.steps - session.last_checkpoint >= ctx.settings.train_checkpoint_steps:
-                checkpoint(ctx, session, estimate)
-            elif session.evaluator is not None and session.evaluator.due(session.steps):
-                evaluate_drafter(ctx, session, estimate)
-        session.ledger.partial.pop(str(task.shard), None)
-        session.ledger.done.append(task.shard)
-        # Before the task is acked: a shard reported done is always in a checkpoint's ledger.
-        checkpoint(ctx, session)
+        note_shard(ledger, task.shard, len(rows), ctx.settings.train_rows_per_step)
+        revise_schedule(ctx, session, store, config, f"shard {task.shard} read")
+        train_rows(ctx, lease, session, config, task, rows)
+        finish_shard(ctx, session, store, config, task.shard)
     return TaskOutcome.COMMITTED
+
+
+def train_rows(ctx: WorkerContext, lease: Any, session: Session, config: RunConfig,
+               task: ShardTask, rows: list[Any]) -> None:
+    """The shard's steps from the first row its epoch has not trained; checkpoints between."""
+    size = ctx.settings.train_rows_per_step
+    for first in range(session.ledger.rows_done(task.shard), len(rows), size):
+        lease.check()
+        if ctx.stopping.is_set():
+            raise ShuttingDown("worker stopping; the shard resumes from the last checkpoint")
+        if schedule_spent(ctx, session, config, task.shard, len(rows) - first):
+            return
+        estimate = train_step(ctx, session, config, rows[first:first + size], task)
+        session.ledger.partial[str(task.shard)] = first + size
+        if session.steps - session.last_checkpoint >= ctx.settings.train_checkpoint_steps:
+            checkpoint(ctx, session, estimate)
+        elif session.evaluator is not None and session.evaluator.due(session.steps):
+            evaluate_drafter(ctx, session, estimate)
+
+
+def finish_shard(ctx: WorkerContext, session: Session, store: RunStore, config: RunConfig,
+                 shard: int) -> None:
+    """The shard is trained in this epoch; the epoch may end here. Checkpointed before the task
+    is acked, so a shard reported done is always in a checkpoint's ledger."""
+    ledger = session.ledger
+    if not ledger.finished:
+        ledger.partial.pop(str(shard), None)
+        ledger.done.append(shard)
+    shards = None if ledger.finished else epoch_complete(store, config, ledger)
+    next_epoch = False
+    if shards is not None:
+        revise_schedule(ctx, session, store, config, f"epoch {ledger.epoch + 1} trained")
+        tau = evaluate_drafter(ctx, session, None).get("tau")
+        next_epoch = end_epoch(ctx, session, config, shards, tau)
+    checkpoint(ctx, session)   # put-once: the ledger's new epoch is durable before its queueing
+    record_metrics(ctx, config.run, progress_fields(session, config))
+    if next_epoch:
+        queue_epoch(ctx, config, ledger, shards)
+
+
+def progress_fields(session: Session, config: RunConfig) -> dict[str, Any]:
+    """The metrics record's epoch, schedule and finish fields (``status`` shows them)."""
+    ledger = session.ledger
+    return {"step": session.steps, "epoch": min(ledger.epoch + 1, config.epochs),
+            "epochs": config.epochs,
+            "total_steps": session.trainer.schedule.total,
+            "tau_by_epoch": json.dumps(ledger.tau_by_epoch), "finished": str(ledger.finished)}
 
 
 def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: ShardTask,
                   online: bool) -> list[Any]:
-    """The shard's rows in a fixed order, the held-out split left out."""
+    """The shard's rows in its epoch's order, the held-out split and rows too short to train
+    left out (so every step trains and an epoch's step count is exact)."""
     every = store.training_rows(task.shard) if online else stored_rows(ctx, session, task)
+    shortest = session.trainer.min_supervised
     rows = [r for r in every if getattr(r, "row", r).sample_id not in session.heldout]
-    held = {getattr(r, "row", r).sample_id for r in every} & session.heldout
-    log.info("run %s shard %d: %d rows to train, %d held-out samples left out", task.run,
-             task.shard, len(rows), len(held))
-    return rows
+    held = len(every) - len(rows)
+    kept = [r for r in rows if getattr(r, "row", r).supervised_tokens >= shortest]
+    log.info("run %s shard %d: %d rows to train in epoch %d, %d held-out rows and %d with "
+             "< %d supervised tokens left out", task.run, task.shard, len(kept),
+             session.ledger.epoch + 1, held, len(rows) - len(kept), shortest)
+    return row_order(task.run, session.ledger.epoch, task.shard, kept)
 
 
 def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[Any]:
@@ -109,7 +160,7 @@ def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[A
             for r in iter_hidden_records(ctx.storage, task.run, [task.shard])]
 
 
-def train_step(ctx: WorkerContext, session: Session, rows: list[Any],
+def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: list[Any],
                task: ShardTask) -> float | None:
     """One optimizer step (target features on the fly unless stored); metrics to Redis and log.
     Returns the step's training estimate of the acceptance length (None: nothing trained)."""
@@ -131,7 +182,9 @@ def train_step(ctx: WorkerContext, session: Session, rows: list[Any],
               "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
               "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
               "acceptance_length": round(metrics.acceptance_length, 3),
-              "tokens_per_s": round(metrics.tokens_per_s, 1), **group_fields(), "at": time.time()}
+              "tokens_per_s": round(metrics.tokens_per_s, 1), "lr": metrics.lr,
+              **progress_fields(session, config), "eta_s": round(session.eta_s(), 1),
+              **group_fields(), "at": time.time()}
     record_metrics(ctx, task.run, record)
     return metrics.acceptance_length
 
@@ -156,7 +209,12 @@ def checkpoint(ctx: WorkerContext, session: Session, estimate: float | None = No
         evaluate_drafter(ctx, session, estimate)
 
 
-def evaluate_drafter(ctx: WorkerContext, session: Session, estimate: float | None) -> None:
-    """The periodic eval; a failure is recorded (log, metrics row, ``status``), never raised."""
+def evaluate_drafter(ctx: WorkerContext, session: Session,
+                     estimate: float | None) -> dict[str, Any]:
+    """The periodic eval; a failure is recorded (log, metrics row, ``status``), never raised.
+    Returns the eval's fields (empty without an evaluator)."""
+    if session.evaluator is None:
+        return {}
     fields = session.evaluator.run_safely(session.trainer.drafter, session.steps, estimate)
     record_metrics(ctx, session.run, {"step": session.steps, **fields})
+    return fields

@@ -14,8 +14,10 @@ worker_train = stage_worker(
                    help="Training rows per optimizer step."),
     setting_option("train_checkpoint_steps", "--checkpoint-steps", type=click.IntRange(min=1),
                    help="Checkpoint to storage every N steps."),
-    setting_option("train_total_steps", "--total-steps", type=click.IntRange(min=1),
-                   help="Length of the cosine learning-rate schedule."),
+    setting_option("train_total_steps", "--total-steps", type=click.IntRange(min=0),
+                   help="Override the length of the cosine learning-rate schedule (0: from the "
+                        "run's data, epochs x training rows / rows per step). Training ends at "
+                        "its last step, and says so if rows were left untrained."),
     setting_option("train_min_supervised_tokens", "--min-supervised-tokens",
                    type=click.IntRange(min=0),
                    help="Skip rows with fewer supervised tokens (0: 2 x block size)."),

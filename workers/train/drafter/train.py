@@ -19,9 +19,7 @@ with one device sync per step. On CUDA the step runs under bf16 autocast with fl
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -44,6 +42,7 @@ from workers.train.drafter.blocks import (
 from workers.train.drafter.features import FeaturedRow
 from workers.train.drafter.masks import dense_block_mask, flex_available, flex_block_mask
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.schedule import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +77,7 @@ class TrainConfig:
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
     """Linear warmup over ``warmup`` steps, then cosine decay to 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return Schedule(warmup, total).factor(step)
 
 
 @dataclass(frozen=True)
@@ -128,8 +124,8 @@ class DrafterTrainer:
         self.optimizer = torch.optim.AdamW(
             drafter.parameters(), lr=config.lr, betas=config.betas,
             weight_decay=config.weight_decay, fused=self.device.type == "cuda")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
-            lr_factor, warmup=config.warmup_steps, total=config.total_steps))
+        # The learning rate of every step comes from here: revisable without a jump.
+        self.schedule = Schedule(config.warmup_steps, config.total_steps)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.steps = 0
         self.weights = slot_weights(self.block_size, config.loss_gamma).to(self.device)
@@ -234,9 +230,10 @@ class DrafterTrainer:
                                                    self.config.grad_clip)
         if isinstance(grad_norm, DTensor):   # FSDP2: already reduced, replicated on every rank
             grad_norm = grad_norm.full_tensor()
-        lr = self.scheduler.get_last_lr()[0]
+        lr = self.config.lr * self.schedule.factor(self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return grad_norm, lr
@@ -257,7 +254,7 @@ class DrafterTrainer:
         return {
             "drafter": self.drafter.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "schedule": self.schedule.to_json(),
             "steps": self.steps,
             "rng": self.generator.get_state(),
             "train_config": asdict(self.config),
@@ -286,6 +283,7 @@ class DrafterTrainer:
             raise ValueError("the checkpoint was trained for a different drafter config")
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        # Checkpoints from before the revisable schedule: their config's total, never revised.
+        self.schedule = Schedule.from_json(state.get("schedule") or asdict(self.schedule))
         self.steps = int(state["steps"])
         self.generator.set_state(state["rng"])
