@@ -42,7 +42,7 @@ class Ledger:
     finished: str = ""      # why training ended (common.epochs.Finish); "" while it goes on
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "finished": str(self.finished)}   # plain text, never the enum
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Ledger:

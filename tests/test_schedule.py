@@ -48,10 +48,9 @@ def test_revisions_keep_the_rate_continuous_and_end_at_the_last_step(
     assert schedule.factor(schedule.total) == pytest.approx(0.0)   # reached only past the end
 
 
-def test_a_revision_below_the_current_step_leaves_one_step() -> None:
+def test_a_revision_below_the_steps_taken_ends_there() -> None:
     schedule = Schedule(1, 10)
-    schedule.revise(3, 7)
-    assert schedule.total == 8 and schedule.factor(7) > 0
+    assert schedule.revise(3, 7) and schedule.total == 7 and schedule.factor(6) > 0
 
 
 def test_planned_total_estimates_then_becomes_exact() -> None:

@@ -109,12 +109,12 @@ def finish_shard(ctx: WorkerContext, session: Session, store: RunStore, config: 
     shards = None if ledger.finished else epoch_complete(store, config, ledger)
     next_epoch = False
     if shards is not None:
-        revise_schedule(ctx, session, store, config, f"epoch {ledger.epoch + 1} trained")
         tau = evaluate_drafter(ctx, session, None).get("tau")
         next_epoch = end_epoch(ctx, session, config, shards, tau)
     checkpoint(ctx, session)   # put-once: the ledger's new epoch is durable before its queueing
     record_metrics(ctx, config.run, progress_fields(session, config))
     if next_epoch:
+        inject("train.epoch_end")   # a crash here: the reconciler queues the epoch from storage
         queue_epoch(ctx, config, ledger, shards)
 
 

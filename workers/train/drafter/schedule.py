@@ -38,8 +38,9 @@ class Schedule:
 
     def revise(self, total: int, step: int) -> bool:
         """Make ``total`` the schedule's end from ``step`` (the next step to run) on, with the
-        factor at ``step`` unchanged; True when the total changed. At least one step is left."""
-        total = max(total, step + 1)
+        factor at ``step`` unchanged; True when the total changed. It never ends before ``step``
+        (the steps already taken)."""
+        total = max(total, step)
         if total == self.total:
             return False
         if step > self.warmup:
