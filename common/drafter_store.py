@@ -114,6 +114,20 @@ def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
     return history
 
 
+def best_step(storage: Storage, run: str) -> tuple[int, float] | None:
+    """The committed checkpoint with the best measured held-out tau, and that tau (the newest
+    of equals); None when no checkpoint's tau was measured."""
+    steps = set(committed_steps(storage, run))
+    measured: dict[int, float] = {}
+    for metrics in metrics_history(storage, run):
+        step, tau = metrics.get("tau_step"), metrics.get("tau")
+        if step not in (None, "") and tau not in (None, "") and int(step) in steps:
+            measured[int(step)] = float(tau)
+    if not measured:
+        return None
+    return max(((step, tau) for step, tau in measured.items()), key=lambda st: (st[1], st[0]))
+
+
 def train_due(storage: Storage, run: str, upstream: set[int]) -> tuple[set[int], int] | None:
     """Of the ``upstream`` shards, those the trainer has yet to train in its epoch, and that
     epoch (``resume`` and the reconciler queue them); none once training finished; None before

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common import keys
-from common.drafter_store import committed_steps, load_checkpoint, read_ledger
+from common.drafter_store import best_step, committed_steps, load_checkpoint, read_ledger
 from common.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, TinyTarget, wait_until
@@ -96,7 +96,10 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     out = tmp_path / "export"
     result = pipeline.cli("export-drafter", "--run", "on", "--out", str(out), "--json",
                           check=True)
-    assert json.loads(result.stdout)["step"] == final
+    exported = json.loads(result.stdout)   # by default the checkpoint with the best tau
+    assert exported["chosen"] == "best-tau"
+    assert (exported["step"], exported["tau"]) == best_step(storage, "on")
+    state, _ = load_checkpoint(storage, "on", exported["step"])
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 16
     assert set(config["dflash_config"]) >= {"mask_token_id", "target_layer_ids"}
@@ -219,13 +222,18 @@ def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tm
     pipeline.start_worker("gen")
     start_hidden_worker(pipeline, "hid")
     trainer = start_train_worker(pipeline, "trainer")
-    pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4", "--epochs", "1",
+    pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4", "--epochs", "2",
                  "--max-new-tokens", "128", "--heldout-min", "1", check=True)
-    wait_until(lambda: sorted(read_ledger(storage, "off").done) == [0, 1], 240,
-               "both shards trained from stored hidden states")
+    # Two epochs over the stored states, the schedule made from them as online.
+    wait_until(lambda: read_ledger(storage, "off").finished, 240,
+               "two epochs trained from stored hidden states")
     assert len([k for k in storage.list(keys.hidden_prefix("off"))
                 if k.endswith("/_COMMIT.json")]) == 2
+    ledger = read_ledger(storage, "off")
+    assert (ledger.epoch, sorted(ledger.done), ledger.finished) == (1, [0, 1], "schedule")
     state, _ = load_checkpoint(storage, "off")
-    assert state["steps"] >= 2 and adam_steps(state) == {state["steps"]}
+    per_epoch = sum(ledger.shard_steps.values())
+    assert state["steps"] == 2 * per_epoch == state["schedule"]["total"] >= 2
+    assert adam_steps(state) == {state["steps"]} and len(ledger.tau_by_epoch) == 2
     log = (pipeline.log_dir / "trainer.log").read_text()
     assert "run off shard 0: step" in log and trainer.poll() is None

@@ -23,7 +23,8 @@ from common.errors import NotFound
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write config.json and model.safetensors to.")
 @click.option("--step", type=click.IntRange(min=1), default=None,
-              help="Checkpoint step to export [default: the newest].")
+              help="Checkpoint step to export [default: the best-evaluated one (highest "
+                   "held-out tau measured while training), else the newest].")
 @click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
               default="auto", show_default=True,
               help="Weights' dtype; auto: the target's (config.json), else the checkpoint's.")
@@ -36,9 +37,24 @@ def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
     else:
-        click.echo(f"run {run}: drafter step {result['step']} exported to {result['out']} "
+        why = {"best-tau": f" (best held-out tau {result['tau']})",
+               "newest": " (newest; no tau measured)"}.get(result["chosen"], "")
+        click.echo(f"run {run}: drafter step {result['step']}{why} exported to {result['out']} "
                    f"({result['tensors']} tensors, {result['dtype']}); serve it with:\n"
                    f"  {result['serve_command']}")
+
+
+def choose_step(settings: Settings, run: str,
+                step: int | None) -> tuple[int | None, str, float | None]:
+    """The step to export: ``step`` as asked, else the best-evaluated, else the newest; with
+    how it was chosen and its measured tau (None when unmeasured)."""
+    from common.drafter_store import best_step
+    from common.storage import open_storage
+
+    if step is not None:
+        return step, "asked", None
+    best = best_step(open_storage(settings.storage), run)
+    return (best[0], "best-tau", best[1]) if best else (None, "newest", None)
 
 
 def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
@@ -103,6 +119,7 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
     from common.serving import dflash_engine_args, launch_argv, shell_line
     from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
 
+    step, chosen_by, tau = choose_step(settings, run, step)
     loaded = load_run_drafter(settings, run, step)
     chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(loaded.target.path)
     out = export_drafter(loaded.trainer, out_dir, dtype=chosen)
@@ -113,6 +130,7 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
                                      .block_size, max_running_requests=settings.max_in_flight)
     serve = launch_argv(loaded.target.path, port=settings.engine_port, tp=settings.tp,
                         engine_args=engine_args, python="python")
-    return {"run": run, "step": loaded.step, "out": str(out), "dtype": stored,
+    return {"run": run, "step": loaded.step, "chosen": chosen_by, "tau": tau,
+            "out": str(out), "dtype": stored,
             "tensors": len(loaded.trainer.drafter.state_dict()),
             "serve_engine_args": shell_line(engine_args), "serve_command": shell_line(serve)}

@@ -206,7 +206,14 @@ function renderDownstream(s) {
     `${known(d.committed)} / ${s.shards.committed} committed shards done, `
     + `${known(d.parked)} parked`));
   const t = d.train || {};
-  if (t.step !== undefined) {
+  if (t.step != null) {
+    figures.append(el("div", { id: "train-progress" }, el("span", { class: "label" }, "training"),
+      `epoch ${t.epoch} / ${t.epochs}, step ${t.step} / ${known(t.total_steps)}, learning rate `
+      + `${t.lr != null ? Number(t.lr).toExponential(2) : "?"}, `
+      + (d.finished ? `finished (${d.finished})` : `ETA ${duration(t.eta_s)}`)
+      + (t.tau_by_epoch && t.tau_by_epoch.length
+        ? `; held-out tau by epoch ${t.tau_by_epoch.map((v) => (v == null ? "-" : Number(v)
+          .toFixed(3))).join(", ")}` : "")));
     figures.append(el("div", {}, el("span", { class: "label" }, "drafter"),
       `step ${t.step}: loss ${t.loss}, slot-1 accuracy ${t.slot1_accuracy}, acceptance length `
       + `${t.acceptance_length}${t.tau !== undefined ? `, tau ${t.tau}` : ""}, `
