@@ -98,8 +98,9 @@ def test_field_comments_are_read_from_the_declaration() -> None:
     from common.config import GenerateSettings
 
     comments = load("references").field_comments(GenerateSettings)
-    assert comments["engine_drain_timeout"].startswith("On a stop SGLang finishes")
-    assert comments["part_samples"] == ""
+    assert comments["engine_drain_timeout"].startswith("On a stop SGLang finishes")  # above it
+    assert comments["engine_port"] == "the SGLang server of GPU N listens on this + N"  # beside
+    assert comments["tp"] == ""
 
 
 @pytest.mark.parametrize("image", ["dashboard.png", "dashboard-paused.png", "report.png"])
