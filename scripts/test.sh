@@ -31,7 +31,7 @@ rc=0
   || rc=$?
 elapsed=$((SECONDS - started))
 # The load average beside the figures: on the shared cores it says what the times mean.
-printf 'scripts/test.sh: wall time %dm %02ds (set-up %dm %02ds, then ruff and pytest); load %s\n' \
+printf 'scripts/test.sh: wall time %dm %02ds (set-up %dm %02ds, then ruff, the docs site and pytest); load %s\n' \
   $((elapsed / 60)) $((elapsed % 60)) $((set_up / 60)) $((set_up % 60)) \
   "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 exit "$rc"
