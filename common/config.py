@@ -72,17 +72,17 @@ class BrokerSettings:
     # Celery re-delivers an unacked message after this many seconds: keep it above the longest
     # shard, and identical in producer, workers and Flower (the shortest one wins).
     visibility_timeout: int = 6 * 3600
-    result_expires: int = 24 * 3600
-    soft_shutdown_timeout: float = 60.0
+    result_expires: int = 24 * 3600   # seconds Celery keeps a task result (a pointer to storage)
+    soft_shutdown_timeout: float = 60.0   # seconds a stopping worker gets to flush its last part
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
     """What every stage's worker uses: shard leases, redelivery, its GPU and metrics port."""
 
-    lease_ttl: float = 60.0
-    max_deliveries: int = 5
-    retry_backoff_max: float = 60.0
+    lease_ttl: float = 60.0   # seconds a shard lease lives unrenewed (reconciler: every half)
+    max_deliveries: int = 5   # deliveries of a shard before it is parked with its reason
+    retry_backoff_max: float = 60.0   # cap, in seconds, of the backoff between retries
     gpu: int = setting(0, zero_ok=True)
     metrics_port: int = setting(0, zero_ok=True)   # 0: no Prometheus endpoint
 
@@ -92,16 +92,16 @@ class TargetSettings:
     """The target model every stage loads, and where built artefacts are cached."""
 
     model: str = TINY_MODEL
-    cache_dir: Path = default_cache_dir()
+    cache_dir: Path = default_cache_dir()   # embedded models, engine pid files and logs
 
 
 @dataclass(frozen=True)
 class GenerateSettings:
     """The generate stage: its parts and engine."""
 
-    part_samples: int = 64
-    part_seconds: float = 60.0
-    batch_size: int = 16
+    part_samples: int = 64   # a part is written every so many samples...
+    part_seconds: float = 60.0   # ...or every so many seconds, whichever comes first
+    batch_size: int = 16   # sequences the CPU engine decodes at once
     engine: str = "cpu"
     # SGLang engine: an external server (engine_url) or one the worker starts (engine_cmd, or
     # `python -m sglang.launch_server` built from model/tp/mem_fraction_static/engine_args).
@@ -111,14 +111,14 @@ class GenerateSettings:
     # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
     # worker's own.
     engine_python: str = ""
-    engine_port: int = 30000
+    engine_port: int = 30000   # the SGLang server of GPU N listens on this + N
     tp: int = 1
     mem_fraction_static: str = ""
     max_in_flight: int = 128
-    engine_startup_timeout: float = 900.0
+    engine_startup_timeout: float = 900.0   # seconds an engine may take to answer /health
     # On a stop SGLang finishes the requests it runs (SIGTERM), then the tree is killed.
     engine_drain_timeout: float = 30.0
-    request_timeout: float = 3600.0
+    request_timeout: float = 3600.0   # seconds one /generate request may take
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ class HiddenSettings:
 
     PREFIX: ClassVar[str] = "hidden_"
     batch_tokens: int = 32768
-    device: str = setting("auto", device=True)
-    part_bytes: int = 512 * 2**20
+    device: str = setting("auto", device=True)   # where the target runs: auto is CUDA if visible
+    part_bytes: int = 512 * 2**20   # bytes of a safetensors part, about
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The process exit codes of every command, as README's "Exit codes" documents them (binding).
+"""The process exit codes of every command, as the command reference documents them (binding;
+docs/reference/cli.md, "Exit codes").
 
 The only module that defines an ``EXIT_*`` code: producer, stages and benchmarks import them
 from here (it imports nothing, so any module may).

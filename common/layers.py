@@ -53,8 +53,8 @@ FULL_ATTENTION = "full-attention"   # the full-attention layers of a hybrid (spr
 AFTER_FULL = "after-full"           # the layer after each full-attention layer (spread if many)
 STRATEGIES = (SPREAD, FULL_ATTENTION, AFTER_FULL)
 DEFAULT_K = 5
-# Chosen by benchmarks/target_layers.py on the tiny hybrid (README, "Target layers for hybrid
-# targets"); a dense target keeps the DFlash spread.
+# Chosen by benchmarks/target_layers.py on the tiny hybrid (docs/guides/hybrid-targets.md,
+# "Target layers for hybrid targets"); a dense target keeps the DFlash spread.
 HYBRID_DEFAULT = AFTER_FULL
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian/Ubuntu machine with Python 3.11: redis-server, a venv with CPU torch
-# and this package; with --browser also chromium and chromium-driver (the dashboard's browser
-# tests); with --sglang also .venv-sglang, the pinned SGLang release serving on CPU (the
-# real-engine tests; scripts/test.sh asks for both). Idempotent: re-running only installs what
-# is missing.
+# and this package (with its dev and docs extras); with --browser also chromium and
+# chromium-driver (the dashboard's browser tests); with --sglang also .venv-sglang, the pinned
+# SGLang release serving on CPU (the real-engine tests; scripts/test.sh asks for both).
+# Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BROWSER=0; SGLANG=0
@@ -70,10 +70,12 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q --retries 0 torch==2.13.0 "${cpu[@]}"
 fi
 
+# The package with its test and docs extras (scripts/test.sh builds the docs site strictly);
+# again whenever pyproject.toml changes, or the docs tools are missing from an older set-up.
 stamp="$VENV/.dflash-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "== installing dflash-pipeline[dev]"
-  uv_install -e ".[dev]" || "$VENV/bin/pip" install -q -e ".[dev]"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ ! -x "$VENV/bin/mkdocs" ]; then
+  echo "== installing dflash-pipeline[dev,docs]"
+  uv_install -e ".[dev,docs]" || "$VENV/bin/pip" install -q -e ".[dev,docs]"
   touch "$stamp"
 fi
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite: set up (chromium too, for the dashboard's browser tests, and .venv-sglang for
-# the real-engine tests), then run pytest
+# the real-engine tests), run ruff, build the docs site strictly, then run pytest
 # (tests start their own redis-server, moto S3 server and Celery workers). TEST_WORKERS (default
 # 2) spreads the tests over that many pytest-xdist workers (0: all in this process); with one
 # torch thread per process a single pytest leaves the second core idle. TEST_LOAD=2 adds a
@@ -18,15 +18,20 @@ for _ in $(seq 1 "${TEST_LOAD:-0}"); do
   python3 -c 'while True: pass' &
   load_pids+=("$!")
 done
-trap 'for pid in ${load_pids[@]+"${load_pids[@]}"}; do kill "$pid" 2>/dev/null || true; done' EXIT
+docs_site=$(mktemp -d)
+trap 'rm -rf "$docs_site"; for pid in ${load_pids[@]+"${load_pids[@]}"}; do kill "$pid" 2>/dev/null || true; done' EXIT
 .venv/bin/ruff check .
+# The docs site, strictly (a broken link, a missing page or a failing generated reference fails
+# the script), before pytest so that pytest's summary stays the last line of note.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$docs_site"
+echo "scripts/test.sh: docs site built (mkdocs build --strict)"
 rc=0
 .venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup \
   --durations=10 "$@" \
   || rc=$?
 elapsed=$((SECONDS - started))
 # The load average beside the figures: on the shared cores it says what the times mean.
-printf 'scripts/test.sh: wall time %dm %02ds (set-up %dm %02ds, then ruff and pytest); load %s\n' \
+printf 'scripts/test.sh: wall time %dm %02ds (set-up %dm %02ds, then ruff, the docs site and pytest); load %s\n' \
   $((elapsed / 60)) $((elapsed % 60)) $((set_up / 60)) $((set_up % 60)) \
   "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 exit "$rc"

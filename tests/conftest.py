@@ -34,8 +34,9 @@ from tests.models_cache import (  # noqa: F401 (re-exported)
 
 # One intra-op thread for torch here and in every process a test starts (workers inherit the
 # environment): the tiny models' ops are small, and with two threads per process on 2 shared
-# cores the OpenMP spin-waits made a model step 5-10x slower (README, Tests). Set before torch
-# is first imported (nothing above imports it); an explicit setting from the caller wins.
+# cores the OpenMP spin-waits made a model step 5-10x slower (docs/reference/tests.md). Set
+# before torch is first imported (nothing above imports it); an explicit setting from the
+# caller wins.
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 

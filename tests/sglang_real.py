@@ -20,9 +20,10 @@ from common.config import Settings, load_settings
 from tests.conftest import MAX_STRETCH, ROOT
 
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
-# SGLang on the CPU (README, Engines): float32 (greedy output drifts from HF's otherwise), a
-# bounded KV pool (70% of RAM otherwise), and a scheduler that sleeps when idle (it spins a
-# core otherwise). SGLANG_USE_CPU_ENGINE stays unset: it needs a CPU sgl_kernel no registry has.
+# SGLang on the CPU (docs/guides/gpu-hosts.md): float32 (greedy output drifts from HF's
+# otherwise), a bounded KV pool (70% of RAM otherwise), and a scheduler that sleeps when idle
+# (it spins a core otherwise). SGLANG_USE_CPU_ENGINE stays unset: it needs a CPU sgl_kernel no
+# registry has.
 CPU_ENGINE_ARGS = "--device cpu --dtype float32 --max-total-tokens 16384 --sleep-on-idle"
 # A short context, so that a second turn can outgrow it with rows of a few hundred tokens.
 CONTEXT = 512

@@ -1,6 +1,7 @@
-"""The README's demo, run as a user would: the quick one (80 MT-Bench questions, every turn
-regenerated) and the whole product on fewer questions (generation and training side by side, the
-acceptance length measured, the dataset and the drafter exported)."""
+"""The demo (README, docs/getting-started/demo.md), run as a user would: the quick one (80
+MT-Bench questions, every turn regenerated) and the whole product on fewer questions (generation
+and training side by side, the acceptance length measured, the dataset and the drafter
+exported). The quick demo's report figure is the docs' picture of the report."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -80,10 +82,13 @@ def test_quick_demo_commits_all_80_mt_bench_questions(model_cache: Path,
                 assert question["turns"][1] in second_prompt
                 assert sample["finish_reason"] == sample["turns"][-1]["finish_reason"]
 
-    # The demo passes the quality gates; its rejections and their reasons are in the report.
+    # The demo passes the quality gates; its rejections and their reasons are in the report,
+    # whose figure of this real run is the docs site's picture of it (docs/img/report.png).
     assert "quality gates:" in result.stdout
+    figure = tmp_path / "report.png"
     report = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "report", "--run", run, "--json", "--no-png"],
+        [sys.executable, "-m", "producer.cli", "report", "--run", run, "--json",
+         "--png", str(figure)],
         env={**env, "DFLASH_STORAGE": str(out / "storage")}, cwd=ROOT, capture_output=True,
         text=True, timeout=120,
     )
@@ -93,6 +98,11 @@ def test_quick_demo_commits_all_80_mt_bench_questions(model_cache: Path,
     assert data["rejection_rate"] < data["gates"]["max_reject_rate"]
     assert sum(data["reasons"].values()) >= data["samples"]["rejected"]
     assert data["supervised_tokens"]["min"] is not None
+    assert data["png"] and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    docs = ROOT / "docs" / "img"
+    docs.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(figure, docs / ".report.png.tmp")
+    (docs / ".report.png.tmp").replace(docs / "report.png")   # whole, for a concurrent reader
 
     rerun = subprocess.run(
         [sys.executable, "-m", "producer.cli", "demo", "--quick", "--no-flower", "--no-ui",

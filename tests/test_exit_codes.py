@@ -1,4 +1,5 @@
-"""Exit codes are defined once, in ``common.exit_codes``, with the numbers README documents."""
+"""Exit codes are defined once, in ``common.exit_codes``, with the numbers the command reference
+(docs/reference/cli.md) documents."""
 
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def test_no_other_module_defines_an_exit_code() -> None:
 def test_the_codes_are_the_documented_ones() -> None:
     assert (exit_codes.EXIT_OK, exit_codes.EXIT_FAILURE, exit_codes.EXIT_USAGE,
             exit_codes.EXIT_REJECTED, exit_codes.EXIT_MISMATCH) == (0, 1, 2, 3, 4)
-    readme = (ROOT / "README.md").read_text()
-    documented = re.search(r"\*\*Exit codes:\*\*(.*?)\n\n", readme, re.S)
+    reference = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    documented = re.search(r"\*\*Exit codes:\*\*(.*?)\n\n", reference, re.S)
     assert documented is not None
     assert re.findall(r"(\d) [a-z`]", documented.group(1)) == ["0", "1", "2", "3", "4"]
 

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py's CPU smoke runs, dense and hybrid: each completes and prints its table.
 
-Run: ``pytest tests/test_gpu_check.py -q`` (the real runs are on a GPU host, see README).
+Run: ``pytest tests/test_gpu_check.py -q`` (the real runs are on a GPU host, see
+docs/reference/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Screenshots go to the test's tmp directory (``screenshots/``; the path is printed): the page of
 a running run, of the same run done, the runs page, and a run paused by its quality gates. The
+running and the paused page are also the docs site's pictures of the dashboard
+(``docs/img/dashboard.png``, ``docs/img/dashboard-paused.png``): each run of these tests takes
+them again, from a real run, and a commit of the images keeps the docs current. The
 page rebuilds its panels on every refresh, so each check re-finds its elements inside a wait
 (:func:`tests.ui_support.wait_page`) and no element handle outlives one read.
 """
@@ -9,13 +12,14 @@ page rebuilds its panels on every refresh, so each check re-finds its elements i
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.browser import console_errors, ensure_chromium
-from tests.conftest import Pipeline, RedisServer, wait_until
+from tests.conftest import ROOT, Pipeline, RedisServer, wait_until
 from tests.test_quality_e2e import degenerate_engine
 from tests.ui_support import (
     Dashboard,
@@ -55,11 +59,22 @@ def browser(tmp_path: Path) -> Iterator[object]:
         driver.quit()
 
 
-def _shot(driver: object, tmp_path: Path, name: str) -> Path:
+DOCS_IMG = ROOT / "docs" / "img"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _shot(driver: object, tmp_path: Path, name: str, docs: str | None = None) -> Path:
+    """A screenshot under the test's tmp directory; with ``docs``, also the docs' picture."""
     path = tmp_path / "screenshots" / f"{name}.png"
     path.parent.mkdir(exist_ok=True)
     assert driver.save_screenshot(str(path)), path
     print(f"screenshot: {path}")
+    if docs is not None:
+        assert path.read_bytes()[:8] == PNG_MAGIC
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        staged = DOCS_IMG / f".{docs}.tmp"   # replaced whole: a reader never sees half a file
+        shutil.copyfile(path, staged)
+        staged.replace(DOCS_IMG / docs)
     return path
 
 
@@ -97,7 +112,7 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
                   "the page's sample count to change twice while the run goes")
         assert [n for n, _ in shown] == sorted(n for n, _ in shown)
         assert {state for n, state in shown if 0 < n < 32} == {"running"}, shown
-        _shot(browser, tmp_path, "running")
+        _shot(browser, tmp_path, "running", docs="dashboard.png")
         # The page catches up with `status --json` within one refresh.
         cli = pipeline.status("live")["samples"]["done"]
         wait_page(browser, lambda d: int(_text(d, "samples-done")) >= cli, ONE_REFRESH_S,
@@ -184,7 +199,7 @@ def test_paused_run_shows_the_banner_with_the_resume_command(
                   ONE_REFRESH_S, "three examples or more")
         wait_page(browser, lambda d: _text(d, "histogram-source").startswith("live"),
                   ONE_REFRESH_S, "the histogram to say it is live")
-        _shot(browser, tmp_path, "paused")
+        _shot(browser, tmp_path, "paused", docs="dashboard-paused.png")
         assert console_errors(browser) == [], json.dumps(console_errors(browser))
 
         # After the run, Redis gone: the gate panels come from storage, the same figures.
