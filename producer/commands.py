@@ -196,7 +196,16 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"  {down['stage']:<7} {down['committed']}/{shards['committed']} committed "
                      f"shards done ({down['mode']}), {_known(down.get('parked'))} parked")
         train = down.get("train") or {}
-        if train:
+        if train.get("step") is not None:
+            lr = f"{train['lr']:.2e}" if train.get("lr") is not None else "?"
+            lines.append(
+                f"  training epoch {train.get('epoch')}/{train.get('epochs')}, step "
+                f"{train['step']}/{_known(train.get('total_steps'))}, lr {lr}, " + (
+                    f"finished ({down['finished']})" if down.get("finished") else
+                    f"ETA {_duration(train['eta_s']) if train.get('eta_s') else '?'}")
+                + ("; held-out tau by epoch " + ", ".join(
+                    "-" if t is None else f"{t:.3f}" for t in train["tau_by_epoch"])
+                   if train.get("tau_by_epoch") else ""))
             tau = (f"tau {down['tau']:.3f} measured at step {down['tau_step']}"
                    if down.get("tau") is not None else "tau not measured yet")
             lines.append(f"  drafter step {train.get('step')}: loss {train.get('loss')}, slot-1 "
