@@ -18,7 +18,7 @@ from common.drafter_shape import DrafterShapeError
 from common.records import RunConfig
 from common.storage import open_storage
 from common.target import TargetShape
-from tests.conftest import MT_BENCH, ROOT, RedisServer, TinyTarget
+from tests.conftest import MT_BENCH, ROOT, Pipeline, RedisServer, TinyTarget, wait_until
 
 # A published-style config: two layers, its own block, and the issue's target layers [1, 3, 5]
 # (the dense tiny target's default is the spread [1, 2, 3, 4, 5], the hybrid's [4]).
@@ -159,3 +159,41 @@ def test_an_old_run_json_loads_and_equals_itself(tmp_path: Path) -> None:
     del old["drafter"]
     loaded = RunConfig.from_json(old)
     assert loaded.drafter is None and loaded.differences(run) == []
+
+
+@pytest.mark.e2e
+def test_a_run_with_a_frozen_shape_trains_it_on_a_worker_with_another_and_parks_nothing(
+        pipeline: Pipeline, tmp_path: Path, target_model: TinyTarget) -> None:
+    """The issue's example end to end: the run's config states layers [1, 3, 5]; the train
+    worker was given another config; generation and training finish, no shard parks, and the
+    checkpoint, ``status`` and ``export-drafter`` are the run's shape from the run's file."""
+    from common.drafter_store import committed_steps, load_checkpoint, read_ledger
+    from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+    from tests.test_train_e2e import start_train_worker
+
+    pipeline.env["DFLASH_MODEL"] = target_model.name
+    storage = open_storage(pipeline.env["DFLASH_STORAGE"])
+    worker_shape = tmp_path / "worker.json"
+    worker_shape.write_text(json.dumps({**PUBLISHED, "num_hidden_layers": 3,
+                                        "dflash_config": {"target_layer_ids": [1, 2, 3]}}))
+    start_train_worker(pipeline, "trainer", "--drafter-config", str(worker_shape))
+    pipeline.start_worker("gen")
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
+    pipeline.cli("enqueue", "--input", src, "--run", "fz", "--shard-size", "4", "--mode",
+                 "online", "--max-new-tokens", "64", "--heldout-min", "0", "--drafter-config",
+                 str(published(tmp_path)), check=True)
+    wait_until(lambda: sorted(read_ledger(storage, "fz").done) == [0, 1], 300,
+               "both shards trained")
+    status = pipeline.status("fz")
+    assert status["parked"] == [] and status["downstream"]["parked"] == 0, status["parked"]
+    assert status["drafter"]["name"] == "qwen-dflash.json"
+    state, _ = load_checkpoint(storage, "fz", committed_steps(storage, "fz")[-1])
+    assert state["drafter_config"]["num_hidden_layers"] == 2
+    assert list(state["drafter_config"]["target_layer_ids"]) == [1, 3, 5]
+    log = (pipeline.log_dir / "trainer.log").read_text()
+    assert log.count("trains the drafter shape frozen in its run.json") == 1, log[-3000:]
+    out = json.loads(pipeline.cli("export-drafter", "--run", "fz", "--out",
+                                  str(tmp_path / "export"), "--json", check=True).stdout)
+    assert out["drafter_shape"]["sha256"] == status["drafter"]["sha256"]
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["dflash_config"]["target_layer_ids"] == [1, 3, 5]
