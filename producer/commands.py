@@ -83,8 +83,13 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         raise ConfigError(f"model {settings.model!r} has no chat template")
     # eagle3 keeps its fixed layers; dflash freezes the ids resolved for this target, or the
     # drafter config's, and the drafter's shape with them (checked against the target here).
+    target = TargetShape.from_dir(model_dir)
     drafter, layer_ids = enqueue_origin(drafter_config, init_drafter, layout, target_layers,
-                                        TargetShape.from_dir(model_dir))
+                                        target)
+    if drafter and drafter["kind"] == "init":
+        from producer.released import check_released_weights
+
+        check_released_weights(drafter, target, layer_ids)
     return RunConfig(
         run=run, model=settings.model, input=sources[0] if len(sources) == 1 else sources,
         format=fmt, prompt_field=prompt_field, shard_size=shard_size, limit=limit,

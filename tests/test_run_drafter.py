@@ -151,6 +151,39 @@ def test_a_worker_trains_the_runs_frozen_shape_and_says_why_in_one_line(
                     run=RunConfig(**{**run.__dict__, "drafter": frozen}))
 
 
+def test_init_drafter_is_checked_and_frozen_with_its_weights_digest_at_enqueue(
+        env: dict[str, str], tmp_path: Path, target_model: TinyTarget) -> None:
+    """A released drafter: its shape and weights checked (headers only) before anything is
+    queued, its directory and weights digest frozen; weights that do not fit are one line."""
+    from safetensors.torch import load_file, save_file
+
+    from common.config import TrainSettings
+    from workers.train.drafter.export import export_drafter
+    from workers.train.drafter.model import add_mask_token
+    from workers.train.drafter.origin import new_drafter
+    from workers.train.drafter.target_loader import load_target
+
+    model, tokenizer = load_target(target_model.path)
+    drafter = new_drafter(model, add_mask_token(tokenizer, model), [1, 3, 5],
+                          TrainSettings(drafter_config=str(published(tmp_path))))
+    released = export_drafter(drafter, tmp_path / "released")
+    ok = cli(env, *ENQUEUE, "--init-drafter", str(released), "--dry-run", "--show", "0",
+             "--json")
+    assert ok.returncode == 0, ok.stderr
+    shown = json.loads(ok.stdout)["drafter"]
+    assert shown["kind"] == "init" and shown["path"] == str(released.resolve())
+    assert shown["weights_sha256"] == weights_digest(released)
+    assert shown["target_layer_ids"] == [1, 3, 5]
+    one_error(cli(env, *ENQUEUE, "--init-drafter", str(tmp_path / "nowhere"), "--dry-run"), 2,
+              "no config.json")
+    weights = released / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["fc.weight"]
+    save_file(tensors, str(weights))
+    one_error(cli(env, *ENQUEUE, "--init-drafter", str(released), "--dry-run"), 2,
+              "weights do not fit", "fc.weight")
+
+
 def test_an_old_run_json_loads_and_equals_itself(tmp_path: Path) -> None:
     """A run.json written before the field loads with no drafter and differs from nothing."""
     run = RunConfig(run="r", model="m", input="x", format="auto", prompt_field=None,
