@@ -202,3 +202,12 @@ def hidden_index(run: str, shard: int) -> str:
 def hidden_commit(run: str, shard: int) -> str:
     """Written last by the hidden task: the shard's parts and record ids are final."""
     return f"{hidden_shard_prefix(run, shard)}_COMMIT.json"
+
+
+ACCESS_PROBE_RUN = "_access"   # never a run id (valid_run_id): the probe touches no run
+
+
+def access_probe(area: str) -> str:
+    """A worker's start-up write probe in its stage's area (``generated``, ``hidden``,
+    ``drafter``): written once per storage root, refused where the key may not write there."""
+    return f"runs/{ACCESS_PROBE_RUN}/{area}/_PROBE"

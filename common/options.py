@@ -50,6 +50,8 @@ class RunOptions:
     mode: str = "offline"
     layout: str = "dflash"
     target_layers: str | None = None
+    drafter_config: str | None = None   # a published DFlash config.json: the drafter's shape
+    init_drafter: str | None = None     # a released drafter directory: its shape and weights
     heldout_fraction: float = HELDOUT_FRACTION
     heldout_min: int = HELDOUT_MIN
     epochs: int = RECIPE_EPOCHS

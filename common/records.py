@@ -101,12 +101,17 @@ class RunConfig:
     # how many end-of-epoch evaluations without a better held-out tau stop it early (None: never).
     epochs: int = RECIPE_EPOCHS
     patience: int | None = None
+    # Where the drafter's shape (and starting weights) come from: enqueue's --drafter-config or
+    # --init-drafter, frozen with its name, digest and content (common.drafter_origin); None:
+    # the target alone shapes it (or a train worker's own option, for runs from before).
+    drafter: dict[str, Any] | None = None
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)
 
     # Fields that record when/with what the run was made rather than what it produces.
     _INFORMATIONAL = ("code_version", "created_at")
-    _INFORMATIONAL_PREFIXES = ("sampling_sources.",)
+    # The drafter's files are named by digest; where they were read from only records it.
+    _INFORMATIONAL_PREFIXES = ("sampling_sources.", "drafter.path")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

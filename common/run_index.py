@@ -29,7 +29,7 @@ import zstandard
 
 from common import keys
 from common.commit_cache import THREADS, fetch
-from common.errors import DflashError, NotFound
+from common.errors import DflashError, NotFound, StorageRefused
 from common.records import InputManifest
 from common.storage import Storage
 
@@ -98,7 +98,10 @@ def write_chunk(storage: Storage, run: str, kind: str, chunk: int,
                         option=orjson.OPT_SORT_KEYS)
     try:
         storage.put_once(key, zstandard.ZstdCompressor(level=3).compress(body))
-    except DflashError as exc:  # derived data: a reader without write access just reads on
+    except StorageRefused as exc:   # a reader's read-only key: derived data, it reads on
+        log.debug("run %s: index object %s not written (costs speed only): %s", run, key, exc)
+        return None
+    except DflashError as exc:  # derived data: reading on costs speed only
         log.warning("run %s: index object %s not written: %s", run, key, exc)
         return None
     return key

@@ -143,7 +143,20 @@ def main() -> None:
 @command_option("target_layers",
                 help="Target layers of the dflash layout: K (the DFlash spread of K layers), a "
                      "comma list of layer ids, or dflash|full-attention|after-full[:K] "
-                     "[default: dflash (5 layers) on a dense target, after-full on a hybrid].")
+                     "[default: dflash (5 layers) on a dense target, after-full on a hybrid; "
+                     "with --drafter-config/--init-drafter: its dflash_config.target_layer_ids]."
+                )
+@command_option("drafter_config", metavar="FILE",
+                help="Shape the run's drafter as this published DFlash config.json says (layers, "
+                     "sliding windows, heads, block, target layers; the target gives the rest). "
+                     "Checked against the target now and frozen in run.json with its digest: "
+                     "every train worker trains this shape. Its target_layer_ids become the "
+                     "run's target layers (--target-layers, if given, must agree).")
+@command_option("init_drafter", metavar="DIR",
+                help="Start the run's drafter from a released DFlash drafter (config.json + "
+                     "safetensors, as export-drafter writes and z-lab publishes): its shape is "
+                     "checked and frozen as with --drafter-config, and its directory and weights "
+                     "digest too; train workers read it at that path and verify the digest.")
 @command_option("heldout_fraction", type=click.FloatRange(0, 1, max_open=True),
                 help="Samples (by id hash) never trained on, decoded by eval-drafter.")
 @command_option("heldout_min", type=click.IntRange(min=0),
@@ -165,14 +178,15 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
             min_p: float | None, repetition_penalty: float | None,
             presence_penalty: float | None, thinking: str, no_thinking: bool,
             chat_template_kwargs: dict[str, Any] | None, model: str | None,
-            mode: str, layout: str, target_layers: str | None, heldout_fraction: float,
-            heldout_min: int, epochs: int, patience: int | None, as_json: bool,
-            **gates: Any) -> None:
+            mode: str, layout: str, target_layers: str | None, drafter_config: str | None,
+            init_drafter: str | None, heldout_fraction: float, heldout_min: int, epochs: int,
+            patience: int | None, as_json: bool, **gates: Any) -> None:
     """Validate the input, write run.json and input shards, queue one task per shard."""
     from producer.commands import (
         build_gates,
         build_run_config,
         context_check,
+        drafter_in_force,
         print_enqueue_report,
         sampling_in_force,
     )
@@ -189,7 +203,8 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
                               presence_penalty=presence_penalty,
                               chat_template_kwargs=chat_template_kwargs,
                               gates=build_gates(**gates), mode=mode, layout=layout,
-                              target_layers=target_layers,
+                              target_layers=target_layers, drafter_config=drafter_config,
+                              init_drafter=init_drafter,
                               prompt_template=_unescape(prompt_template),
                               strict_fields=strict_fields,
                               heldout_fraction=heldout_fraction, heldout_min=heldout_min,
@@ -198,12 +213,12 @@ def enqueue(settings: Settings, input_path: tuple[str, ...], run: str, fmt: str,
         from producer.dryrun import dry_run as run_dry
 
         report = run_dry(settings, config, context_check(settings, config), show)
-        report.sampling = sampling_in_force(config)
+        report.sampling, report.drafter = sampling_in_force(config), drafter_in_force(config)
         click.echo(json.dumps(report.to_json(), sort_keys=True) if as_json else report.render())
         sys.exit(EXIT_REJECTED if report.rejected else EXIT_OK)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
-    report.sampling = sampling_in_force(config)
+    report.sampling, report.drafter = sampling_in_force(config), drafter_in_force(config)
     print_enqueue_report(report, storage, as_json)
     if report.rejected:
         sys.exit(EXIT_REJECTED)

@@ -15,12 +15,13 @@ import redis
 
 from common import keys
 from common.config import Settings
+from common.drafter_origin import drafter_summary, enqueue_origin
 from common.epochs import RECIPE_EPOCHS
 from common.errors import ConfigError, InputError
 from common.gates import GateConfig
 from common.inputs.layouts import FORMATS, template_fields
 from common.inputs.sources import is_glob
-from common.layers import DEFAULT_K, resolve_target_layers
+from common.layers import DEFAULT_K
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
 from common.sampling_rules import check_sampling
@@ -48,7 +49,9 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
                      heldout_min: int = HELDOUT_MIN,
                      chat_template_kwargs: dict[str, Any] | None = None,
                      min_p: float | None = None, repetition_penalty: float | None = None,
-                     presence_penalty: float | None = None, epochs: int = RECIPE_EPOCHS,
+                     presence_penalty: float | None = None,
+                     drafter_config: str | None = None,
+                     init_drafter: str | None = None, epochs: int = RECIPE_EPOCHS,
                      patience: int | None = None) -> RunConfig:
     """Validate options and freeze them, with the model's chat template fingerprint; sampling
     a flag leaves unset comes from the target's generation_config.json."""
@@ -80,9 +83,15 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
     template = chat_template_of(model_dir)
     if template is None:
         raise ConfigError(f"model {settings.model!r} has no chat template")
-    # eagle3 keeps its fixed layers; dflash freezes the ids resolved for this target.
-    layer_ids = (resolve_target_layers(target_layers, TargetShape.from_dir(model_dir))
-                 if layout == "dflash" else None)
+    # eagle3 keeps its fixed layers; dflash freezes the ids resolved for this target, or the
+    # drafter config's, and the drafter's shape with them (checked against the target here).
+    target = TargetShape.from_dir(model_dir)
+    drafter, layer_ids = enqueue_origin(drafter_config, init_drafter, layout, target_layers,
+                                        target)
+    if drafter and drafter["kind"] == "init":
+        from producer.released import check_released_weights
+
+        check_released_weights(drafter, target, layer_ids)
     return RunConfig(
         run=run, model=settings.model, input=sources[0] if len(sources) == 1 else sources,
         format=fmt, prompt_field=prompt_field, shard_size=shard_size, limit=limit,
@@ -91,7 +100,7 @@ def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[st
         chat_template_sha=template_sha(template), prompt_template=prompt_template,
         strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
         chat_template_kwargs=dict(chat_template_kwargs or {}),
-        sampling_sources=sampling_sources, epochs=epochs, patience=patience,
+        sampling_sources=sampling_sources, drafter=drafter, epochs=epochs, patience=patience,
     )
 
 
@@ -135,6 +144,11 @@ def sampling_in_force(config: RunConfig) -> dict[str, Any]:
             for name, value in asdict(config.sampling).items()}
 
 
+def drafter_in_force(config: RunConfig) -> dict[str, Any] | None:
+    """The run's frozen drafter shape source and target layers (``--json``'s ``drafter``)."""
+    return drafter_summary(config.drafter, config.target_layer_ids)
+
+
 def _turn_line(gates: dict[str, Any]) -> str:
     """Turns judged and rejected, and the thinking modes, when the monitor counted them."""
     turns, modes = gates.get("turns"), gates.get("thinking")
@@ -143,7 +157,7 @@ def _turn_line(gates: dict[str, Any]) -> str:
 
 
 def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool) -> None:
-    from producer.dryrun import unused_lines, where
+    from producer.dryrun import drafter_line, unused_lines, where
 
     if as_json:
         click.echo(json.dumps(report.to_json(), sort_keys=True))
@@ -156,6 +170,8 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
                   if report.downstream else ""))
     if report.sampling:
         click.echo(sampling_line(report.sampling))
+    if report.drafter:
+        click.echo(drafter_line(report.drafter))
     if len(report.layouts) > 1 or any(len(c) > 1 for c in report.layouts.values()):
         for name, counts in report.layouts.items():
             click.echo(f"  {name}: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
@@ -213,6 +229,8 @@ def render_status(status: dict[str, Any]) -> str:
                          f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
                          + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
                             if int(train.get("ranks") or 1) > 1 else ""))
+        if status.get("drafter"):
+            lines.append(f"  drafter shape from {status['drafter']['source']}")
         if down.get("eval_error"):
             lines.append(f"  drafter eval failed at step {down['eval_error']['step']} "
                          f"(training went on): {down['eval_error']['message']}")

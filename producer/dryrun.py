@@ -36,6 +36,7 @@ class DryRunReport:
     shown: list[dict[str, Any]] = field(default_factory=list)
     dry_run: bool = True
     sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
+    drafter: dict[str, Any] | None = None   # the frozen drafter shape's source (enqueue options)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -49,6 +50,8 @@ class DryRunReport:
         lines += unused_lines(self.unused)
         if self.sampling:
             lines.append(sampling_line(self.sampling))
+        if self.drafter:
+            lines.append(drafter_line(self.drafter))
         if self.examples:
             lines.append("rejected rows:")
             lines += [f"  {where(e)}: {e['reason']}" for e in self.examples]
@@ -65,6 +68,12 @@ class DryRunReport:
                              "prompt tokens, earlier answers shown as placeholders")
                 lines.append(turn["prompt"].rstrip("\n"))
         return "\n".join(lines)
+
+
+def drafter_line(drafter: dict[str, Any]) -> str:
+    """The drafter's frozen shape source and the run's target layers, in one line."""
+    return (f"drafter shape: {drafter['source']}, target layers "
+            f"{drafter['target_layer_ids']}")
 
 
 def where(example: dict[str, Any]) -> str:

@@ -50,6 +50,7 @@ class EnqueueReport:
     unused: dict[str, dict[str, Any]] = field(default_factory=dict)
     wrote_inputs: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
+    drafter: dict[str, Any] | None = None   # the frozen drafter shape's source, if any
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}

@@ -3,7 +3,9 @@
 Reads storage only (no Redis): run.json, the inputs manifest, the pause records under ``gates/``
 and every generated and gate-rejected part, streamed one part at a time and deduplicated by
 sample id (first part in key order wins, generated before rejected). The PNG (token histograms,
-rejection reasons) goes to ``runs/<run>/reports/`` and, with ``--png PATH``, to a local file.
+rejection reasons) goes to ``runs/<run>/reports/`` and, with ``--png PATH``, to a local file;
+a key that may only read (a dashboard's, a colleague's) gets the text and, where the storage
+refuses the figure, one line saying so (exit 0): ``--png PATH`` is then its only copy.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from common import keys
 from common.cli import command_option
 from common.commit_cache import fetch
 from common.config import Settings
-from common.errors import ConfigError, NotFound
+from common.errors import ConfigError, NotFound, StorageRefused
 from common.monitor import pause_from_storage
 from common.partstats import turn_counts
 from common.records import decode_jsonl_zst
@@ -183,6 +185,7 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
         "paused": pause_from_storage(storage, run),
         "drafter": drafter_history(storage, run),
         "png": None,
+        "png_not_stored": None,   # why the storage refused the figure (a read-only key)
     }
 
 
@@ -266,6 +269,16 @@ def save_png(storage: Storage, run: str, data: bytes) -> str:
             return f"{storage.root.rstrip('/')}/{key}"
 
 
+def store_png(storage: Storage, run: str, data: bytes) -> tuple[str | None, str | None]:
+    """``(where the figure went, None)``, or ``(None, why)`` when the storage refuses the write
+    (a read-only key: readers get one; the report itself needs none)."""
+    try:
+        return save_png(storage, run, data), None
+    except StorageRefused as exc:
+        log.debug("run %s: report figure not stored: %s", run, exc)
+        return None, str(exc).split(": ", 1)[-1]   # the service's code and message
+
+
 def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]
                    ) -> click.Command:
     """The ``report`` command, wrapped in the CLI's shared --storage/--broker-url options."""
@@ -276,7 +289,8 @@ def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
                     help="Print the report as one JSON object.")
     @command_option("report_png", "--png", "png_path",
                     type=click.Path(dir_okay=False, path_type=Path),
-                    help="Also write the PNG figure to this local file.")
+                    help="Also write the PNG figure to this local file (its only copy when the "
+                         "storage refuses the write, as for a read-only key).")
     @command_option("report_no_png", "--no-png", "no_png", is_flag=True,
                     help="Do not render or store the PNG figure.")
     @common_options
@@ -291,15 +305,19 @@ def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
         result = build_report(storage, run)
         if not no_png:
             data = render_png(result)
-            result["png"] = save_png(storage, run, data)
             if png_path is not None:
                 png_path.parent.mkdir(parents=True, exist_ok=True)
                 png_path.write_bytes(data)
+            result["png"], result["png_not_stored"] = store_png(storage, run, data)
         if as_json:
             click.echo(json.dumps(result, sort_keys=True))
             return
         click.echo(render_text(result))
         if result["png"]:
             click.echo(f"PNG: {result['png']}" + (f" (and {png_path})" if png_path else ""))
+        elif result.get("png_not_stored"):
+            click.echo(f"PNG not stored in the run's storage ({result['png_not_stored']}): "
+                       + (f"written to {png_path} only" if png_path else
+                          "pass --png FILE to write it to a local file"))
 
     return report

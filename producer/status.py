@@ -20,6 +20,7 @@ from common.celery_app import STAGES, TRAIN
 from common.commit_cache import CommitDigest, fetch
 from common.commit_set import CommitSet
 from common.config import load_settings
+from common.drafter_origin import drafter_summary
 from common.monitor import pause_from_storage
 from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, decode_jsonl_zst
@@ -105,6 +106,8 @@ class StatusReader:
             "parked": live["parked"] if up else None,
             "engines": live["engines"] if up else None,
             "downstream": self._downstream(config, live, total),
+            # The drafter shape frozen at enqueue (None: the target's, or a worker option's).
+            "drafter": drafter_summary(config.drafter, config.target_layer_ids),
         }
 
     def _read_commits(self, total: int) -> list[str]:

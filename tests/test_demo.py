@@ -193,6 +193,12 @@ def check_measured_and_exported(text: str, out: Path, env: dict[str, str]) -> No
     assert measured, text[-3000:]
     tau, step, prompts, exact, checked = measured.groups()
     assert float(tau) >= 1.0 and int(prompts) == int(checked) == 2 and exact == checked
+    # More than one epoch by default, the schedule made from the data, tau at each epoch's end.
+    epochs = re.search(r"drafter trained (\d+) epoch\(s\), (\d+) steps \(schedule (\d+), "
+                       r"finished: schedule\); held-out tau by epoch: ([\d., ]+)", text)
+    assert epochs, text[-3000:]
+    assert int(epochs[1]) == 3 and epochs[2] == epochs[3] == step
+    assert len(epochs[4].split(", ")) == 3
 
     storage = open_storage(str(out / "storage"))
     run = "mt-bench-demo"

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from common.config import Settings, env_name
+from workers.access import check_write_access
 from workers.train.group import group_argv, is_group
 
 WORKER_APPS = {"generate": "workers.app", "hidden": "workers.downstream_app",
@@ -44,6 +45,7 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, resolved.tp if queue == "generate"
                                                       else 1)
+    check_write_access(settings.storage, queue)   # a read-only key: one line now, no parking
     if queue == "train":   # a drafter shape it cannot honour: one error line now, not per task
         from workers.train.drafter.origin import check_train_options
 

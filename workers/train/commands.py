@@ -42,6 +42,9 @@ def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
         click.echo(f"run {run}: drafter step {result['step']}{why} exported to {result['out']} "
                    f"({result['tensors']} tensors, {result['dtype']}); serve it with:\n"
                    f"  {result['serve_command']}")
+        if result["drafter_shape"]:
+            click.echo(f"drafter shape from {result['drafter_shape']['source']} (frozen in "
+                       "run.json at enqueue)")
 
 
 def choose_step(settings: Settings, run: str,
@@ -83,7 +86,7 @@ def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDraft
     loaded = load_checkpoint(storage, run, step)
     assert loaded is not None  # the step is committed
     trainer = DrafterTrainer.from_state_dict(loaded[0], target.model)
-    return RunDrafter(target, trainer, trainer.steps)
+    return RunDrafter(target, trainer, trainer.steps, config)
 
 
 @dataclass
@@ -100,6 +103,7 @@ class RunDrafter:
     target: RunTarget
     trainer: Any
     step: int
+    config: Any = None   # the run's RunConfig
 
 
 def load_run_target(settings: Settings, config: Any) -> RunTarget:
@@ -116,6 +120,7 @@ def load_run_target(settings: Settings, config: Any) -> RunTarget:
 def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
                               dtype: str = "auto") -> dict[str, Any]:
     """Load a drafter checkpoint on the run's target and write the HF-style export."""
+    from common.drafter_origin import drafter_summary
     from common.serving import dflash_engine_args, launch_argv, shell_line
     from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
 
@@ -133,4 +138,6 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
     return {"run": run, "step": loaded.step, "chosen": chosen_by, "tau": tau,
             "out": str(out), "dtype": stored,
             "tensors": len(loaded.trainer.drafter.state_dict()),
-            "serve_engine_args": shell_line(engine_args), "serve_command": shell_line(serve)}
+            "serve_engine_args": shell_line(engine_args), "serve_command": shell_line(serve),
+            "drafter_shape": drafter_summary(loaded.config.drafter,
+                                             loaded.config.target_layer_ids)}

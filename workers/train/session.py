@@ -75,7 +75,12 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     """The run's session built from storage: the newest checkpoint, or a new drafter."""
     from common.models import resolve_model_path
     from workers.train.drafter.model import add_mask_token
-    from workers.train.drafter.origin import check_same_shape, describe, new_drafter
+    from workers.train.drafter.origin import (
+        check_same_shape,
+        describe,
+        new_drafter,
+        origin_phrase,
+    )
     from workers.train.drafter.target_loader import load_target
     from workers.train.drafter.train import DrafterTrainer, TrainConfig
 
@@ -92,19 +97,18 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         state, ledger = resumed
         trainer = DrafterTrainer.from_state_dict(state, target)
         check_same_shape(config.run, trainer.drafter.config, target, mask_id, layers,
-                         ctx.settings)
+                         ctx.settings, config)
         log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
                  trainer.steps, len(ledger.done))
     else:
-        drafter = new_drafter(target, mask_id, layers, ctx.settings.train)
+        drafter = new_drafter(target, mask_id, layers, ctx.settings.train, run=config)
         ledger = Ledger()
         trainer = DrafterTrainer(drafter, TrainConfig(
             total_steps=first_total(ctx, config, ledger),
             min_supervised_tokens=ctx.settings.train_min_supervised_tokens,
             max_anchors=ctx.settings.train_max_anchors))
         log.info("run %s: new drafter %s%s", config.run, describe(drafter.config),
-                 f" from {ctx.settings.train.init_drafter}" if ctx.settings.train.init_drafter
-                 else "")
+                 origin_phrase(config, ctx.settings.train))
     trainer = distribute(trainer, target, pad_id, config.run)
     layers = list(trainer.drafter.config.target_layer_ids)
     manifest = RunStore(ctx.storage, config.run).manifest()

@@ -205,6 +205,10 @@ function renderDownstream(s) {
   figures.append(el("div", {}, el("span", { class: "label" }, d.stage || "stage"),
     `${known(d.committed)} / ${s.shards.committed} committed shards done, `
     + `${known(d.parked)} parked`));
+  if (s.drafter) {
+    figures.append(el("div", { id: "drafter-source" }, el("span", { class: "label" }, "shape"),
+      `${s.drafter.source}, target layers ${JSON.stringify(s.drafter.target_layer_ids)}`));
+  }
   const t = d.train || {};
   if (t.step != null) {
     figures.append(el("div", { id: "train-progress" }, el("span", { class: "label" }, "training"),

@@ -1,0 +1,240 @@
+"""Every role runs its real commands under its own least-privilege S3 policy
+(``docs/policies/<role>.json``) on moto's server with IAM enforced: the producer enqueues, the
+generate, hidden and train workers finish an online and an offline run, the reconciler passes
+over them, readers run ``status``, ``report``, ``export-dataset`` to a local directory, the
+dashboard's API, ``eval-drafter`` and ``export-drafter`` with a key that may only read, and an
+export to S3 writes only its own prefix. A worker given a read-only key stops at start with one
+line naming the permission it lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+import pytest
+
+from producer.demo import free_port
+from tests.conftest import ROOT, Pipeline, RedisServer, TinyTarget, wait_until
+
+pytestmark = pytest.mark.e2e
+
+POLICIES = ROOT / "docs" / "policies"
+ROLES = ("producer", "generate", "hidden", "train", "reconciler", "reader", "export-s3")
+ADMIN_CALLS = 3   # unauthenticated calls moto allows before it enforces IAM: the admin's own
+
+
+@dataclass
+class IamS3:
+    """moto's server enforcing IAM, a bucket, and one user per role with its policy."""
+
+    endpoint: str
+    bucket: str
+    prefix: str = "data/"
+    keys: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def storage(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
+
+    def env(self, role: str) -> dict[str, str]:
+        key = self.keys[role]
+        return {"AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint,
+                "DFLASH_STORAGE": self.storage}
+
+    def client(self, role: str, service: str = "s3"):  # noqa: ANN201
+        import boto3
+
+        key = self.keys[role]
+        return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=key["AccessKeyId"],
+                            aws_secret_access_key=key["SecretAccessKey"])
+
+
+def policy(role: str, bucket: str, prefix: str) -> str:
+    """A role's policy file with this bucket and prefix filled in (as ``envsubst`` would)."""
+    text = (POLICIES / f"{role}.json").read_text()
+    return Template(text).substitute(BUCKET=bucket, PREFIX=prefix,
+                                     ROOT=f"{bucket}/{prefix.rstrip('/')}",
+                                     EXPORT_ROOT=f"{bucket}/exports", EXPORT_BUCKET=bucket,
+                                     EXPORT_PREFIX="exports/")
+
+
+@pytest.fixture(scope="module")
+def iam_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IamS3]:
+    import boto3
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                 str(port)], stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT":
+                                     str(ADMIN_CALLS)})
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: b"Running on" in log.read_bytes() or proc.poll() is not None, 60,
+                   "moto's server to listen")
+        assert proc.poll() is None, log.read_text()
+        anonymous = {"endpoint_url": endpoint, "region_name": "us-east-1",
+                     "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        iam = boto3.client("iam", **anonymous)
+        iam.create_user(UserName="admin")
+        iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*",
+                                                     "Resource": "*"}]}))
+        s3 = IamS3(endpoint, f"lp-{uuid.uuid4().hex[:10]}")
+        s3.keys["admin"] = iam.create_access_key(UserName="admin")["AccessKey"]
+        iam = s3.client("admin", "iam")   # IAM is enforced from here on
+        s3.client("admin").create_bucket(Bucket=s3.bucket)
+        for role in ROLES:
+            iam.create_user(UserName=role)
+            iam.put_user_policy(UserName=role, PolicyName=role,
+                                PolicyDocument=policy(role, s3.bucket, s3.prefix))
+            s3.keys[role] = iam.create_access_key(UserName=role)["AccessKey"]
+        yield s3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def deployment(iam_s3: IamS3, redis_server: RedisServer, model_cache: Path,
+               tmp_path: Path) -> Iterator[Pipeline]:
+    """A Pipeline whose default key is the producer's; each worker gets its own role's."""
+    env = {**os.environ, **iam_s3.env("producer"), "DFLASH_BROKER_URL": redis_server.url,
+           "DFLASH_CACHE_DIR": str(model_cache), "DFLASH_LEASE_TTL": "4",
+           "DFLASH_PART_SAMPLES": "4", "DFLASH_BATCH_SIZE": "4",
+           "DFLASH_RETRY_BACKOFF_MAX": "2", "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "logs").mkdir()
+    pipeline = Pipeline(env=env, log_dir=tmp_path / "logs")
+    yield pipeline
+    pipeline.stop_all()
+
+
+def as_role(pipeline: Pipeline, iam_s3: IamS3, role: str, *args: str
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "producer.cli", *args],
+                          env={**pipeline.env, **iam_s3.env(role)}, capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def refused(client, bucket: str, key: str) -> bool:  # noqa: ANN001
+    from botocore.exceptions import ClientError
+
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"x", IfNoneMatch="*")
+    except ClientError as exc:
+        return exc.response["Error"]["Code"] == "AccessDenied"
+    return False
+
+
+def test_each_role_runs_its_commands_under_its_own_policy(
+        deployment: Pipeline, iam_s3: IamS3, tmp_path: Path, target_model: TinyTarget) -> None:
+    from common.drafter_store import read_ledger
+    from common.storage import open_storage
+    from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+    from tests.test_train_e2e import TRAIN_ENV
+    from tests.ui_support import running_ui
+
+    pipeline, run = deployment, f"lp-{target_model.name.replace('.', '-')}"
+    pipeline.env["DFLASH_MODEL"] = target_model.name
+    reader = {**pipeline.env, **iam_s3.env("reader")}
+
+    # A worker with a read-only key stops at start, one line naming the permission, no shard.
+    for kind, area in (("generate", "generated"), ("train", "drafter"), ("hidden", "hidden")):
+        stopped = as_role(pipeline, iam_s3, "reader", "worker", kind)
+        lines = stopped.stderr.strip().splitlines()
+        assert stopped.returncode == 1 and len(lines) == 1, stopped.stderr[-2000:]
+        assert lines[0].startswith("error: ") and "s3:PutObject" in lines[0], lines
+        assert f"runs/*/{area}/*" in lines[0] and "AccessDenied" in lines[0], lines
+
+    wrong = as_role(pipeline, iam_s3, "generate", "worker", "train")   # another stage's key
+    assert wrong.returncode == 1 and "runs/*/drafter/*" in wrong.stderr, wrong.stderr
+
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
+    enqueue = ("enqueue", "--input", src, "--run", run, "--shard-size", "4", "--mode", "online",
+               "--max-new-tokens", "64", "--heldout-min", "2")
+    denied = as_role(pipeline, iam_s3, "reader", *enqueue)
+    assert denied.returncode == 1 and "AccessDenied" in denied.stderr, denied.stderr
+    pipeline.start_worker("gen", **iam_s3.env("generate"))
+    pipeline.start_worker("trainer", kind="train", **{**TRAIN_ENV, **iam_s3.env("train")})
+    pipeline.start_worker("hid", kind="hidden", **iam_s3.env("hidden"))
+    pipeline.cli(*enqueue, check=True)
+    offline = f"{run}-off"   # generate -> hidden states stored -> trained from them
+    pipeline.cli("enqueue", "--input", src, "--run", offline, "--shard-size", "4", "--limit",
+                 "4", "--max-new-tokens", "64", "--heldout-min", "0", check=True)
+    during = as_role(pipeline, iam_s3, "reader", "status", "--run", run, "--json")
+    assert during.returncode == 0 and json.loads(during.stdout)["run"] == run, during.stderr
+
+    admin = open_storage(iam_s3.storage)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in iam_s3.env("admin").items():
+            patch.setenv(name, value)
+        wait_until(lambda: sorted(read_ledger(admin, run).done) == [0, 1], 300,
+                   "both shards trained")
+        wait_until(lambda: read_ledger(admin, offline).done == [0], 300,
+                   "the offline shard trained from its stored hidden states")
+        assert list(admin.list(f"runs/{offline}/hidden/"))
+    status = as_role(pipeline, iam_s3, "reader", "status", "--run", run, "--json")
+    writer = as_role(pipeline, iam_s3, "producer", "status", "--run", run, "--json")
+    assert status.returncode == 0 and status.stderr == "", status.stderr
+    seen, truth = json.loads(status.stdout), json.loads(writer.stdout)
+    assert seen["state"] == truth["state"] == "done" and seen["samples"] == truth["samples"]
+    assert seen["parked"] == [] and seen["downstream"]["committed"] == 2
+
+    report = as_role(pipeline, iam_s3, "reader", "report", "--run", run)
+    assert report.returncode == 0 and report.stderr == "", report.stderr
+    assert "PNG not stored in the run's storage (AccessDenied" in report.stdout, report.stdout
+    png = tmp_path / "report.png"
+    local = as_role(pipeline, iam_s3, "reader", "report", "--run", run, "--png", str(png))
+    assert local.returncode == 0 and f"written to {png} only" in local.stdout, local.stdout
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+    exported = as_role(pipeline, iam_s3, "reader", "export-dataset", "--run", run, "--out",
+                       str(tmp_path / "export"), "--format", "parquet", "--json")
+    assert exported.returncode == 0 and exported.stderr == "", exported.stderr
+    samples = json.loads(exported.stdout)["samples"]
+    assert sum(samples.values()) > 0 and (tmp_path / "export").is_dir()
+    to_s3 = ("export-dataset", "--run", run, "--out", f"s3://{iam_s3.bucket}/exports/{run}",
+             "--format", "parquet", "--json")
+    denied = as_role(pipeline, iam_s3, "reader", *to_s3)
+    assert denied.returncode == 1 and "StorageRefused" in denied.stderr, denied.stderr
+    to = as_role(pipeline, iam_s3, "export-s3", *to_s3)
+    assert to.returncode == 0 and json.loads(to.stdout)["samples"] == samples, to.stderr
+
+    evaluated = as_role(pipeline, iam_s3, "reader", "eval-drafter", "--run", run,
+                        "--max-new-tokens", "16", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads(evaluated.stdout)["lossless"]["mismatches"] == []
+
+    drafter = as_role(pipeline, iam_s3, "reader", "export-drafter", "--run", run, "--out",
+                      str(tmp_path / "drafter"), "--json")
+    assert drafter.returncode == 0, drafter.stderr[-2000:]
+    assert (tmp_path / "drafter" / "config.json").is_file()
+
+    with running_ui(reader, tmp_path / "ui.log") as ui:
+        api = ui.json(f"/api/runs/{run}/status")
+        assert api["state"] == "done" and api["samples"] == truth["samples"]
+        assert {r["run"] for r in ui.json("/api/runs")["runs"]} >= {run, offline}
+
+    resumed = as_role(pipeline, iam_s3, "reconciler", "resume", "--run", run, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["enqueued"] == 0
+
+    # Least: each worker's key writes its own stage's area and no other's.
+    bucket, root = iam_s3.bucket, f"{iam_s3.prefix}runs/{run}"
+    assert refused(iam_s3.client("generate"), bucket, f"{root}/drafter/x")
+    assert refused(iam_s3.client("train"), bucket, f"{root}/generated/x")
+    assert refused(iam_s3.client("reconciler"), bucket, f"{root}/generated/x")
+    assert refused(iam_s3.client("producer"), bucket, f"{root}/drafter/x")
+    assert refused(iam_s3.client("hidden"), bucket, f"{root}/generated/x")
+    assert refused(iam_s3.client("export-s3"), bucket, f"{root}/generated/x")
