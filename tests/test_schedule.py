@@ -3,7 +3,9 @@ the planned total follows the ledger and the manifest, epochs visit shards in a 
 
 from __future__ import annotations
 
+import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,7 +14,7 @@ from common.epochs import row_order, shard_order
 from common.records import RunConfig
 from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import lr_factor
-from workers.train.epochs import note_shard, patience_spent, planned_total
+from workers.train.epochs import note_shard, patience_spent, planned_total, schedule_spent
 
 
 def test_unrevised_schedule_is_warmup_then_cosine() -> None:
@@ -89,3 +91,30 @@ def test_patience_counts_evaluations_without_a_better_tau() -> None:
     assert patience_spent([1.2, 1.4, 1.3, 1.4], 2)
     assert not patience_spent([1.2, 1.4, 1.3, 1.5], 2)
     assert not patience_spent([1.2, None, 1.1], None)
+
+
+def _session(steps: int, total: int) -> SimpleNamespace:
+    trainer = SimpleNamespace(steps=steps, schedule=Schedule(1, total))
+    return SimpleNamespace(steps=steps, trainer=trainer, ledger=Ledger())
+
+
+def test_an_explicit_total_steps_finishes_the_run_in_one_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """--total-steps ran out with rows left: training finishes and says so, no step at lr 0."""
+    config = RunConfig(run="r", model="m", input="x", format="auto", prompt_field=None,
+                       shard_size=4, limit=None, epochs=3)
+    ctx = SimpleNamespace(settings=SimpleNamespace(train_total_steps=5, train_rows_per_step=4))
+    assert not schedule_spent(ctx, _session(4, 5), config, 1, 8)
+    session = _session(5, 5)
+    with caplog.at_level(logging.WARNING):
+        assert schedule_spent(ctx, session, config, 1, 8)
+    assert session.ledger.finished == "total-steps"
+    assert [r.getMessage() for r in caplog.records if "training finished" in r.getMessage()] \
+        == ["run r: training finished at step 5, the end of the --total-steps schedule, in epoch "
+            "1 of 3 with 8 row(s) of shard 1 and any later shards untrained; unset --total-steps "
+            "to size the schedule from the data"]
+    # A schedule made from the data is extended instead, and says so.
+    ctx.settings.train_total_steps = 0
+    data = _session(5, 5)
+    assert not schedule_spent(ctx, data, config, 1, 8)
+    assert data.trainer.schedule.total == 7 and not data.ledger.finished
