@@ -162,7 +162,7 @@ def test_each_role_runs_its_commands_under_its_own_policy(
 
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
     enqueue = ("enqueue", "--input", src, "--run", run, "--shard-size", "4", "--mode", "online",
-               "--max-new-tokens", "64", "--heldout-min", "2")
+               "--epochs", "1", "--max-new-tokens", "64", "--heldout-min", "2")
     denied = as_role(pipeline, iam_s3, "reader", *enqueue)
     assert denied.returncode == 1 and "AccessDenied" in denied.stderr, denied.stderr
     pipeline.start_worker("gen", **iam_s3.env("generate"))
@@ -171,7 +171,7 @@ def test_each_role_runs_its_commands_under_its_own_policy(
     pipeline.cli(*enqueue, check=True)
     offline = f"{run}-off"   # generate -> hidden states stored -> trained from them
     pipeline.cli("enqueue", "--input", src, "--run", offline, "--shard-size", "4", "--limit",
-                 "4", "--max-new-tokens", "64", "--heldout-min", "0", check=True)
+                 "4", "--epochs", "1", "--max-new-tokens", "64", "--heldout-min", "0", check=True)
     during = as_role(pipeline, iam_s3, "reader", "status", "--run", run, "--json")
     assert during.returncode == 0 and json.loads(during.stdout)["run"] == run, during.stderr
 

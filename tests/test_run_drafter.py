@@ -213,7 +213,8 @@ def test_a_run_with_a_frozen_shape_trains_it_on_a_worker_with_another_and_parks_
     pipeline.start_worker("gen")
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
     pipeline.cli("enqueue", "--input", src, "--run", "fz", "--shard-size", "4", "--mode",
-                 "online", "--max-new-tokens", "64", "--heldout-min", "0", "--drafter-config",
+                 "online", "--epochs", "1", "--max-new-tokens", "64", "--heldout-min", "0",
+                 "--drafter-config",
                  str(published(tmp_path)), check=True)
     wait_until(lambda: sorted(read_ledger(storage, "fz").done) == [0, 1], 300,
                "both shards trained")
