@@ -97,6 +97,14 @@ if [ "$IMAGES" = standin ]; then
     docker build -q --network host -t "$tag" -f "docker/standins/$name.Dockerfile" . >/dev/null
   done
   services=(flower ui embedded-model generate-cpu train-cpu producer)
+  header="# Written by scripts/compose-local.sh"
+  if [ -f compose.override.yaml ] && [ "$(head -c ${#header} compose.override.yaml)" != "$header" ]
+  then
+    echo "compose.override.yaml is yours: name the stand-ins in .env instead (REDIS_IMAGE=" \
+      "dflash-standin/redis:7, S3_IMAGE and S3_CLIENT_IMAGE=dflash-standin/s3:moto," \
+      "PYTHON_IMAGE=$python_image)" >&2
+    exit 1
+  fi
   {
     echo "# Written by scripts/compose-local.sh: no image registry answers on this machine, so"
     echo "# the stand-ins it built serve (delete this file for the upstream images); a variable"
@@ -110,7 +118,8 @@ if [ "$IMAGES" = standin ]; then
     done
   } > compose.override.yaml
   say "wrote compose.override.yaml (stand-in images)"
-else
+elif [ -f compose.override.yaml ] && grep -q "^# Written by scripts/compose-local.sh" \
+    compose.override.yaml; then
   rm -f compose.override.yaml
 fi
 
@@ -125,5 +134,9 @@ if [ "$GPU" = 1 ]; then
   docker build -q --network host -t "${DFLASH_IMAGE:-dflash-pipeline:latest}" \
     -f docker/Dockerfile . >/dev/null
 fi
+# The producer's ./export is written by HOST_UID (.env; 1000 unless set): as root, hand the
+# directory to that default so that exports work before HOST_UID is set.
+mkdir -p export
+[ "$(id -u)" -ne 0 ] || [ -n "$(ls -A export)" ] || chown 1000:1000 export
 say "ready ($IMAGES images). Next: cp .env.example .env (set the passwords), then"
 say "  COMPOSE_PROFILES=cpu docker compose up -d && docker compose run --rm producer"

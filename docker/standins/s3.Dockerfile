@@ -4,7 +4,8 @@
 ARG PYTHON_IMAGE=dflash-standin/python:3.11
 FROM ${PYTHON_IMAGE}
 ARG MOTO=moto[server]==5.2.6
-COPY docker/wheelhouse /tmp/wheelhouse
+# The CA bundle only (docker/wheelhouse also holds the torch wheel, which this image needs not).
+COPY docker/wheelhouse/README.md docker/wheelhouse/*.crt /tmp/wheelhouse/
 RUN if [ -f /tmp/wheelhouse/ca-bundle.crt ]; then export PIP_CERT=/tmp/wheelhouse/ca-bundle.crt; fi \
     && pip install --no-cache-dir "$MOTO" \
     && rm -rf /tmp/wheelhouse \
