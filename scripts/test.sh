@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test suite: set up (chromium too, for the dashboard's browser tests, and .venv-sglang for
 # the real-engine tests), run ruff, build the docs site strictly, then run pytest
-# (tests start their own redis-server, moto S3 server and Celery workers). TEST_WORKERS (default
+# (tests start their own redis-server, moto S3 server and Celery workers;
+# tests/test_compose_stack.py readies Docker with scripts/compose-local.sh and runs the compose
+# stack itself, stopping only a dockerd it started). TEST_WORKERS (default
 # 2) spreads the tests over that many pytest-xdist workers (0: all in this process); with one
 # torch thread per process a single pytest leaves the second core idle. TEST_LOAD=2 adds a
 # CPU-bound loop per core. Prints the 10 slowest tests and the wall time of the whole script (with the set-up's

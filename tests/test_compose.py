@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -120,3 +121,62 @@ def test_generate_workers_hold_two_shards_by_default(compose: dict,
         result = runner.invoke(main, ["worker", "generate", *args])
         assert result.exit_code == 0, result.output
         assert execs[-1][execs[-1].index("-c") + 1] == shards, args
+
+
+def _example_env() -> dict[str, str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_every_variable_of_the_env_example_is_read_by_compose() -> None:
+    """A name compose never reads (TRAIN_GPU for TRAIN_GPUS) is a setting that silently does
+    nothing."""
+    text = (ROOT / "compose.yaml").read_text()
+    unread = [name for name in _example_env() if name != "COMPOSE_PROFILES"
+              and f"${{{name}:" not in text and f"${{{name}}}" not in text
+              and f"\n      {name}:\n" not in text]
+    assert not unread, unread
+
+
+PROFILES = ["cpu", "producer", "hidden", "train", *(f"gpu{i}" for i in range(8))]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_docker_compose_config_accepts_every_profile(profile: str, tmp_path: Path) -> None:
+    """`docker compose config` (the real Compose) resolves each profile with the example's
+    settings: ports on loopback, restart policies, stop grace and image users as intended."""
+    import shutil
+
+    if shutil.which("docker") is None or subprocess.run(
+            ["docker", "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("Docker Compose is not installed (scripts/compose-local.sh installs it)")
+    env_file = tmp_path / "env"
+    env_file.write_text((ROOT / ".env.example").read_text().replace("change-me", "set"))
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+           "COMPOSE_PROFILES": profile}
+    done = subprocess.run(["docker", "compose", "-f", "compose.yaml", "--env-file", str(env_file),
+                           "config", "--format", "json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert {"redis", "minio", "createbuckets", "flower", "ui"} <= services.keys()
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", (name, port)
+        assert service.get("restart") in ("unless-stopped", "no"), name
+        command = service.get("command") or [""]
+        if command[0] == "dflash-pipeline" and "worker" in command:
+            assert service["restart"] == "unless-stopped" and service["stop_grace_period"], name
+        # The schedule comes from the run; only a user's own value overrides it.
+        assert (service.get("environment") or {}).get("DFLASH_TRAIN_TOTAL_STEPS") is None, name
+    if profile == "cpu":
+        assert services["generate-cpu"]["command"][3:5] == ["--engine", "cpu"]
+        assert services["train-cpu"]["depends_on"]["embedded-model"]["condition"] == \
+            "service_completed_successfully"
+        assert services["train-cpu"]["environment"]["DFLASH_TRAIN_DEVICE"] == "cpu"
+    if profile == "train":
+        assert services["train"]["environment"]["TRAIN_GPUS"] == "1"   # .env.example's
+    if profile == "producer":
+        producer = services["producer"]
+        assert producer["environment"]["DFLASH_MODE"] == "online"   # passed from .env
+        assert {v["target"] for v in producer["volumes"]} >= {"/data", "/models", "/cache"}

@@ -12,7 +12,8 @@ it also reports SGLang (installed, importable, the pinned release), NVML and eac
 memory (:mod:`producer.doctor.gpu_host`), and for a hybrid (Qwen3.5/3.6) target served with
 DFLASH whether SGLang's mamba state cache would cap its concurrency; ``--drafter`` adds the export
 checks of :mod:`producer.doctor.drafter_check` against the target and, when they pass, the
-DFLASH launch line (``serve-command dflash``).
+DFLASH launch line (``serve-command dflash``). For a hybrid target it says which kernels its
+Gated DeltaNet layers run on here (:mod:`producer.doctor.kernels`), warning on the torch fallback.
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ def run_checks(settings: Settings, gpus: list[int] | None,
                drafter: Path | None = None) -> list[CheckResult]:
     """Every check, in the order a deployment needs them; one broken check never hides others."""
     from producer.doctor.gpu_host import check_nvml, check_sglang
+    from producer.doctor.kernels import check_linear_attention_kernels
 
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("redis", lambda: check_redis(settings.broker_url)),
@@ -208,6 +210,7 @@ def run_checks(settings: Settings, gpus: list[int] | None,
     if drafter is not None:
         checks.append(("drafter", lambda: check_drafter_export(settings, drafter)))
     checks.append(("mamba state cache", lambda: check_mamba(settings, drafter)))
+    checks.append(("linear-attention kernels", lambda: check_linear_attention_kernels(settings)))
     results: list[CheckResult] = []
     for name, check in checks:
         try:

@@ -1,0 +1,222 @@
+"""`docker compose up` for real, as a user runs it: scripts/compose-local.sh makes the machine
+ready (Docker, Compose, dockerd, images; stand-ins where no image registry answers), then the
+`cpu` profile is started, a run is enqueued by the producer service and finishes online, the
+generate worker is crashed (kill -9 of its main process) and brought back by its restart policy,
+Flower's and the dashboard's APIs are read behind their basic auth, and the stack is taken down
+and up on its volumes. Ports are published on 127.0.0.1 only; nothing is pulled from a registry
+(IMAGES=standin); the dockerd this test starts is the only one it stops."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("compose")]
+ROOT = Path(__file__).resolve().parent.parent
+RUN = "compose-e2e"
+ROWS = 32
+RATES = ("tokens", "samples_per_s")   # recomputed from the clock at every read
+# What reaches compose: nothing of the test's own DFLASH_*/AWS_* settings (they would win over
+# the env file), only what finds the docker client and its daemon.
+PASSED = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "TMPDIR")
+
+
+class Stack:
+    """One compose project of this checkout, driven through the docker compose CLI."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.project = f"dflash-test-{os.getpid()}"
+        self.env_file, self.export = tmp / "compose.env", tmp / "export"
+        self.export.mkdir()
+        self.auth = {name: secrets.token_hex(8) for name in ("FLOWER", "UI")}
+        self.ports = {"FLOWER": _free_port(), "UI": _free_port()}
+        example = (ROOT / ".env.example").read_text()
+        lines = [line.replace("change-me-", f"t{secrets.token_hex(6)}-")
+                 for line in example.splitlines()]
+        lines += [f"FLOWER_PASSWORD={self.auth['FLOWER']}", f"UI_PASSWORD={self.auth['UI']}",
+                  f"FLOWER_PORT={self.ports['FLOWER']}", f"UI_PORT={self.ports['UI']}",
+                  "BIND_ADDRESS=127.0.0.1", f"HOST_UID={os.getuid()}",
+                  f"HOST_GID={os.getgid()}", f"EXPORT_DIR={self.export}",
+                  f"DFLASH_RUN={RUN}", f"DFLASH_LIMIT={ROWS}", "DFLASH_SHARD_SIZE=4",
+                  "DFLASH_MAX_NEW_TOKENS=64", "DFLASH_HELDOUT_MIN=2", "DFLASH_EPOCHS=2",
+                  # A short lease: a crashed worker's shard is healed within seconds.
+                  "DFLASH_LEASE_TTL=15", "DFLASH_TRAIN_EVAL_STEPS=0",
+                  "COMPOSE_PROFILES=cpu"]
+        self.env_file.write_text("\n".join(lines) + "\n")
+        self.env = {k: v for k, v in os.environ.items() if k in PASSED}
+
+    def compose(self, *args: str, check: bool = True,
+                timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        argv = ["docker", "compose", "-p", self.project, "--env-file", str(self.env_file), *args]
+        done = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(args)}: exit {done.returncode}\n"
+                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done
+
+    def cli(self, *args: str) -> dict[str, Any]:
+        """`docker compose run --rm producer dflash-pipeline ...`, its last line as JSON."""
+        out = self.compose("run", "--rm", "-T", "producer", "dflash-pipeline", *args).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    def status(self) -> dict[str, Any]:
+        return self.cli("status", "--run", RUN, "--json")
+
+    def container(self, service: str) -> dict[str, Any]:
+        cid = self.compose("ps", "-q", service).stdout.split()[0]
+        out = subprocess.run(["docker", "inspect", cid], env=self.env, capture_output=True,
+                             text=True, check=True).stdout
+        return json.loads(out)[0]
+
+    def get(self, who: str, path: str, auth: bool = True) -> tuple[int, Any]:
+        port, user = self.ports[who], "admin"
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        if auth:
+            token = base64.b64encode(f"{user}:{self.auth[who]}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+
+    def logs(self) -> str:
+        return self.compose("logs", "--no-color", "--tail", "40", check=False).stdout[-12000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _finished(stack: Stack) -> dict[str, Any] | None:
+    """The status once every shard is generated and trained on in every epoch (the schedule
+    made from the data ran to its last step), else None."""
+    status = stack.status()
+    total = status["shards"]["total"]
+    down = status["downstream"]
+    done = (status["state"] == "done" and down["committed"] == total > 0
+            and down.get("finished") == "schedule")
+    return status if done else None
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("compose")
+    pidfile = tmp / "dockerd.pid"
+    started = time.monotonic()
+    ready = subprocess.run(["bash", "scripts/compose-local.sh", "--pidfile", str(pidfile)],
+                           cwd=ROOT, env={**os.environ, "IMAGES": "standin"},
+                           capture_output=True, text=True)
+    if ready.returncode != 0:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True)
+        if info.returncode != 0:
+            pytest.skip(f"Docker cannot run here: {(ready.stderr.strip() or '?').splitlines()[-1]}")
+        raise AssertionError(f"compose-local.sh failed:\n{ready.stdout}\n{ready.stderr}")
+    print(f"compose-local.sh: {time.monotonic() - started:.0f}s")
+    stack = Stack(tmp)
+    try:
+        stack.compose("up", "-d")
+        yield stack
+    finally:
+        print(stack.logs())   # shown where a test failed
+        if os.environ.get("DFLASH_KEEP_COMPOSE") is None:
+            stack.compose("down", "-v", "--remove-orphans", check=False)
+        if pidfile.exists():   # the dockerd compose-local.sh started for this test, only it
+            pid = int(pidfile.read_text())
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not Path(f"/proc/{pid}").exists(), 60, "dockerd to stop")
+
+
+def test_a_run_enqueued_by_the_producer_survives_a_worker_crash(stack: Stack) -> None:
+    """The producer service enqueues; kill -9 of the generate worker's main process mid-run (what
+    the OOM killer does) is undone by the restart policy, and every id is committed once."""
+    enqueued = stack.compose("run", "--rm", "-T", "producer").stdout
+    assert f"run {RUN}: {ROWS} rows read" in enqueued, enqueued
+
+    def generating() -> dict[str, Any] | None:
+        status = stack.status()
+        return status if status["samples"]["done"] + status["samples"]["in_progress"] else None
+
+    before = wait_until(generating, 600, "the generate worker to start on the run")
+    assert before["state"] != "done", before
+    worker = stack.container("generate-cpu")
+    restarts, pid = worker["RestartCount"], worker["State"]["Pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = stack.container("generate-cpu")
+        return now["RestartCount"] > restarts and now["State"]["Running"]
+
+    wait_until(restarted, 120, "the restart policy to bring the worker back", interval=1)
+    status = wait_until(lambda: _finished(stack), 900, "the run to finish", interval=3)
+    assert status["samples"]["done"] == ROWS and status["shards"]["parked"] == 0, status
+    train = status["downstream"]["train"]
+    assert train["epoch"] == train["epochs"] == 2 and train["step"] == train["total_steps"] > 0
+
+    dataset = stack.cli("export-dataset", "--run", RUN, "--out", "/export/dataset",
+                        "--format", "parquet", "--split-heldout", "--include-rejected", "--json")
+    import pyarrow.parquet as pq
+
+    ids = [i for f in (stack.export / "dataset").rglob("*.parquet")
+           for i in pq.read_table(f, columns=["id"]).column("id").to_pylist()]
+    assert len(ids) == len(set(ids)) == ROWS == sum(dataset["samples"].values())
+    drafter = stack.cli("export-drafter", "--run", RUN, "--out", "/export/drafter", "--json")
+    assert drafter["step"] >= 1
+    config = json.loads((stack.export / "drafter" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert (stack.export / "drafter" / "model.safetensors").stat().st_uid == os.getuid()
+
+
+def test_flower_and_the_dashboard_answer_behind_basic_auth(stack: Stack) -> None:
+    status = wait_until(lambda: _finished(stack), 900, "the run to finish", interval=3)
+    assert stack.get("FLOWER", "/api/workers", auth=False)[0] == 401
+    code, workers = stack.get("FLOWER", "/api/workers?refresh=1")
+    assert code == 200, code
+    names = {name.split("@")[0] for name in workers}
+    assert {"generate-cpu", "train-cpu"} <= names, workers
+    assert stack.get("UI", f"/api/runs/{RUN}/status", auth=False)[0] == 401
+    code, api = stack.get("UI", f"/api/runs/{RUN}/status")
+    assert code == 200, code
+    cli = stack.status()
+    assert {k: v for k, v in api.items() if k not in RATES} == \
+        {k: v for k, v in cli.items() if k not in RATES}
+    assert api["state"] == status["state"] == "done"
+
+
+def test_down_and_up_keep_the_run_and_resume_writes_nothing(stack: Stack) -> None:
+    wait_until(lambda: _finished(stack), 900, "the run to finish", interval=3)
+    listing = ["python", "-c", "import boto3, os; b, p = os.environ['DFLASH_STORAGE'][5:]"
+               ".split('/', 1); s3 = boto3.client('s3'); print(sorted(o['Key'] for page in "
+               "s3.get_paginator('list_objects_v2').paginate(Bucket=b, Prefix=p) "
+               "for o in page.get('Contents', [])))"]
+
+    def objects() -> str:
+        return stack.compose("run", "--rm", "-T", "producer", *listing).stdout.strip()
+
+    before = objects()
+    stack.compose("down")
+    stack.compose("up", "-d")
+    status = wait_until(lambda: _finished(stack), 300, "the run to read as done after up")
+    assert status["samples"]["done"] == ROWS
+    report = stack.cli("resume", "--run", RUN, "--json")
+    assert report["enqueued"] == 0 and report["downstream"] == 0, report
+    assert not report["wrote_inputs"], report
+    assert objects() == before
