@@ -113,7 +113,7 @@ def assert_same_trainer(state: dict, expected: dict) -> None:
     for index, expected_moments in expected["optimizer"]["state"].items():
         torch.testing.assert_close(moments[index]["exp_avg"], expected_moments["exp_avg"],
                                    atol=PARAM_ATOL, rtol=0)
-    assert state["scheduler"] == expected["scheduler"]
+    assert state["schedule"] == expected["schedule"]
 
 
 MODES = pytest.mark.parametrize("mode", ["ddp", "fsdp"])
