@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = re.compile(r"^(\S+ \S+).*shard \d+: step (\d+) loss .* (\d+) tok/s")
-EPOCH = re.compile(r"rows to train in epoch (\d+)")
+EPOCH = re.compile(r"rows to train, .*; epoch (\d+)$")
 
 
 def per_epoch(log: str) -> dict[int, list[float]]:

@@ -134,11 +134,11 @@ def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: S
     every = store.training_rows(task.shard) if online else stored_rows(ctx, session, task)
     shortest = session.trainer.min_supervised
     rows = [r for r in every if getattr(r, "row", r).sample_id not in session.heldout]
-    held = len(every) - len(rows)
+    held = {getattr(r, "row", r).sample_id for r in every} & session.heldout
     kept = [r for r in rows if getattr(r, "row", r).supervised_tokens >= shortest]
-    log.info("run %s shard %d: %d rows to train in epoch %d, %d held-out rows and %d with "
-             "< %d supervised tokens left out", task.run, task.shard, len(kept),
-             session.ledger.epoch + 1, held, len(rows) - len(kept), shortest)
+    log.info("run %s shard %d: %d rows to train, %d held-out samples left out, %d rows with "
+             "< %d supervised tokens; epoch %d", task.run, task.shard, len(kept), len(held),
+             len(rows) - len(kept), shortest, session.ledger.epoch + 1)
     return row_order(task.run, session.ledger.epoch, task.shard, kept)
 
 
