@@ -313,7 +313,9 @@ def s3_client():  # noqa: ANN201
     # Readers fetch with a pool of up to 16 threads (common.commit_cache): one connection each.
     config = Config(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10,
                     max_pool_connections=32)
-    return boto3.client("s3", config=config)
+    # A session of its own: boto3's default session caches the credentials it resolved first,
+    # so a process that changes its key (a test, a notebook) would keep using the old one.
+    return boto3.session.Session().client("s3", config=config)
 
 
 def open_storage(url: str) -> Storage:
