@@ -154,9 +154,11 @@ def test_loss_masks_cover_exactly_the_generated_tokens(tiny: Path, tokenizer: An
 
     engine = CpuEngine(tiny, batch_size=4, seed=0)
     samples = generate(engine, tokenizer, mt_bench_rows(4), max_new_tokens=160)
+    # A conversation whose second turn the gates rejected keeps its first turn alone.
+    assert any(len(sample["turns"]) == 2 for sample in samples)
     for sample in samples:
         rows = training_rows(sample)
-        assert len(rows) == len(sample["turns"]) == 2
+        assert len(rows) == len(sample["turns"]) >= 1
         answers = [m for m in sample["messages"] if m["role"] == "assistant"]
         for row, turn, answer in zip(rows, sample["turns"], answers, strict=True):
             mask = row.loss_mask
@@ -169,6 +171,8 @@ def test_loss_masks_cover_exactly_the_generated_tokens(tiny: Path, tokenizer: An
             assert answer["content"] in text and answer["reasoning_content"] in text
             if turn["finish_reason"] == "stop":
                 assert supervised[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if len(rows) < 2:
+            continue
         # Turn 2's prompt shows turn 1's answer but, as Qwen3 templates do, not its reasoning.
         history = tokenizer.decode(rows[1].input_ids[:rows[1].prompt_tokens])
         assert answers[0]["content"] in history

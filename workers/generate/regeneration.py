@@ -198,8 +198,11 @@ def refused_verdict(refused: RequestRefused, number: int) -> dict[str, Any]:
 
 def _kept(convo: _Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Messages and turns the record holds: those that passed, or the rejected first turn."""
-    if convo.turns or convo.stopped is None:
+    if convo.stopped is None:
         return convo.messages, convo.turns
+    if convo.turns:   # the stopped turn's own input is not kept: end on the last kept answer
+        last = max(i for i, m in enumerate(convo.messages) if m.get("role") == "assistant")
+        return convo.messages[:last + 1], convo.turns
     stopped = convo.stopped
     answer = [stopped["answer"]] if stopped["answer"] is not None else []
     turn = {k: v for k, v in stopped.items() if k not in ("turn", "answer", "verdict")}
