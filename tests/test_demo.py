@@ -67,7 +67,9 @@ def test_quick_demo_commits_all_80_mt_bench_questions(model_cache: Path,
                     assert users == question["turns"][:1] and len(sample["turns"]) == 1
                     continue
                 # Verdicts per turn: a rejected turn 2 ends the conversation, turn 1 kept.
-                assert users == question["turns"][:kept + bool(stopped)]
+                # The stopped turn's question is in its own prompt, not in the kept history.
+                assert users == question["turns"][:kept]
+                assert sample["messages"][-1]["role"] == "assistant"
                 assert len(answers) == len(sample["turns"]) == kept
                 assert kept == 2 or stopped["turn"] == 2
                 assert all("reasoning_content" in a and "content" in a for a in answers)

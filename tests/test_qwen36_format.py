@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from common.inputs.layouts import normalize
 from tests.conftest import HYBRID, Pipeline, TinyTarget
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 
@@ -80,6 +81,7 @@ def test_qwen36_turns_rebuild_from_the_records_and_the_exports(
     assert len(samples) == len(rows)
     modes = {s["thinking"] for s in samples}
     assert modes == {True, False}, "mix:0.5 over 16 ids renders both modes"
+    inputs = {c.id: c.turns for c in map(normalize, rows)}
     turns_checked = 0
     for sample in samples:
         messages, tools = sample["messages"], sample.get("tools")
@@ -97,8 +99,10 @@ def test_qwen36_turns_rebuild_from_the_records_and_the_exports(
                 assert '"name": "get_weather"' in text.split("</tools>")[0]
             turns_checked += 1
         stopped = sample["quality"].get("stopped")
-        if stopped:   # the rejected turn's prompt: the kept history and its own question
-            assert stopped["prompt_ids"] == prompt_ids(tokenizer, messages, tools,
+        if stopped and sample["turns"]:   # its prompt: the kept history and its own input
+            asked = inputs[sample["id"]][stopped["turn"] - 1]
+            assert messages[-1]["role"] == "assistant", "the record ends on its last kept answer"
+            assert stopped["prompt_ids"] == prompt_ids(tokenizer, messages + asked, tools,
                                                        sample["thinking"])
     assert turns_checked >= len(rows)
     # preserve_thinking reached generation: a second turn's prompt shows the first's reasoning.

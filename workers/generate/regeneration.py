@@ -141,11 +141,13 @@ class _Conversation:
     turns: list[dict[str, Any]] = field(default_factory=list)
     facts: list[TurnFacts] = field(default_factory=list)
     stopped: dict[str, Any] | None = None   # the first rejected turn: its verdict and tokens
+    kept_messages: int = 0   # the history up to the last kept answer (its next turn's input out)
 
     def keep(self, answer: dict[str, Any], turn: dict[str, Any], facts: TurnFacts) -> None:
         self.messages.append(answer)
         self.turns.append(turn)
         self.facts.append(facts)
+        self.kept_messages = len(self.messages)
 
 
 async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
@@ -201,8 +203,7 @@ def _kept(convo: _Conversation) -> tuple[list[dict[str, Any]], list[dict[str, An
     if convo.stopped is None:
         return convo.messages, convo.turns
     if convo.turns:   # the stopped turn's own input is not kept: end on the last kept answer
-        last = max(i for i, m in enumerate(convo.messages) if m.get("role") == "assistant")
-        return convo.messages[:last + 1], convo.turns
+        return convo.messages[:convo.kept_messages], convo.turns
     stopped = convo.stopped
     answer = [stopped["answer"]] if stopped["answer"] is not None else []
     turn = {k: v for k, v in stopped.items() if k not in ("turn", "answer", "verdict")}
