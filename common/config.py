@@ -29,6 +29,8 @@ ENV_PREFIX = "DFLASH_"
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 DEVICES = "auto, cpu, cuda, cuda:N or mps"
 """What a device setting accepts (checked at load, so a typo names its variable)."""
+MTP_MODES = ("auto", "on", "off")
+"""What ``DFLASH_MTP`` (``worker generate --mtp``) takes."""
 _SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
 
 
@@ -48,11 +50,12 @@ def env_name(name: str) -> str:
 
 
 def setting(default: Any, *, flat: str = "", zero_ok: bool = False, secret: bool = False,
-            device: bool = False) -> Any:
+            device: bool = False, choices: tuple[str, ...] = ()) -> Any:
     """A declared field: ``flat`` replaces prefix + name (a variable older than its section),
     ``zero_ok`` lets a number be 0 (off, the default, or an index), ``secret`` hides it in repr,
-    ``device`` checks it against :data:`DEVICE`."""
-    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device}
+    ``device`` checks it against :data:`DEVICE`, ``choices`` lists the values it takes."""
+    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device,
+            "choices": choices}
     return field(default=default, metadata=meta)
 
 
@@ -108,6 +111,9 @@ class GenerateSettings:
     engine_url: str = ""
     engine_cmd: str = ""
     engine_args: str = ""
+    # Generation through the target's own MTP head (SGLang's NEXTN): auto is on where the target
+    # states one and SGLang runs on a GPU (common/mtp.py says why, in the worker's start line).
+    mtp: str = setting("auto", choices=MTP_MODES)
     # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
     # worker's own.
     engine_python: str = ""
@@ -253,6 +259,8 @@ def _coerce(name: str, raw: str, f: Field[Any]) -> object:
         raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
     if meta.get("device") and not DEVICE.fullmatch(str(value)):
         raise ConfigError(f"{env_name(name)}={raw!r} is not a device: {DEVICES}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{env_name(name)}={raw!r} is not one of {', '.join(meta['choices'])}")
     return value
 
 

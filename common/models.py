@@ -54,3 +54,12 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
     return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                          add_generation_prompt=True, enable_thinking=thinking,
                                          **(template_kwargs or {}))
+
+
+def stop_token_ids(model_path: Path) -> list[int]:
+    """End-of-turn ids from generation_config.json: the server stops where the CPU engine does."""
+    config = model_path / "generation_config.json"
+    if not config.is_file():
+        return []
+    eos = json.loads(config.read_text()).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])

@@ -116,6 +116,12 @@ def redis_requests(run: str) -> str:
     return f"dflash:{run}:requests"
 
 
+def redis_speculative(run: str) -> str:
+    """Hash ``algorithm|verify_steps|output_tokens:<worker>`` -> that worker's speculative
+    figures for this run (:mod:`common.speculative`)."""
+    return f"dflash:{run}:speculative"
+
+
 def redis_gates(run: str) -> str:
     """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
     return f"dflash:{run}:gates"
@@ -156,5 +162,6 @@ def redis_paused(run: str) -> str:
 
 
 def redis_engines() -> str:
-    """Hash host:gpu -> JSON {url, log, pid} of the engine servers workers started."""
+    """Hash host:gpu -> JSON {url, log, pid, worker, algorithm} of the engine servers workers
+    started (worker: its Celery node; algorithm: its speculative one, or null)."""
     return "dflash:engines"

@@ -19,7 +19,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from common.config import Settings
+from common.records import Sampling
 from common.target import TargetShape
 
 DFLASH = "DFLASH"
@@ -47,11 +50,76 @@ def launch_argv(model: str | Path, *, host: str = "127.0.0.1", port: int = 30000
             "--port", str(port), "--tp-size", str(tp), "--enable-metrics"]
     if mem_fraction_static:
         argv += ["--mem-fraction-static", str(mem_fraction_static)]
+    return argv + engine_flags(engine_args, max_running_requests)
+
+
+def engine_flags(engine_args: str | Sequence[str],
+                 max_running_requests: int | None = None) -> list[str]:
+    """What follows the launch line's fixed head (model, host, port, tp, metrics): the engine
+    args and, with a speculative algorithm, ``--max-running-requests`` unless they name it."""
     extra = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
     spec = spec_settings(extra)
     if spec.algorithm and spec.max_running_requests is None and max_running_requests:
         extra += ["--max-running-requests", str(max_running_requests)]
-    return argv + [part for part in extra if part != "--enable-metrics"]
+    return [part for part in extra if part != "--enable-metrics"]
+
+
+ENGINE_ARGS_FIELD = "{engine_args}"
+
+
+def engine_command(settings: Settings, model_path: Path, mtp_args: Sequence[str] = (), *,
+                   port: int | None = None,
+                   max_running_requests: int | None = None) -> list[str]:
+    """The engine a generate worker (or ``bench --run``) starts: ``DFLASH_ENGINE_CMD`` with its
+    fields filled, else ``python -m sglang.launch_server ...``.
+
+    ``mtp_args`` (:mod:`common.mtp`) come before ``DFLASH_ENGINE_ARGS``; ``{engine_args}`` in a
+    command is those flags and ``--max-running-requests`` (one word: spliced in as several), so
+    a stand-in sees what SGLang would. ``{port}``, ``{model}``, ``{gpu}``, ``{tp}`` are filled
+    in the command and the engine args alike.
+    """
+    port = settings.engine_server_port if port is None else port
+    running = settings.max_in_flight if max_running_requests is None else max_running_requests
+    fields = {"port": port, "model": model_path, "gpu": settings.gpu, "tp": settings.tp}
+    extra = [*mtp_args, *(part.format(**fields) for part in shlex.split(settings.engine_args))]
+    if settings.engine_cmd:
+        flags = engine_flags(extra, running)
+        argv: list[str] = []
+        for part in shlex.split(settings.engine_cmd):
+            if part == ENGINE_ARGS_FIELD:
+                argv += flags
+            else:
+                argv.append(part.format(**fields, engine_args=shlex.join(flags)))
+        return argv
+    # One builder for this line and the printed serving lines; its flags are held to the pinned
+    # release's own names (tests/test_serving_lines.py).
+    return launch_argv(model_path, port=port, tp=settings.tp,
+                       mem_fraction_static=settings.mem_fraction_static, engine_args=extra,
+                       python=settings.engine_python or sys.executable,
+                       max_running_requests=running)
+
+
+def visible_devices(gpu: int, tp: int) -> str:
+    """The GPUs an engine owns: ``gpu`` alone, or a tensor-parallel engine's ``tp`` from it."""
+    return ",".join(str(gpu + i) for i in range(tp))
+
+
+def sampling_params(sampling: Sampling, max_new_tokens: int,
+                    stop_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` of a run's request (the worker's and ``bench --run``'s)."""
+    params: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "skip_special_tokens": False,
+    }
+    if stop_ids:
+        params["stop_token_ids"] = list(stop_ids)
+    return params
 
 
 def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = MTP_TOPK,
@@ -91,6 +159,16 @@ def mamba_slots_per_request(engine_args: str | Sequence[str]) -> int:
         return 1
     extra = any("extra_buffer" in part for part in argv)
     return MAMBA_SLOTS_PER_REQUEST + (MAMBA_EXTRA_BUFFER_SLOTS if extra else 0)
+
+
+def mamba_spec_states_per_request(engine_args: str | Sequence[str]) -> int:
+    """Intermediate states a running request of a hybrid holds while its drafts are verified:
+    one per draft token (SGLang reserves ``per_request x (running + 1) x draft_tokens``, apart
+    from the slots above); 0 without speculative decoding."""
+    spec = spec_settings(engine_args)
+    if spec.algorithm is None:
+        return 0
+    return spec.draft_tokens or MTP_DRAFT_TOKENS
 
 
 def shell_line(argv: Sequence[str]) -> str:

@@ -26,6 +26,7 @@ from common.reconcile import StageView, read_stage, waiting_messages
 from common.records import RunState, decode_jsonl_zst
 from common.run_index import RunIndex, shard_total
 from common.runstore import RunStore
+from common.speculative import by_worker
 from common.storage import Storage
 from producer.enqueue import read_manifest
 
@@ -105,6 +106,8 @@ class StatusReader:
             "eta_s": _eta(state, remaining, rate),
             "parked": live["parked"] if up else None,
             "engines": live["engines"] if up else None,
+            # Per worker: its engine's speculative algorithm and mean accept length (null: Redis)
+            "speculative": live["speculative"] if up else None,
             "downstream": self._downstream(config, live, total),
             # The drafter shape frozen at enqueue (None: the target's, or a worker option's).
             "drafter": drafter_summary(config.drafter, config.target_layer_ids),
@@ -227,7 +230,8 @@ class StatusReader:
             pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
             pipe.get(redis_keys.redis_paused(self.run))
             pipe.hgetall(TRAIN.keys(self.run).metrics)
-            partial, events, engines, gates, window, pause, train = pipe.execute()
+            pipe.hgetall(redis_keys.redis_speculative(self.run))
+            partial, events, engines, gates, window, pause, train, spec = pipe.execute()
         except redis.RedisError:
             return None
         tokens_per_s, samples_per_s = _rates(events)
@@ -245,6 +249,7 @@ class StatusReader:
             "window": [int(x) for x in window],
             "pause": json.loads(pause) if pause else None,
             "train": train,
+            "speculative": by_worker(spec),
         }
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ log = logging.getLogger(__name__)
 
 
 @worker_init.connect
-def _load_engine(**_: object) -> None:
+def _load_engine(sender: object = None, **_: object) -> None:
     """Load the engine when the worker starts; a worker without an engine must not take shards."""
     try:
-        warm_engine()
+        warm_engine(getattr(sender, "hostname", None))
     except (DflashError, OSError) as exc:
         log.critical("engine failed to start: %s", exc)
         # SystemExit passes through Celery's signal dispatch, which swallows Exceptions.

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from common.config import Settings, env_name
+from common.serving import visible_devices
 from workers.access import check_write_access
 from workers.train.group import group_argv, is_group
 
@@ -24,11 +25,6 @@ def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency:
         "-Q", queue, "-P", "threads", "-c", str(concurrency), "-n", node,
         "-l", loglevel, "-E", "--without-gossip", "--without-mingle",
     ]
-
-
-def visible_devices(gpu: int, tp: int) -> str:
-    """The GPUs a worker owns: ``gpu`` alone, or a tensor-parallel engine's ``tp`` from it."""
-    return ",".join(str(gpu + i) for i in range(tp))
 
 
 def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,

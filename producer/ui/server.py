@@ -86,7 +86,8 @@ async def run_list(request: web.Request) -> web.Response:
 
 
 async def engines(request: web.Request) -> web.Response:
-    """Each engine the workers announced: URL, healthy or not, requests running and queued."""
+    """Each engine the workers announced: URL, healthy or not, requests running and queued, its
+    speculative algorithm and the run's mean accept length on it."""
     views = request.app[VIEWS]
     run = request.match_info["run"]
     status = await asyncio.to_thread(views.recent_status, run)
@@ -94,10 +95,18 @@ async def engines(request: web.Request) -> web.Response:
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         probes = await asyncio.gather(*(_probe(session, e["url"]) for e in (found or {}).values()))
-    rows = [{"name": name, **{k: v for k, v in engine.items() if k in ("url", "log", "pid")},
-             **probe} for (name, engine), probe in zip(sorted((found or {}).items()), probes,
-                                                       strict=True)]
+    spec = status.get("speculative") or {}
+    rows = [{"name": name, **{k: engine.get(k) for k in ("url", "log", "pid", "worker")},
+             **_speculative(engine, spec), **probe}
+            for (name, engine), probe in zip(sorted((found or {}).items()), probes, strict=True)]
     return _json({"run": run, "redis": found is not None, "engines": rows})
+
+
+def _speculative(engine: dict[str, Any], by_worker: dict[str, Any]) -> dict[str, Any]:
+    """The engine's speculative algorithm and this run's mean accept length on its worker."""
+    mine = by_worker.get(engine.get("worker") or "") or {}
+    return {"algorithm": engine.get("algorithm") or mine.get("algorithm"),
+            "accept_length": mine.get("accept_length")}
 
 
 async def _probe(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:

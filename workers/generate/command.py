@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
 
 from common.cli import command_option, common_options, setting_option
-from common.config import Settings
+from common.config import MTP_MODES, Settings
+from common.models import resolve_model_path
+from common.mtp import choose_mtp, target_shape
 from workers.launch import exec_worker
 from workers.worker_cli import gpu_option, node_options
 
@@ -26,9 +29,17 @@ SGLANG_SHARDS = 2
 @setting_option("engine_url",
                 help="Use this running SGLang-protocol server instead of starting one.")
 @setting_option("engine_cmd", help="Replace the engine launch command; {port}, {model}, "
-                                   "{gpu}, {tp} are filled in (empty: python -m "
+                                   "{gpu}, {tp} are filled in, and {engine_args}: the flags the "
+                                   "worker would pass SGLang (MTP's, --engine-args, "
+                                   "--max-running-requests) (empty: python -m "
                                    "sglang.launch_server ...).")
-@setting_option("engine_args", help="Extra SGLang launch flags, e.g. speculative/MTP options.")
+@setting_option("engine_args", help="Extra SGLang launch flags; --speculative-* ones here win "
+                                    "over --mtp.")
+@setting_option("mtp", type=click.Choice(MTP_MODES),
+                help="Generate through the target's own MTP head (SGLang's NEXTN): auto is on "
+                     "where the target states one and SGLang runs on a GPU, off on the CPU "
+                     "(its verify commits the argmax when sampling); on where it cannot run is "
+                     "an error. The worker's log says which, and why.")
 @setting_option("engine_python",
                 help="Python that runs `-m sglang.launch_server` (SGLang in a venv of its own, "
                      "e.g. .venv-sglang/bin/python) [default: the worker's own python].")
@@ -49,6 +60,9 @@ def worker_generate(settings: Settings, gpu: int | None, concurrency: int | None
     if concurrency is None:
         engine = overrides.get("engine") or settings.engine
         concurrency = SGLANG_SHARDS if engine == "sglang" else 1
+    resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if resolved.mtp == "on":   # where MTP cannot run: one error line now, exit 2
+        choose_mtp(resolved, target_shape(resolve_model_path(resolved)))
 
     exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
                 loglevel=loglevel, overrides=overrides)

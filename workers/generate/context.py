@@ -8,7 +8,6 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 
 import redis
 
@@ -16,7 +15,8 @@ from common import redis_keys
 from common.config import Settings
 from common.errors import ConfigError
 from common.gates import TokenInfo
-from common.models import resolve_model_path
+from common.models import resolve_model_path, stop_token_ids
+from common.mtp import choose_mtp, target_shape
 from workers.context import WorkerContext, get_context
 from workers.generate.engines.base import Engine, EngineLoop
 from workers.generate.engines.cpu import CpuEngine
@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 def build_engine(settings: Settings) -> Engine:
     """The worker's engine: in-process CPU model, or an SGLang server (started or given)."""
     model_path = resolve_model_path(settings)
+    if settings.engine not in ("cpu", "sglang"):
+        raise ConfigError(f"unknown engine {settings.engine!r}; choose cpu or sglang")
+    mtp = choose_mtp(settings, target_shape(model_path))
+    log.info("%s", mtp.line())   # the worker's one line on MTP: which, and why
     if settings.engine == "cpu":
         return CpuEngine(model_path, batch_size=settings.batch_size)
-    if settings.engine != "sglang":
-        raise ConfigError(f"unknown engine {settings.engine!r}; choose cpu or sglang")
     from transformers import AutoTokenizer
 
     from workers.generate.engines.server import EngineServer, server_command
@@ -40,22 +42,13 @@ def build_engine(settings: Settings) -> Engine:
     url = settings.engine_url
     if not url:
         url = f"http://127.0.0.1:{settings.engine_server_port}"
-        server = EngineServer(server_command(settings, model_path), url,
+        server = EngineServer(server_command(settings, model_path, mtp.args), url,
                               settings.cache_dir / "engines", settings.engine_startup_timeout,
                               settings.engine_drain_timeout)
         server.start()
     return SglangEngine(url, AutoTokenizer.from_pretrained(model_path), settings.max_in_flight,
                         settings.request_timeout, retry_window=settings.engine_startup_timeout,
-                        stop_ids=stop_token_ids(model_path), server=server)
-
-
-def stop_token_ids(model_path: Path) -> list[int]:
-    """End-of-turn ids from generation_config.json: the server stops where the CPU engine does."""
-    config = model_path / "generation_config.json"
-    if not config.is_file():
-        return []
-    eos = json.loads(config.read_text()).get("eos_token_id")
-    return [eos] if isinstance(eos, int) else list(eos or [])
+                        stop_ids=stop_token_ids(model_path), server=server, mtp=mtp)
 
 
 @dataclass
@@ -100,19 +93,22 @@ def get_generate_context() -> GenerateContext:
         return _context
 
 
-def warm_engine() -> None:
-    """Build the engine now so the first shard does not pay for it (called at worker start)."""
+def warm_engine(worker: str | None = None) -> None:
+    """Build the engine now so the first shard does not pay for it (called at worker start);
+    ``worker`` is the Celery node name the engine is announced under."""
     context = get_generate_context()
-    announce_engine(context.worker, context.engine)
+    announce_engine(context.worker, context.engine, worker)
 
 
-def announce_engine(context: WorkerContext, engine: Engine) -> None:
-    """Tell ``status`` where this worker's engine server and its log are (advisory)."""
+def announce_engine(context: WorkerContext, engine: Engine, worker: str | None = None) -> None:
+    """Tell ``status`` where this worker's engine server and its log are (advisory), which
+    worker owns it and its speculative algorithm (the dashboard's Engines panel)."""
     server, url = getattr(engine, "server", None), getattr(engine, "url", None)
     if url is None:  # the in-process CPU engine has no server to show
         return
     record = ({"url": server.url, "log": str(server.log_path), "pid": server.proc.pid}
               if server is not None else {"url": url, "log": None, "pid": None})
+    record.update(worker=worker, algorithm=getattr(engine, "algorithm", None))
     try:
         context.redis.hset(redis_keys.redis_engines(),
                            f"{socket.gethostname()}:gpu{context.settings.gpu}",

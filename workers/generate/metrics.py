@@ -1,8 +1,9 @@
 """Prometheus metrics of a worker's own progress, for dashboards beside Flower.
 
 Set ``DFLASH_METRICS_PORT`` (0 = off) and scrape ``http://worker:PORT/metrics``: samples, tokens
-and parts written per run, samples rejected by the gates, engine requests, shards committed, and
-the engine's requests in flight.
+and parts written per run, samples rejected by the gates, engine requests, shards committed, the
+engine's requests in flight, and with speculative decoding its algorithm, verify steps and mean
+accept length.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ PARTS = Counter("dflash_parts_written", "Part objects written", ["run"])
 REQUESTS = Counter("dflash_engine_requests", "Requests sent to the engine", ["run"])
 COMMITS = Counter("dflash_shards_committed", "Shards committed by this worker", ["run"])
 IN_FLIGHT = Gauge("dflash_engine_in_flight", "Engine requests in flight now")
+# Speculative decoding (MTP): verify steps and the tokens they gave, the mean accept length
+# (tokens / steps, SGLang's ratio) and the algorithm (value 1 on its label).
+SPEC_STEPS = Counter("dflash_spec_verify_steps", "Engine verify steps of written turns", ["run"])
+SPEC_TOKENS = Counter("dflash_spec_output_tokens", "Output tokens of verified turns", ["run"])
+ACCEPT_LENGTH = Gauge("dflash_spec_accept_length",
+                      "Mean tokens per verify step of this worker's written turns", ["run"])
+ALGORITHM = Gauge("dflash_spec_algorithm", "The engine's speculative algorithm", ["algorithm"])
 
 
 def serve(port: int, in_flight: Callable[[], float]) -> None:

@@ -82,7 +82,7 @@ def answer_message(tokenizer: Any, tokens: TokenInfo, prompt_ids: list[int],
 
 
 def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
-    return {
+    turn = {
         "prompt_ids": request.input_ids,
         "output_ids": result.output_ids,
         "finish_reason": result.finish_reason,
@@ -90,6 +90,9 @@ def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "latency_s": round(result.latency_s, 4),
     }
+    if result.speculative:   # the engine's spec_* figures (common.speculative), as given
+        turn["speculative"] = result.speculative
+    return turn
 
 
 def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],

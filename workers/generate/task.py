@@ -22,7 +22,7 @@ from common.models import template_sha
 from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
 from common.runstore import RunStore
 from workers.context import WorkerContext
-from workers.generate import metrics
+from workers.generate import metrics, speculative
 from workers.generate.context import GenerateContext, get_generate_context
 from workers.generate.monitor import RunMonitor
 from workers.generate.parts import PartBuffer, ShardParts
@@ -57,6 +57,7 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
         if ctx.storage.exists(commit_key):
             return TaskOutcome.ALREADY_COMMITTED
         check_template(gen, config)
+        speculative.check_lossless(gen.engine, config.sampling, task.run)
         rows = load_input_shard(ctx, task)
         parts = ShardParts(ctx.storage, task)
         parts.refresh()
@@ -65,7 +66,7 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
         log.info("run %s shard %d: %d samples, %d already in %d parts, generating %d",
                  task.run, task.shard, len(rows), len(rows) - len(todo), len(parts.known),
                  len(todo))
-        progress = Progress(ctx, task, worker, monitor)
+        progress = Progress(ctx, task, worker, monitor, gen.engine)
         buffer = PartBuffer(parts, ctx.settings.part_samples, ctx.settings.part_seconds,
                             before_write=monitor.claim_answers, on_write=progress.part_written,
                             worker=worker)
@@ -117,8 +118,9 @@ class Progress:
     """Advisory counters for status (tokens/s, ETA, requests); losing them loses no data."""
 
     def __init__(self, ctx: WorkerContext, task: ShardTask, worker: str,
-                 monitor: RunMonitor) -> None:
+                 monitor: RunMonitor, engine: Any = None) -> None:
         self.ctx, self.task, self.worker, self.monitor = ctx, task, worker, monitor
+        self.engine = engine   # its speculative algorithm, once known, labels the figures
         self.counters = ShardCounters()
         self.reported_requests = 0
         self.pause: dict[str, Any] | None = None
@@ -142,6 +144,8 @@ class Progress:
         metrics.SAMPLES.labels(run).inc(len(samples))
         metrics.TOKENS.labels(run).inc(tokens)
         metrics.PARTS.labels(run).inc()
+        speculative.record(self.ctx.redis, run, self.worker,
+                           getattr(self.engine, "algorithm", None), samples)
         self.flush_requests()
 
     def flush_requests(self) -> None:

@@ -265,7 +265,9 @@ function renderEngines(data) {
     body.append(el("tr", {},
       el("td", {}, e.name), el("td", {}, el("code", {}, e.url)),
       el("td", { class: e.healthy ? "ok" : "bad" }, e.healthy ? "healthy" : "unhealthy"),
-      el("td", {}, `${known(e.running)} running, ${known(e.queued)} queued`)));
+      el("td", {}, `${known(e.running)} running, ${known(e.queued)} queued`),
+      el("td", {}, e.algorithm ? `${e.algorithm}, accept length ${known(e.accept_length)}`
+        : "no speculative decoding")));
   }
 }
 

@@ -68,6 +68,8 @@ class GenResult:
     prompt_tokens: int
     completion_tokens: int
     latency_s: float
+    # The engine's speculative figures (SGLang's ``spec_*`` meta_info), None without drafts.
+    speculative: dict[str, Any] | None = None
 
 
 class Engine(Protocol):

@@ -21,11 +21,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from common.config import Settings
 from common.errors import EngineError
-from common.serving import launch_argv
+from common.serving import engine_command
 from workers.generate.engines.supervisor import SUPERVISOR_MODULE
 from workers.preflight import (
     EnginePidFile,
@@ -40,20 +41,11 @@ log = logging.getLogger(__name__)
 _RESTART_BACKOFF_MAX_S = 60.0
 
 
-def server_command(settings: Settings, model_path: Path) -> list[str]:
-    """The launch command; ``{port}``, ``{model}``, ``{gpu}`` and ``{tp}`` are filled in."""
-    fields = {"port": settings.engine_server_port, "model": model_path, "gpu": settings.gpu,
-              "tp": settings.tp}
-    if settings.engine_cmd:
-        return [part.format(**fields) for part in shlex.split(settings.engine_cmd)]
-    # One builder (common.serving) for this line and the printed serving lines; its flags are
-    # held to the pinned release's own names (tests/test_serving_lines.py).
-    return launch_argv(model_path, port=settings.engine_server_port, tp=settings.tp,
-                       mem_fraction_static=settings.mem_fraction_static,
-                       engine_args=[part.format(**fields)
-                                    for part in shlex.split(settings.engine_args)],
-                       python=settings.engine_python or sys.executable,
-                       max_running_requests=settings.max_in_flight)
+def server_command(settings: Settings, model_path: Path,
+                   mtp_args: Sequence[str] = ()) -> list[str]:
+    """The launch command (:func:`common.serving.engine_command`, shared with ``bench --run``);
+    ``{port}``, ``{model}``, ``{gpu}``, ``{tp}`` and ``{engine_args}`` are filled in."""
+    return engine_command(settings, model_path, mtp_args)
 
 
 _SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")

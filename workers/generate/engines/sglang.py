@@ -21,6 +21,9 @@ import orjson
 
 from common.errors import EngineError, RequestRefused
 from common.gates import Reason
+from common.mtp import MtpChoice
+from common.serving import sampling_params
+from common.speculative import server_algorithm, spec_figures
 from workers.generate.engines.base import GenRequest, GenResult, ServerLimits, fit_request
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,7 @@ def parse_response(body: Any, request: GenRequest, latency: float) -> GenResult:
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         latency_s=latency,
+        speculative=spec_figures(meta),
     )
 
 
@@ -94,20 +98,10 @@ def read_limits(models: Any, server_info: Any) -> ServerLimits | None:
 
 def payload(request: GenRequest, stop_ids: list[int],
             max_new_tokens: int | None = None) -> dict[str, Any]:
-    sampling = request.sampling
-    params: dict[str, Any] = {
-        "max_new_tokens": sampling.max_new_tokens if max_new_tokens is None else max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "skip_special_tokens": False,
-    }
-    if stop_ids:
-        params["stop_token_ids"] = stop_ids
-    return {"input_ids": request.input_ids, "sampling_params": params, "stream": False}
+    max_new = request.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
+    return {"input_ids": request.input_ids,
+            "sampling_params": sampling_params(request.sampling, max_new, stop_ids),
+            "stream": False}
 
 
 def error_message(text: str) -> str:
@@ -126,8 +120,12 @@ class SglangEngine:
     """An SGLang-protocol server (real or the simulator) behind the engine interface."""
 
     def __init__(self, url: str, tokenizer: Any, max_in_flight: int, request_timeout: float,
-                 retry_window: float, stop_ids: list[int], server: Any = None) -> None:
+                 retry_window: float, stop_ids: list[int], server: Any = None,
+                 mtp: MtpChoice | None = None) -> None:
         self.url = url.rstrip("/")
+        self.mtp = mtp
+        # The speculative algorithm it runs: the launch's, else what the server reports.
+        self.algorithm = mtp.algorithm if mtp is not None else None
         self.tokenizer = tokenizer
         self.max_in_flight = max_in_flight
         self.request_timeout, self.retry_window = request_timeout, retry_window
@@ -142,7 +140,10 @@ class SglangEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
-        return {"engine": "sglang", "url": self.url}
+        info = {"engine": "sglang", "url": self.url}
+        if self.algorithm:
+            info["speculative_algorithm"] = self.algorithm
+        return info
 
     async def _open(self) -> None:
         """The HTTP session, the server's limits and the in-flight slots, once per loop."""
@@ -171,6 +172,7 @@ class SglangEngine:
                 log.warning("engine %s: %s not read: %r", self.url, path, exc)
                 bodies.append(None)
         limits = read_limits(*bodies)
+        self.algorithm = self.algorithm or server_algorithm(bodies[1])
         if limits is None:
             log.warning("engine %s states no context length: max_new_tokens sent as given",
                         self.url)

@@ -1,0 +1,66 @@
+"""The generate worker's side of speculative decoding (MTP): lossless or refused, and seen.
+
+A shard of a run whose sampling the engine's verify would change (MTP on the CPU at
+temperature > 0: :func:`common.mtp.lossless_refusal`) is parked with that reason before any
+request is sent. Each written part adds its turns' verify steps and tokens to the run's Redis
+figures under this worker's name (``status`` shows algorithm and mean accept length) and to the
+worker's Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from common import redis_keys
+from common.errors import ConfigError
+from common.mtp import lossless_refusal
+from common.records import Sampling
+from common.speculative import ALGORITHM, STEPS, TOKENS, field, sample_totals
+from workers.generate import metrics
+
+log = logging.getLogger(__name__)
+
+_totals: dict[str, list[int]] = {}   # run -> [verify steps, tokens] written by this process
+_lock = threading.Lock()
+
+
+def check_lossless(engine: Any, sampling: Sampling, run: str) -> None:
+    """Refuse (park the shard) where the engine's speculative verify would change ``sampling``."""
+    mtp = getattr(engine, "mtp", None)
+    if mtp is None:
+        return
+    refusal = lossless_refusal(getattr(engine, "algorithm", None), mtp.device, sampling)
+    if refusal is not None:
+        raise ConfigError(f"run {run}: {refusal}")
+
+
+def record(client: redis.Redis, run: str, worker: str, algorithm: str | None,
+           samples: Sequence[dict[str, Any]]) -> None:
+    """Add the verified turns of ``samples`` to the run's figures (advisory: Redis may fail)."""
+    steps, tokens = sample_totals(samples)
+    if not steps:
+        return
+    with _lock:
+        total = _totals.setdefault(run, [0, 0])
+        total[0] += steps
+        total[1] += tokens
+        metrics.ACCEPT_LENGTH.labels(run).set(total[1] / total[0])
+    metrics.SPEC_STEPS.labels(run).inc(steps)
+    metrics.SPEC_TOKENS.labels(run).inc(tokens)
+    if algorithm:
+        metrics.ALGORITHM.labels(algorithm).set(1)
+    try:
+        pipe = client.pipeline()
+        key = redis_keys.redis_speculative(run)
+        pipe.hincrby(key, field(STEPS, worker), steps)
+        pipe.hincrby(key, field(TOKENS, worker), tokens)
+        if algorithm:
+            pipe.hset(key, field(ALGORITHM, worker), algorithm)
+        pipe.execute()
+    except redis.RedisError as err:
+        log.warning("run %s: speculative figures not recorded: %s", run, err)
