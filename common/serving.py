@@ -176,6 +176,19 @@ def shell_line(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
+_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
+
+
+def shown_argv(argv: Sequence[str]) -> str:
+    """The command line for logs, with the values of secret flags hidden."""
+    shown, hide = [], False
+    for part in argv:
+        name, eq, _ = part.partition("=")
+        shown.append("***" if hide else f"{name}=***" if eq and name in _SECRET_FLAGS else part)
+        hide = part in _SECRET_FLAGS
+    return shlex.join(shown)
+
+
 def flags_of(argv: Sequence[str]) -> list[str]:
     """The ``--flag`` names in an argv (``--flag=value`` counts as ``--flag``)."""
     return [part.split("=", 1)[0] for part in argv if part.startswith("--")]

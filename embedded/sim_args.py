@@ -8,11 +8,15 @@ import argparse
 import json
 from pathlib import Path
 
+from embedded import sim_spec
 from embedded.sim_model import ANSWER_MODES
 
 DEFAULT_CONTEXT = 32768  # a model directory that states none
 SGLANG_FLAGS = ("model_path", "tp", "mem_fraction_static", "served_model_name",
-                "context_length", "enable_metrics")
+                "context_length", "enable_metrics", "speculative_algorithm",
+                "speculative_num_steps", "speculative_eagle_topk",
+                "speculative_num_draft_tokens", "mamba_radix_cache_strategy")
+DEFAULT_MAX_RUNNING = 64
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=30000, help="0 picks a free port (printed)")
     add("--tokenizer", type=Path, help="HF tokenizer directory (default: built-in vocabulary)")
-    add("--max-running", "--max-running-requests", dest="max_running", type=int, default=64,
-        help="batch cap; more requests queue")
+    add("--max-running", "--max-running-requests", dest="max_running", type=int,
+        help=f"batch cap; more requests queue [default: {DEFAULT_MAX_RUNNING}; "
+             f"{sim_spec.SPEC_MAX_RUNNING} with speculative decoding, as SGLang]")
     add("--decode-base-ms", type=float, default=2.0)
     add("--decode-per-req-ms", type=float, default=0.05)
     add("--prefill-per-token-us", type=float, default=20.0)
@@ -49,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     sglang.add_argument("--api-key", help="requests without it are answered 401")
     sglang.add_argument("--enable-metrics", action="store_true", default=None,
                         help="serve /metrics (SGLang serves it only then)")
+    sglang.add_argument("--mamba-radix-cache-strategy",
+                        choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
+    sim_spec.add_arguments(p.add_argument_group(
+        "speculative decoding (SGLang's flags, and the modelled acceptance)"))
     return p
 
 

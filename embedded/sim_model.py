@@ -15,19 +15,17 @@ The degenerate answer mode replies with exactly six tokens, ``thinking`` ``\\n\\
 ``\\n`` ``OK.`` end-of-turn; under a tokenizer each piece is its longest single-token prefix.
 Other faulty modes (``empty``, ``unclosed``, ``leak``: see :func:`plan_output`) exercise the
 quality gates; ``--answer-mode-rate`` applies a mode to only a fraction of the prompts.
-Timing: :class:`Scheduler` (formula in the docstring of :mod:`embedded.simulator`).
+Timing: :class:`embedded.sim_scheduler.Scheduler` (formula in the docstring of
+:mod:`embedded.simulator`; speculative decoding in :mod:`embedded.sim_spec`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import random
 import zlib
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -196,111 +194,3 @@ def finish(full: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[li
     if len(ids) > max_new_tokens:
         return ids[:max_new_tokens], {"type": "length", "length": max_new_tokens}
     return ids, {"type": "stop", "matched": ids[-1]}
-
-
-@dataclass
-class LatencyModel:
-    max_running: int = 64
-    decode_base_ms: float = 2.0
-    decode_per_req_ms: float = 0.05
-    prefill_per_token_us: float = 20.0
-    time_scale: float = 1.0
-
-    def step_s(self, running: int, prefill_tokens: int) -> float:
-        """Wall seconds of one scheduler step."""
-        ms = (self.decode_base_ms + self.decode_per_req_ms * running
-              + self.prefill_per_token_us * prefill_tokens / 1000)
-        return ms * self.time_scale / 1000
-
-
-@dataclass(eq=False)
-class _Job:
-    prompt_len: int
-    remaining: int
-    done: asyncio.Future[None]
-
-
-@dataclass
-class Scheduler:
-    """Continuous batching: one loop steps every running request; the rest wait in a queue."""
-
-    model: LatencyModel
-    queue: deque[_Job] = field(default_factory=deque)
-    running: list[_Job] = field(default_factory=list)
-    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("requests", "completed", "aborted", "max_running_seen", "generated_tokens",
-         "prompt_tokens"), 0))
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    by_rid: dict[str, _Job] = field(default_factory=dict)
-
-    # Timers fire late (epoll has 1 ms resolution): steps keep to a deadline and catch up, but
-    # never by more than this, so a stalled process does not burst afterwards.
-    MAX_LAG_S = 0.1
-
-    async def run(self, prompt_len: int, n_tokens: int, rid: str | None = None) -> int:
-        """Decode ``n_tokens`` for a prompt; returns how many were decoded (fewer if aborted)."""
-        job = _Job(prompt_len, n_tokens, asyncio.get_running_loop().create_future())
-        if rid is not None:
-            self.by_rid[rid] = job
-        self.queue.append(job)
-        self._wake.set()
-        try:
-            await job.done
-        finally:
-            self.by_rid.pop(rid, None)
-        return n_tokens - job.remaining
-
-    def abort(self, rid: str) -> None:
-        """End one request now (SGLang's /abort_request); an unknown rid is ignored."""
-        job = self.by_rid.get(rid)
-        if job is not None and not job.done.done():
-            job.done.set_result(None)   # the step loop drops it and counts it aborted
-
-    def abort_all(self) -> None:
-        """End every queued and running request now (on shutdown)."""
-        for job in [*self.running, *self.queue]:
-            if not job.done.done():
-                job.done.set_result(None)
-                self.stats["aborted"] += 1
-        self.running, self.queue = [], deque()
-
-    async def loop(self) -> None:
-        """Step forever: admit up to the cap, sleep one step, emit one token per request."""
-        clock = asyncio.get_running_loop()
-        deadline = clock.time()
-        while True:
-            if not self.running and not self.queue:
-                self._wake.clear()
-                await self._wake.wait()
-                deadline = clock.time()
-            prefill = 0
-            while self.queue and len(self.running) < self.model.max_running:
-                job = self.queue.popleft()
-                if not job.done.done():  # the client may have gone away while queued
-                    self.running.append(job)
-                    prefill += job.prompt_len
-            self.stats["prompt_tokens"] += prefill
-            self.stats["max_running_seen"] = max(self.stats["max_running_seen"],
-                                                 len(self.running))
-            deadline += self.model.step_s(len(self.running), prefill)
-            lag = clock.time() - deadline
-            if lag > self.MAX_LAG_S:
-                deadline += lag
-            await asyncio.sleep(max(0.0, -lag))
-            self._emit()
-
-    def _emit(self) -> None:
-        still = []
-        for job in self.running:
-            if job.done.done():
-                self.stats["aborted"] += 1
-                continue
-            if job.remaining > 0:
-                job.remaining -= 1
-                self.stats["generated_tokens"] += 1
-            if job.remaining == 0:
-                job.done.set_result(None)
-                self.stats["completed"] += 1
-            else:
-                still.append(job)
-        self.running = still

@@ -9,6 +9,8 @@ also the tokenizer when it holds one)::
         [--prefill-per-token-us 20] [--len-mu 5.3] [--len-sigma 0.8] [--seed 0]
         [--time-scale 1.0] [--answer-mode normal|degenerate|empty|unclosed|leak]
         [--answer-mode-rate 1] [--fail-rate 0] [--startup-delay 0]
+        [--speculative-algorithm NEXTN [--speculative-num-steps 3] [--accept-length 2.5]
+         [--draft-step-ms 0.2]]
 
 It prints ``simulator listening on http://HOST:PORT`` when ready and exits cleanly on SIGTERM.
 Endpoints: ``POST /generate`` (SGLang's native shape, ``input_ids`` only, a list of lists for a
@@ -23,14 +25,17 @@ status and words (tests/test_sglang_real.py holds the two side by side): a promp
 ``max_new_tokens`` beyond it, sampling values outside SGLang's limits.
 
 Latency model: one asyncio loop steps all running requests together (continuous batching). At
-most --max-running requests run; the rest queue in arrival order. Each step lasts::
+most --max-running requests run (64; 48 with speculative decoding, as SGLang); the rest queue in
+arrival order. Each step lasts::
 
-    step_ms = decode_base_ms + decode_per_req_ms * running + prefill_per_token_us / 1000 * P
+    step_ms = decode_base_ms + decode_per_req_ms * tokens + prefill_per_token_us / 1000 * P
 
-where ``running`` counts the requests in the step and ``P`` the prompt tokens of the requests
-admitted at its start (they pay their prefill there). Every running request emits one token per
-step and is answered after its last one, so throughput grows with concurrency up to the cap and
-is flat beyond it. --time-scale multiplies every duration (steps and --startup-delay).
+where ``tokens`` counts the tokens the step decodes (one per running request; with speculative
+decoding, S + 1 verified per request past its prefill, plus S x --draft-step-ms for the drafts:
+:mod:`embedded.sim_spec`) and ``P`` the prompt tokens of the requests admitted at its start (they
+pay their prefill there). Every running request emits one token per step (a verify step: the
+drafts it accepts, plus one) and is answered after its last one, so throughput grows with
+concurrency up to the cap and is flat beyond it. --time-scale multiplies every duration.
 
 Output (details in :mod:`embedded.sim_model`): ``<think>`` reasoning ``</think>\\n\\n``
 answer ``<|im_end|>``, lognormal length (median ``exp(len_mu)``, ~200 tokens), fixed by --seed and
@@ -56,13 +61,17 @@ from aiohttp import web
 
 from embedded.sim_args import (
     DEFAULT_CONTEXT,
+    DEFAULT_MAX_RUNNING,
     SGLANG_FLAGS,
     build_parser,
     model_context,
     tokenizer_path,
 )
-from embedded.sim_model import LatencyModel, Scheduler, Vocab, finish, plan_output
+from embedded.sim_info import metrics_text, server_info_body
+from embedded.sim_model import Vocab, finish, plan_output, request_rng
 from embedded.sim_requests import BadRequest, check_context, parse_generate, parse_sampling
+from embedded.sim_scheduler import LatencyModel, Scheduler
+from embedded.sim_spec import SPEC_MAX_RUNNING, spec_model
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +88,10 @@ class Simulator:
     def __init__(self, args: argparse.Namespace, tokenizer: Path | None) -> None:
         self.args = args
         self.vocab = Vocab(tokenizer)
+        self.spec = spec_model(args)
         self.scheduler = Scheduler(LatencyModel(
             args.max_running, args.decode_base_ms, args.decode_per_req_ms,
-            args.prefill_per_token_us, args.time_scale))
+            args.prefill_per_token_us, args.time_scale, self.spec))
         self.stats = self.scheduler.stats
         self.stats["failed"] = 0
         self._fail_rng = random.Random(args.seed)
@@ -130,17 +140,21 @@ class Simulator:
         return None
 
     async def _run(self, ids: list[int], max_new: int, stops: set[int],
-                   rid: str | None = None) -> tuple[list[int], dict, float]:
+                   rid: str | None = None) -> tuple[list[int], dict, float, dict]:
         started = time.monotonic()
         self.stats["requests"] += 1
         full = plan_output(self.vocab, ids, self.args.seed, self.args.answer_mode,
                            self.args.len_mu, self.args.len_sigma, self.args.answer_mode_rate)
         out, reason = finish(full, max_new, stops | {self.vocab.eot})
-        decoded = await self.scheduler.run(len(ids), len(out), rid)
+        # Draws of accepted drafts fixed by the prompt too (the output ids never depend on them).
+        rng = request_rng(self.args.seed + 1, ids) if self.spec else None
+        job = await self.scheduler.run(len(ids), len(out), rid, rng)
+        decoded = len(out) - job.remaining
         if decoded < len(out):   # SGLang's words and shape for an aborted request
             out, reason = out[:decoded], {"type": "abort", "message": "Aborted",
                                           "status_code": None, "err_type": None}
-        return out, reason, time.monotonic() - started
+        spec = job.spec.meta_info(len(out), self.spec.steps) if self.spec else {}
+        return out, reason, time.monotonic() - started, spec
 
     async def generate(self, request: web.Request) -> web.Response:
         if (refused := self._unavailable()) is not None:
@@ -160,9 +174,9 @@ class Simulator:
             "meta_info": {"id": rid if isinstance(rid, str) else uuid.uuid4().hex,
                           "finish_reason": reason, "prompt_tokens": len(ids),
                           "completion_tokens": len(out), "cached_tokens": 0,
-                          "e2e_latency": latency},
-        } for (out, reason, latency), ids, sampling, rid in zip(results, prompts, params, rids,
-                                                                strict=True)]
+                          "e2e_latency": latency, **spec},
+        } for (out, reason, latency, spec), ids, sampling, rid in zip(results, prompts, params,
+                                                                      rids, strict=True)]
         return web.json_response(outs if batch else outs[0])
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -182,7 +196,7 @@ class Simulator:
         prompt = "".join(f"<|im_start|>{m.get('role')}\n{m['content']}<|im_end|>\n"
                          for m in messages) + "<|im_start|>assistant\n"
         ids = self.vocab.encode(prompt)
-        out, reason, _ = await self._run(ids, max_new, stops)
+        out, reason, _, _ = await self._run(ids, max_new, stops)
         text = self.vocab.decode(out)
         # Like SGLang's reasoning parser: a reply cut inside its think block is all reasoning.
         head, sep, tail = text.partition("</think>")
@@ -226,12 +240,8 @@ class Simulator:
             "max_model_len": self.context}]})
 
     async def server_info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "version": "simulator", "max_req_input_len": self.context - 6,
-            "context_length": self.args.context_length,
-            "max_running_requests": self.args.max_running,
-            "internal_states": [{"effective_max_running_requests_per_dp":
-                                 self.args.max_running}]})
+        return web.json_response(server_info_body(self.args, self.context, self.spec,
+                                                  self.stats))
 
     def snapshot(self) -> dict[str, int]:
         return {**self.stats, "running": len(self.scheduler.running),
@@ -241,18 +251,8 @@ class Simulator:
         return web.json_response(self.snapshot())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        s, label = self.snapshot(), f'{{model_name="{self.model_name}"}}'
-        rows = [("sglang:num_running_reqs", "gauge", "Running requests.", s["running"]),
-                ("sglang:num_queue_reqs", "gauge", "Queued requests.", s["queued"]),
-                ("sglang:generation_tokens_total", "counter", "Generation tokens processed.",
-                 s["generated_tokens"]),
-                ("sglang:prompt_tokens_total", "counter", "Prefill tokens processed.",
-                 s["prompt_tokens"]),
-                ("sglang:num_requests_total", "counter", "Requests completed.", s["completed"]),
-                ("sim_max_running_reqs", "gauge", "The simulator's batch cap.",
-                 self.args.max_running)]
-        text = "".join(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n{name}{label} {float(v)}\n"
-                       for name, kind, doc, v in rows)
+        text = metrics_text(self.snapshot(), self.model_name, self.args.max_running,
+                            self.spec is not None)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
@@ -282,6 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the command line and serve."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        spec = spec_model(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.max_running is None:   # SGLang caps a speculative server at 48 unless told
+        args.max_running = SPEC_MAX_RUNNING if spec else DEFAULT_MAX_RUNNING
     if args.max_running < 1 or args.time_scale <= 0 or not 0 <= args.fail_rate <= 1:
         parser.error("need --max-running >= 1, --time-scale > 0 and 0 <= --fail-rate <= 1")
     logging.basicConfig(level=args.log_level.upper(),

@@ -17,7 +17,6 @@ import click
 from common.cli import command_option, common_options, setting_option
 from common.config import Settings, load_settings
 from common.entry_points import COMMANDS, EntryPointGroup
-from common.errors import DflashError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
 from common.inputs.layouts import FORMATS
 from producer.services import open_services as _services
@@ -280,43 +279,6 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
         sys.exit(EXIT_FAILURE)
 
 
-@main.command()
-@setting_option("engine_url", required=True, show_default=False,
-                help="SGLang-protocol server to measure, e.g. http://127.0.0.1:30000.")
-@click.option("--concurrency", default="16,64,256", show_default=True,
-              help="Comma-separated numbers of requests kept in flight.")
-@click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Requests per concurrency level.")
-@click.option("--prompt-len", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Prompt tokens per request.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Generation budget per request.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
-def bench(engine_url: str, concurrency: str, num: int, prompt_len: int, max_new_tokens: int,
-          as_json: bool) -> None:
-    """Measure output tokens/s, requests/s and latency of an engine at several concurrencies."""
-    from producer.bench import render_table, run_bench
-
-    try:
-        levels = [int(c) for c in concurrency.split(",") if c.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{concurrency!r} is not a comma-separated list of integers",
-                                 param_hint="--concurrency") from None
-    if not levels or min(levels) < 1:
-        raise click.BadParameter("give at least one positive concurrency",
-                                 param_hint="--concurrency")
-    try:
-        rows = run_bench(engine_url, levels, num, prompt_len, max_new_tokens)
-    except DflashError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_FAILURE)
-    if as_json:
-        best = max(rows, key=lambda r: r.tokens_per_s)
-        dump_json({"rows": [r.to_json() for r in rows], "best_concurrency": best.concurrency})
-    else:
-        click.echo(render_table(rows))
-
-
 def _unescape(template: str | None) -> str | None:
     """Let a shell user write a newline in --prompt-template as \\n (and a tab as \\t)."""
     return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")
@@ -327,6 +289,7 @@ def dump_json(obj: Any) -> None:
 
 
 # Commands defined beside what they run; the stages' join through the entry points (COMMANDS).
+from producer.bench_command import bench  # noqa: E402
 from producer.dataset_export import export_dataset_command  # noqa: E402
 from producer.demo_command import demo  # noqa: E402
 from producer.doctor.command import doctor_command  # noqa: E402
@@ -335,9 +298,9 @@ from producer.plan import plan_storage  # noqa: E402
 from producer.report import report_command  # noqa: E402
 from producer.ui.command import ui_command  # noqa: E402
 
-for command in (demo, plan_storage, export_dataset_command, doctor_command(common_options),
-                serve_command_command(common_options), report_command(common_options),
-                ui_command(common_options)):
+for command in (bench(common_options), demo, plan_storage, export_dataset_command,
+                doctor_command(common_options), serve_command_command(common_options),
+                report_command(common_options), ui_command(common_options)):
     main.add_command(command)
 
 

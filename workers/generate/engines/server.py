@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from common.config import Settings
 from common.errors import EngineError
-from common.serving import engine_command
+from common.serving import engine_command, shown_argv
 from workers.generate.engines.supervisor import SUPERVISOR_MODULE
 from workers.preflight import (
     EnginePidFile,
@@ -46,19 +45,6 @@ def server_command(settings: Settings, model_path: Path,
     """The launch command (:func:`common.serving.engine_command`, shared with ``bench --run``);
     ``{port}``, ``{model}``, ``{gpu}``, ``{tp}`` and ``{engine_args}`` are filled in."""
     return engine_command(settings, model_path, mtp_args)
-
-
-_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
-
-
-def shown_argv(argv: list[str]) -> str:
-    """The command line for logs, with the values of secret flags hidden."""
-    shown, hide = [], False
-    for part in argv:
-        name, eq, _ = part.partition("=")
-        shown.append("***" if hide else f"{name}=***" if eq and name in _SECRET_FLAGS else part)
-        hide = part in _SECRET_FLAGS
-    return shlex.join(shown)
 
 
 # SGLang's /health runs a one-token generation: 1 s or more, up to 20 s on a busy engine.

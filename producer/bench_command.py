@@ -1,0 +1,143 @@
+"""``dflash-pipeline bench``: an engine's throughput, on synthetic prompts or a run's own.
+
+    dflash-pipeline bench --engine-url http://127.0.0.1:30000 --concurrency 16,64,256
+    dflash-pipeline bench --run qwen36 --engine sglang --gpu 0 --concurrency 32,128 --gpus 8
+
+With ``--run`` the engine is started as the worker starts it, once per ``--mtp`` configuration,
+and the table ends with the run's projected hours per configuration (:mod:`producer.bench_run`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from common.cli import command_option, setting_option
+from common.config import Settings
+from common.errors import DflashError, OptionRefused
+from common.exit_codes import EXIT_FAILURE
+
+DEFAULT_LEVELS, DEFAULT_PROMPT_LEN, DEFAULT_MAX_NEW = "16,64,256", 256, 512
+MODES = ("off", "on")
+
+
+def _levels(concurrency: str) -> list[int]:
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{concurrency!r} is not a comma-separated list of integers",
+                                 param_hint="--concurrency") from None
+    if not levels or min(levels) < 1:
+        raise click.BadParameter("give at least one positive concurrency",
+                                 param_hint="--concurrency")
+    return levels
+
+
+def _modes(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    modes = [m.strip() for m in value.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes) or len(set(modes)) < len(modes):
+        raise click.BadParameter(f"{value!r}: give off, on or off,on", param_hint="--mtp")
+    return modes
+
+
+def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) -> click.Command:
+    """The ``bench`` command, wrapped in the CLI's shared options."""
+
+    @click.command("bench")
+    @command_option("run", help="Bench the run's own prompts (their lengths, template, "
+                                "thinking and sampling) on an engine started as the workers "
+                                "start it, and project the run's hours.")
+    @setting_option("engine_url", show_default=False,
+                    help="SGLang-protocol server to measure as it runs, e.g. "
+                         "http://127.0.0.1:30000 (needed without --run).")
+    @click.option("--concurrency", default=DEFAULT_LEVELS, show_default=True,
+                  help="Comma-separated numbers of requests kept in flight.")
+    @click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,
+                  help="Requests per concurrency level (--run: prompts drawn from the run).")
+    @click.option("--prompt-len", type=click.IntRange(min=1), default=None,
+                  help=f"Prompt tokens per synthetic request [default: {DEFAULT_PROMPT_LEN}; "
+                       "--run: the run's own].")
+    @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+                  help=f"Generation budget per synthetic request [default: {DEFAULT_MAX_NEW}; "
+                       "--run: the run's own].")
+    @click.option("--mtp", "mtp_modes", default=None,
+                  help="--run: configurations to measure, off, on or off,on [default: off,on "
+                       "where the target states an MTP head that keeps the run's sampling, "
+                       "else off].")
+    @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="--run: GPUs the projection divides the run over (engines: gpus / tp).")
+    @setting_option("model", show_default=False,
+                    help="--run: the target directory on this host [default: the run's].")
+    @setting_option("engine", type=click.Choice(["cpu", "sglang"]), help="Generation engine.")
+    @setting_option("engine_cmd", help="Replace the engine launch command, as the worker's.")
+    @setting_option("engine_args", help="Extra SGLang launch flags, as the worker's.")
+    @setting_option("engine_python", help="Python that runs `-m sglang.launch_server`.")
+    @setting_option("gpu", type=click.IntRange(min=0), show_default=False,
+                    help="First GPU of the engine (CUDA_VISIBLE_DEVICES) [unset: as visible].")
+    @setting_option("tp", type=click.IntRange(min=1), help="Tensor-parallel size.")
+    @setting_option("mem_fraction_static", help="SGLang --mem-fraction-static.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+    @common_options
+    def command(settings: Settings, run: str | None, engine_url: str | None, concurrency: str,
+                num: int, prompt_len: int | None, max_new_tokens: int | None,
+                mtp_modes: str | None, gpus: int, model: str | None, gpu: int | None,
+                as_json: bool, **overrides: Any) -> None:
+        """Measure output tokens/s, requests/s, latency and accept length at several
+        concurrencies; with --run, on the run's own prompts, with MTP off and on, and project
+        the run's hours."""
+        levels, modes = _levels(concurrency), _modes(mtp_modes)
+        if run is None:
+            _synthetic(engine_url, levels, num, prompt_len or DEFAULT_PROMPT_LEN,
+                       max_new_tokens or DEFAULT_MAX_NEW, mtp_modes, as_json)
+            return
+        for given, name in ((prompt_len, "--prompt-len"), (max_new_tokens, "--max-new-tokens")):
+            if given is not None:
+                raise OptionRefused(f"{name} is for synthetic prompts; --run asks with the "
+                                    "run's own")
+        settings = replace(settings, engine_url=engine_url or "",
+                           **{k: v for k, v in overrides.items() if v is not None})
+        if gpus < settings.tp:
+            raise OptionRefused(f"--gpus {gpus} holds no engine of --tp {settings.tp}")
+        from producer.bench_run import bench_run
+        from producer.projection import render_projection
+
+        rows, projection = bench_run(settings, run, modes, levels, num, gpus, model, gpu)
+        if as_json:
+            click.echo(json.dumps({"rows": [r.to_json() for r in rows],
+                                   "projection": projection.to_json()}, sort_keys=True))
+        else:
+            from producer.bench import render_table
+
+            click.echo(render_table(rows) + "\n" + render_projection(projection))
+
+    return command
+
+
+def _synthetic(engine_url: str | None, levels: list[int], num: int, prompt_len: int,
+               max_new_tokens: int, mtp_modes: str | None, as_json: bool) -> None:
+    """The bench of a running server on synthetic prompts (no run)."""
+    from producer.bench import render_table, run_bench
+
+    if not engine_url:
+        raise click.UsageError("give --engine-url (a running server), or --run RUN")
+    if mtp_modes is not None:
+        raise click.UsageError("--mtp needs --run (the bench starts the engine per "
+                               "configuration)")
+    try:
+        rows = run_bench(engine_url, levels, num, prompt_len, max_new_tokens)
+    except DflashError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILURE)
+    if as_json:
+        best = max(rows, key=lambda r: r.tokens_per_s)
+        click.echo(json.dumps({"rows": [r.to_json() for r in rows],
+                               "best_concurrency": best.concurrency}, sort_keys=True))
+    else:
+        click.echo(render_table(rows))
