@@ -15,7 +15,7 @@ DEFAULT_CONTEXT = 32768  # a model directory that states none
 SGLANG_FLAGS = ("model_path", "tp", "mem_fraction_static", "served_model_name",
                 "context_length", "enable_metrics", "speculative_algorithm",
                 "speculative_num_steps", "speculative_eagle_topk",
-                "speculative_num_draft_tokens", "mamba_radix_cache_strategy")
+                "speculative_num_draft_tokens", "mamba_radix_cache_strategy", "device")
 DEFAULT_MAX_RUNNING = 64
 
 
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sglang.add_argument("--api-key", help="requests without it are answered 401")
     sglang.add_argument("--enable-metrics", action="store_true", default=None,
                         help="serve /metrics (SGLang serves it only then)")
+    sglang.add_argument("--device", help="where SGLang would run (logged: the worker reads it)")
     sglang.add_argument("--mamba-radix-cache-strategy",
                         choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
     sim_spec.add_arguments(p.add_argument_group(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 
-from celery.signals import worker_init, worker_shutdown, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
 
 from common.celery_app import app
 from common.errors import DflashError
@@ -40,6 +40,14 @@ def _load_engine(sender: object = None, **_: object) -> None:
             metrics.serve(port, lambda: float(getattr(context.engine, "in_flight", 0)))
         except OSError as exc:
             raise SystemExit(f"cannot serve metrics on port {port}: {exc}") from exc
+
+
+@worker_ready.connect
+def _say_mtp(**_: object) -> None:
+    """The worker's one line on MTP (which, and why), once Celery's logging is set up."""
+    mtp = getattr(get_generate_context().engine, "mtp", None)
+    if mtp is not None:
+        log.info("%s", mtp.line())
 
 
 @worker_shutting_down.connect

@@ -29,10 +29,11 @@ def build_engine(settings: Settings) -> Engine:
     model_path = resolve_model_path(settings)
     if settings.engine not in ("cpu", "sglang"):
         raise ConfigError(f"unknown engine {settings.engine!r}; choose cpu or sglang")
-    mtp = choose_mtp(settings, target_shape(model_path))
-    log.info("%s", mtp.line())   # the worker's one line on MTP: which, and why
+    mtp = choose_mtp(settings, target_shape(model_path))   # logged once the worker is ready
     if settings.engine == "cpu":
-        return CpuEngine(model_path, batch_size=settings.batch_size)
+        cpu = CpuEngine(model_path, batch_size=settings.batch_size)
+        cpu.mtp = mtp
+        return cpu
     from transformers import AutoTokenizer
 
     from workers.generate.engines.server import EngineServer, server_command

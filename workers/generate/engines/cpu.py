@@ -23,6 +23,7 @@ class CpuEngine:
 
         self._torch = torch
         self.model_path = model_path
+        self.mtp: Any = None   # the worker's MTP choice (always off: no speculative decoding)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model.eval()
