@@ -51,7 +51,7 @@ class Projection:
 
     def to_json(self) -> dict[str, Any]:
         return {"remaining_output_tokens": self.remaining_output_tokens, "gpus": self.gpus,
-                "hours": {m: round(h, 2) for m, h in self.hours.items()}, "best": self.best,
+                "hours": {m: round(h, 6) for m, h in self.hours.items()}, "best": self.best,
                 "remaining_samples": self.remaining_samples,
                 "output_tokens_per_sample": round(self.tokens_per_sample, 1),
                 "tokens_per_sample_from": self.source, "tp": self.tp, "engines": self.engines,

@@ -121,7 +121,11 @@ def check_mamba_cache(shape: TargetShape, engine_args: str, concurrency: int,
     requests wanted (``--max-running-requests`` or the worker's in-flight cap) caps them. None
     when it does not apply: a dense target, or no speculative decoding and no drafter to serve.
     """
-    from common.serving import mamba_slots_per_request, spec_settings
+    from common.serving import (
+        mamba_slots_per_request,
+        mamba_spec_states_per_request,
+        spec_settings,
+    )
 
     spec = spec_settings(engine_args)
     if not shape.is_hybrid or (spec.algorithm is None and drafter_block_size is None):
@@ -130,6 +134,9 @@ def check_mamba_cache(shape: TargetShape, engine_args: str, concurrency: int,
     running = spec.max_running_requests or concurrency
     ratio = mamba_slots_per_request(engine_args)
     per_request = f"{ratio} state slots per running request (SGLang's ratio)"
+    drafts = mamba_spec_states_per_request(engine_args)
+    if drafts:   # SGLang reserves them apart from the cache: per request x (running + 1) x D
+        per_request += f", and {drafts} intermediate states while its drafts are verified"
     layers = f"{len(shape.linear_attention_layers)} linear-attention layers"
     if spec.max_mamba_cache_size is None:
         return CheckResult(name, ok=True,
