@@ -81,6 +81,14 @@ def project(rows: Sequence[BenchRow], remaining_samples: int,
                       {m: r.concurrency for m, r in best.items()})
 
 
+def _duration(hours: float) -> str:
+    if hours >= 24:
+        return f"{hours:,.1f} h ({hours / 24:,.2f} days)"
+    if hours >= 1:
+        return f"{hours:,.2f} h"
+    return f"{hours * 60:,.1f} min" if hours >= 1 / 60 else f"{hours * 3600:,.1f} s"
+
+
 def render_projection(p: Projection) -> str:
     """The projection under the bench table: what is left, then hours per configuration."""
     lines = [f"projection: {p.remaining_samples:,} samples left x "
@@ -89,8 +97,8 @@ def render_projection(p: Projection) -> str:
              + (f" ({p.engines} engines of tp {p.tp})" if p.tp > 1 else "")]
     hours = p.hours
     for mode, h in sorted(hours.items(), key=lambda kv: kv[1]):
-        lines.append(f"  mtp {mode:<3}: {h:,.1f} h ({h / 24:,.2f} days) at concurrency "
-                     f"{p.concurrency[mode]}, {p.rates[mode]:,.1f} output tok/s per engine")
+        lines.append(f"  mtp {mode:<3}: {_duration(h)} at concurrency {p.concurrency[mode]}, "
+                     f"{p.rates[mode]:,.1f} output tok/s per engine")
     if p.best is not None and len(hours) > 1:
         worst = max(hours.values())
         lines.append(f"best: mtp {p.best} ({worst / hours[p.best]:.2f}x faster than the slowest)"
