@@ -3,7 +3,8 @@
 Imported only when :func:`embedded.tinymodel.ensure_tiny_model` finds no cached build, so that
 processes that merely locate the model never import torch for it. The dense and hybrid targets
 share the tokenizer, corpus and training recipe; the hybrid's architecture is
-:mod:`embedded.tinyhybrid`; tiny-mimo is built from tiny-qwen3 by :mod:`embedded.tinymimo`.
+:mod:`embedded.tinyhybrid`; tiny-mimo is built from tiny-qwen3 by :mod:`embedded.tinymimo`
+with the same pieces.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,7 +28,6 @@ from embedded.tinyconsts import (
     IM_END,
     IM_START,
     THINK,
-    TINY_MIMO,
     TINY_QWEN3,
     TINY_QWEN3_5,
     TOOL_TOKENS,
@@ -226,24 +227,27 @@ def _spare_rows(model: Qwen3ForCausalLM, tokenizer_size: int) -> None:
         model.get_input_embeddings().weight[tokenizer_size:] = 0.0
 
 
-def build(dest: Path, name: str = TINY_QWEN3) -> None:
-    """Train tokenizer and model ``name`` and save them, loadable by ``from_pretrained``."""
-    if name not in (TINY_QWEN3, TINY_QWEN3_5, TINY_MIMO):
-        raise ValueError(f"unknown tiny model {name!r}")
+@contextmanager
+def build_threads() -> Iterator[None]:
+    """Torch on ``_BUILD_THREADS`` threads for a build, restored after it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(_BUILD_THREADS)
     try:
-        if name == TINY_MIMO:   # from the cached tiny-qwen3 beside it (built first if need be)
-            from embedded import tinymimo
-            from embedded.tinymodel import ensure_tiny_model
-
-            tinymimo.build(dest, ensure_tiny_model(dest.parent, TINY_QWEN3))
-        elif name == TINY_QWEN3_5:
-            _build(dest, name, tinyhybrid.build_lm, _HYBRID_TRAIN_STEPS, hybrid=True)
-        else:
-            _build(dest, name, _build_model, _TRAIN_STEPS, hybrid=False)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def build(dest: Path, name: str = TINY_QWEN3) -> None:
+    """Train tokenizer and model ``name`` and save them, loadable by ``from_pretrained``."""
+    if name == TINY_QWEN3_5:
+        make, steps, hybrid = tinyhybrid.build_lm, _HYBRID_TRAIN_STEPS, True
+    elif name == TINY_QWEN3:
+        make, steps, hybrid = _build_model, _TRAIN_STEPS, False
+    else:
+        raise ValueError(f"unknown tiny model {name!r}")
+    with build_threads():
+        _build(dest, name, make, steps, hybrid=hybrid)
 
 
 def _build(dest: Path, name: str,

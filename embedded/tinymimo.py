@@ -140,6 +140,11 @@ def _train_mtp(trunk: Qwen2ForCausalLM, head: MtpLayer,
 
 def build(dest: Path, base_dir: Path) -> None:
     """Build tiny-mimo into ``dest`` from the tiny-qwen3 build at ``base_dir``."""
+    with tinybuild.build_threads():
+        _build(dest, base_dir)
+
+
+def _build(dest: Path, base_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(base_dir)
     base = Qwen3ForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     rng = random.Random(_SEED)
