@@ -106,8 +106,9 @@ def _trunk(base: Qwen3ForCausalLM) -> Qwen2ForCausalLM:
     model = Qwen2ForCausalLM(_config(base))
     weights = {k: v for k, v in base.state_dict().items() if "_norm." not in k}
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not unexpected and all(k.endswith("_proj.bias") for k in missing), (missing,
-                                                                                unexpected)
+    if unexpected or not all(k.endswith("_proj.bias") for k in missing):
+        raise RuntimeError(f"tiny-qwen3's weights do not fit a Qwen2 model: missing {missing}, "
+                           f"unexpected {unexpected}")
     for name, tensor in model.named_parameters():
         if name.endswith("_proj.bias"):
             torch.nn.init.zeros_(tensor)
