@@ -21,6 +21,9 @@ from common.errors import ConfigError
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions")
+# Where a config states the checkpoint's own MTP head: Qwen3.5/3.6 and Qwen3-Next
+# (``mtp_num_hidden_layers``); MiMo, DeepSeek-V3 and GLM-4.5 (``num_nextn_predict_layers``).
+MTP_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "mtp")
 
 
 def _text_settings(data: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +119,7 @@ class TargetShape:
             vocab_size=vocab, context_length=context,
             dtype=str(dtype) if isinstance(dtype, str) else None,
             tie_word_embeddings=bool(tied), rope_theta=_rope_theta(text),
-            has_mtp=bool(text.get("mtp_num_hidden_layers") or text.get("mtp")),
+            has_mtp=any(text.get(k) for k in MTP_KEYS),
             **_layer_shape(text, hidden),
         )
 

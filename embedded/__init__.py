@@ -3,6 +3,7 @@
     tinymodel.py / tinybuild.py / tinycorpus.py   build, train and cache a tiny CPU model
     tinyconsts.py                                 their names, versions, specials, chat template
     tinyhybrid.py                                 tiny-qwen3.5's architecture (Qwen3.6's shape)
+    tinymimo.py                                   tiny-mimo: dense with an MTP head (MiMo's shape)
     simulator.py / sim_model.py / sim_requests.py / sim_args.py
                                                   an SGLang-protocol server on CPU
         (``python -m embedded.simulator``), for tests, benchmarks and the demo without a GPU

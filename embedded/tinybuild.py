@@ -1,8 +1,10 @@
 """Building an embedded tiny model: tokenizer training, model init, a short training run.
 
 Imported only when :func:`embedded.tinymodel.ensure_tiny_model` finds no cached build, so that
-processes that merely locate the model never import torch for it. Both tiny targets share the
-tokenizer, corpus and training recipe; the hybrid's architecture is :mod:`embedded.tinyhybrid`.
+processes that merely locate the model never import torch for it. The dense and hybrid targets
+share the tokenizer, corpus and training recipe; the hybrid's architecture is
+:mod:`embedded.tinyhybrid`; tiny-mimo is built from tiny-qwen3 by :mod:`embedded.tinymimo`
+with the same pieces.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -43,7 +46,7 @@ _HYBRID_TRAIN_STEPS = 600
 # spin-waits made a dense step 5-10x slower (20 steps: 54 s with 2 threads, 6-12 s with 1, at a
 # load average of 6); one thread count also makes every build bit-identical.
 _BUILD_THREADS = 1
-_BATCH = 4
+BATCH = 4
 _MAX_LEN = 320
 _LR = 3e-3
 _STRUCT_WEIGHT = 4.0
@@ -129,14 +132,28 @@ def _encode(
     return ids, [-100] * len(prompt_ids) + ids[len(prompt_ids) :]
 
 
-def _batches(
+def training_examples(tok: PreTrainedTokenizerFast, count: int, rng: random.Random,
+                      mt_prompts: list[str] | None = None) -> list[tuple[list[int], list[int]]]:
+    """``count`` encoded synthetic conversations (ids, labels) drawn with ``rng``."""
+    mt_prompts = tinycorpus.load_mt_bench_prompts() if mt_prompts is None else mt_prompts
+    examples = []
+    while len(examples) < count:
+        # One in ten examples uses enable_thinking=False, so that mode yields answers too.
+        thinking = rng.random() >= 0.1
+        encoded = _encode(tok, tinycorpus.conversation(rng, mt_prompts), thinking)
+        if encoded is not None:
+            examples.append(encoded)
+    return examples
+
+
+def make_batches(
     examples: list[tuple[list[int], list[int]]], pad_id: int, rng: random.Random
 ) -> list[dict[str, torch.Tensor]]:
     """Length-bucketed, right-padded batches in shuffled order (little compute spent on pads)."""
     examples = sorted(examples, key=lambda e: len(e[0]))
     out = []
-    for i in range(0, len(examples) - _BATCH + 1, _BATCH):
-        chunk = examples[i : i + _BATCH]
+    for i in range(0, len(examples) - BATCH + 1, BATCH):
+        chunk = examples[i : i + BATCH]
         width = max(len(ids) for ids, _ in chunk)
         ids = torch.full((len(chunk), width), pad_id)
         labels = torch.full((len(chunk), width), -100)
@@ -150,7 +167,7 @@ def _batches(
     return out
 
 
-def _structure_weights(tok: PreTrainedTokenizerFast) -> torch.Tensor:
+def structure_weights(tok: PreTrainedTokenizerFast) -> torch.Tensor:
     """Per-vocabulary loss weight: markup and punctuation count ``_STRUCT_WEIGHT`` times a word."""
     markup = set(tok.all_special_ids) | set(tok.convert_tokens_to_ids([THINK, END_THINK]))
     weights = torch.ones(len(tok))
@@ -160,7 +177,7 @@ def _structure_weights(tok: PreTrainedTokenizerFast) -> torch.Tensor:
     return weights
 
 
-def _train(
+def train(
     model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], vocab_weights: torch.Tensor,
     steps: int = _TRAIN_STEPS,
 ) -> float:
@@ -210,6 +227,17 @@ def _spare_rows(model: Qwen3ForCausalLM, tokenizer_size: int) -> None:
         model.get_input_embeddings().weight[tokenizer_size:] = 0.0
 
 
+@contextmanager
+def build_threads() -> Iterator[None]:
+    """Torch on ``_BUILD_THREADS`` threads for a build, restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(_BUILD_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def build(dest: Path, name: str = TINY_QWEN3) -> None:
     """Train tokenizer and model ``name`` and save them, loadable by ``from_pretrained``."""
     if name == TINY_QWEN3_5:
@@ -218,12 +246,8 @@ def build(dest: Path, name: str = TINY_QWEN3) -> None:
         make, steps, hybrid = _build_model, _TRAIN_STEPS, False
     else:
         raise ValueError(f"unknown tiny model {name!r}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(_BUILD_THREADS)
-    try:
+    with build_threads():
         _build(dest, name, make, steps, hybrid=hybrid)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _build(dest: Path, name: str,
@@ -234,20 +258,14 @@ def _build(dest: Path, name: str,
     tok = _build_tokenizer(tinycorpus.tokenizer_texts(rng, mt_prompts, 4000), name)
     logger.info("tokenizer trained: %d tokens", len(tok))
 
-    examples = []
-    while len(examples) < steps * _BATCH:
-        # One in ten examples uses enable_thinking=False, so that mode yields answers too.
-        thinking = rng.random() >= 0.1
-        encoded = _encode(tok, tinycorpus.conversation(rng, mt_prompts), thinking)
-        if encoded is not None:
-            examples.append(encoded)
+    examples = training_examples(tok, steps * BATCH, rng, mt_prompts)
 
     # fork_rng keeps the caller's global torch RNG untouched by our fixed seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
         model = make_model(tok)
-        batches = _batches(examples, tok.pad_token_id, rng)
-        loss = _train(model, batches, _structure_weights(tok), steps)
+        batches = make_batches(examples, tok.pad_token_id, rng)
+        loss = train(model, batches, structure_weights(tok), steps)
         logger.info("trained %d steps, final loss %.3f", steps, loss)
 
         im_end, endoftext = tok.convert_tokens_to_ids([IM_END, ENDOFTEXT])

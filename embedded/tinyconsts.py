@@ -1,6 +1,6 @@
 """Constants shared by the embedded tiny models' cache (tinymodel) and builder (tinybuild).
 
-Both tiny targets use the same tokenizer recipe and special tokens; each speaks its family's
+The tiny targets use the same tokenizer recipe and special tokens; each speaks its family's
 conversation format:
 
     tiny-qwen3     a dense ``Qwen3ForCausalLM`` with Qwen3's chat template (tools as JSON calls)
@@ -10,6 +10,10 @@ conversation format:
                    vision tower, an ``mtp.*`` head, spare vocabulary rows) with a template that
                    behaves as Qwen3.5/3.6's (generation prompt opens the think block, XML tool
                    calls, ``preserve_thinking``) and the tool markers as single tokens
+    tiny-mimo      a dense target with its own MTP head in MiMo's shape (``MiMoForCausalLM``:
+                   Qwen2 layers, ``model.mtp_layers.0.*``, ``num_nextn_predict_layers: 1``),
+                   the one dense family SGLang serves NEXTN for; built from tiny-qwen3 (its
+                   tokenizer, template and weights), see :mod:`embedded.tinymimo`
 
 Bump a model's version whenever its build changes so that stale caches are ignored.
 """
@@ -20,7 +24,8 @@ from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
 TINY_QWEN3_5 = "tiny-qwen3.5"
-TINY_MODEL_VERSIONS = {TINY_QWEN3: "v4", TINY_QWEN3_5: "v2"}
+TINY_MIMO = "tiny-mimo"
+TINY_MODEL_VERSIONS = {TINY_QWEN3: "v4", TINY_QWEN3_5: "v2", TINY_MIMO: "v1"}
 TINY_MODELS = tuple(TINY_MODEL_VERSIONS)
 TINY_MODEL_VERSION = TINY_MODEL_VERSIONS[TINY_QWEN3]
 READY_MARKER = "_READY"

@@ -7,6 +7,7 @@ chat corpus (:mod:`embedded.tinycorpus`), then caches it::
     from embedded.tinymodel import ensure_tiny_model
     path = ensure_tiny_model(settings.cache_dir)                    # tiny-qwen3 (dense)
     path = ensure_tiny_model(settings.cache_dir, "tiny-qwen3.5")    # the hybrid (Qwen3.6 shape)
+    path = ensure_tiny_model(settings.cache_dir, "tiny-mimo")  # dense with an MTP head (MiMo)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from embedded.tinyconsts import (
     READY_MARKER,
+    TINY_MIMO,
     TINY_MODEL_VERSION,
     TINY_MODEL_VERSIONS,
     TINY_MODELS,
@@ -39,8 +41,9 @@ from embedded.tinyconsts import (
     tiny_model_dir,
 )
 
-__all__ = ["READY_MARKER", "TINY_MODELS", "TINY_MODEL_VERSION", "TINY_MODEL_VERSIONS",
-           "TINY_QWEN3", "TINY_QWEN3_5", "ensure_tiny_model", "tiny_model_dir"]
+__all__ = ["READY_MARKER", "TINY_MIMO", "TINY_MODELS", "TINY_MODEL_VERSION",
+           "TINY_MODEL_VERSIONS", "TINY_QWEN3", "TINY_QWEN3_5", "ensure_tiny_model",
+           "tiny_model_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ def ensure_tiny_model(cache_dir: Path, name: str = TINY_QWEN3) -> Path:
     final = tiny_model_dir(cache_dir, name)
     if (final / READY_MARKER).is_file():
         return final
+    # tiny-mimo is made from tiny-qwen3: that one first, under its own lock.
+    base = ensure_tiny_model(cache_dir, TINY_QWEN3) if name == TINY_MIMO else None
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -64,9 +69,14 @@ def ensure_tiny_model(cache_dir: Path, name: str = TINY_QWEN3) -> Path:
         logger.info("building tiny model %s in %s", name, final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache_dir))
         try:
-            from embedded.tinybuild import build
+            if base is not None:
+                from embedded.tinymimo import build as build_from
 
-            build(tmp, name)
+                build_from(tmp, base)
+            else:
+                from embedded.tinybuild import build
+
+                build(tmp, name)
             (tmp / READY_MARKER).write_text(f"{TINY_MODEL_VERSIONS[name]}\n")
             # mkdtemp makes the directory private; workers under other users must read it.
             tmp.chmod(0o755)

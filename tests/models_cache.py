@@ -19,7 +19,8 @@ def build_fingerprint() -> str:
     from importlib.metadata import version
 
     digest = hashlib.sha256()
-    for name in ("tinybuild", "tinyconsts", "tinycorpus", "tinyhybrid", "tinymodel"):
+    for name in ("tinybuild", "tinyconsts", "tinycorpus", "tinyhybrid", "tinymimo",
+                 "tinymodel"):
         digest.update((ROOT / "embedded" / f"{name}.py").read_bytes())
     digest.update(MT_BENCH.read_bytes())
     for package in ("torch", "transformers", "tokenizers", "safetensors"):

@@ -52,3 +52,13 @@ def test_file_and_loaded_model_agree(target_model: TinyTarget) -> None:
     assert {f: getattr(on_disk, f) for f in fields} == {f: getattr(loaded, f) for f in fields}
     assert on_disk.is_hybrid == target_model.hybrid
     assert on_disk.has_mtp == target_model.hybrid
+
+
+def test_an_mtp_head_is_read_from_the_field_its_family_states() -> None:
+    # MiMo-7B's config.json (the fields that matter): Qwen2 layers, one MTP layer.
+    mimo = {"architectures": ["MiMoForCausalLM"], "model_type": "mimo", "hidden_size": 4096,
+            "num_hidden_layers": 36, "vocab_size": 151680, "num_nextn_predict_layers": 1}
+    assert TargetShape.from_dict(mimo).has_mtp and not TargetShape.from_dict(mimo).is_hybrid
+    assert not TargetShape.from_dict({**mimo, "num_nextn_predict_layers": 0}).has_mtp
+    plain = {k: v for k, v in mimo.items() if k != "num_nextn_predict_layers"}
+    assert not TargetShape.from_dict(plain).has_mtp
