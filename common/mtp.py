@@ -42,7 +42,7 @@ from common.serving import (
     mtp_engine_args,
     spec_settings,
 )
-from common.target import TargetShape
+from common.target import NO_MTP_HEAD, TargetShape
 
 # Where the verify path decides (quoted by refusals and the docs).
 VERIFY_SOURCE = "sglang/srt/speculative/eagle_utils.py:485 _verify_uses_greedy"
@@ -160,7 +160,7 @@ def _cannot(settings: Settings, shape: TargetShape | None) -> str | None:
     if settings.engine_cmd and ENGINE_ARGS_FIELD not in settings.engine_cmd:
         return f"--engine-cmd has no {ENGINE_ARGS_FIELD} field to pass the MTP flags"
     if shape is None or not shape.has_mtp:
-        return "the target states no MTP head (text_config.mtp_num_hidden_layers)"
+        return NO_MTP_HEAD
     return None
 
 

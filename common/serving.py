@@ -23,7 +23,7 @@ from typing import Any
 
 from common.config import Settings
 from common.records import Sampling
-from common.target import TargetShape
+from common.target import NO_MTP_HEAD, TargetShape
 
 DFLASH = "DFLASH"
 NEXTN = "NEXTN"   # SGLang's name for a checkpoint's own MTP head as the draft (EAGLE-style)
@@ -131,8 +131,7 @@ def mtp_engine_args(shape: TargetShape, *, steps: int = MTP_STEPS, topk: int = M
     a hybrid's mamba state cache to it from free memory.
     """
     if not shape.has_mtp:
-        raise ValueError("the target states no MTP head (text_config.mtp_num_hidden_layers): "
-                         "NEXTN speculative decoding needs one")
+        raise ValueError(f"{NO_MTP_HEAD}: NEXTN speculative decoding needs one")
     args = ["--speculative-algorithm", NEXTN, "--speculative-num-steps", str(steps),
             "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens",
             str(draft_tokens)]

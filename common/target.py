@@ -24,6 +24,8 @@ CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions")
 # Where a config states the checkpoint's own MTP head: Qwen3.5/3.6 and Qwen3-Next
 # (``mtp_num_hidden_layers``); MiMo, DeepSeek-V3 and GLM-4.5 (``num_nextn_predict_layers``).
 MTP_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "mtp")
+NO_MTP_HEAD = ("the target states no MTP head (text_config.mtp_num_hidden_layers or "
+               "num_nextn_predict_layers)")
 
 
 def _text_settings(data: dict[str, Any]) -> dict[str, Any]:

@@ -216,6 +216,7 @@ def test_mtp_on_a_dense_target_is_one_error_line(tmp_path: Path) -> None:
     code, out = serve("mtp", "--model", str(tmp_path))
     assert code == 1
     assert out.strip().splitlines() == [f"error: {tmp_path}: the target states no MTP head "
-                                        "(text_config.mtp_num_hidden_layers): NEXTN "
-                                        "speculative decoding needs one"]
+                                        "(text_config.mtp_num_hidden_layers or "
+                                        "num_nextn_predict_layers): NEXTN speculative decoding "
+                                        "needs one"]
 

@@ -49,10 +49,9 @@ def mtp_flags(mimo: Path) -> list[str]:
 
 
 def mtp_worker_args(mimo: Path, port: int, on: bool) -> tuple[list[str], dict[str, str]]:
-    """A generate worker's extra CLI arguments and environment with MTP on or off: the one
-    place that turns it on. Once the worker has ``--mtp``, this becomes
-    ``(["--mtp", "on" if on else "off"], engine_env(port))``."""
-    return [], engine_env(port, *(mtp_flags(mimo) if on else []))
+    """A generate worker's extra CLI arguments and environment with MTP on or off: the
+    worker's own ``--mtp`` (greedy decoding, so the CPU may verify by argmax)."""
+    return ["--mtp", "on" if on else "off"], engine_env(port)
 
 
 def mtp_refusal(mimo: Path, run_dir: Path) -> str | None:
