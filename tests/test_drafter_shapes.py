@@ -12,6 +12,7 @@ import torch
 
 from common.target import TargetShape
 from tests.conftest import TinyTarget
+from tests.tolerance import assert_close, differ
 from workers.train.drafter.export import export_drafter, hf_config, load_drafter
 from workers.train.drafter.masks import decode_mask, dense_block_mask
 from workers.train.drafter.model import (
@@ -121,9 +122,9 @@ def test_sliding_decoding_equals_the_training_mask_and_the_cache(target) -> None
                                 model.get_input_embeddings(), model.get_output_embeddings())
         full.load_state_dict(drafter.state_dict())
         unwindowed = full.eval()(block, block_pos, features, positions, None)
-    torch.testing.assert_close(decoded, trained, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cached, decoded, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(unwindowed, decoded, atol=1e-4)   # the window is in force
+    assert_close(decoded, trained, rel=1e-5)
+    assert_close(cached, decoded, rel=1e-5)
+    assert differ(unwindowed, decoded, rel=1e-4)   # the window is in force
 
 
 def test_a_sliding_export_round_trips_and_starts_a_drafter(target, tmp_path: Path) -> None:  # noqa: ANN001

@@ -19,6 +19,7 @@ from common.records import RunConfig
 from common.storage import open_storage
 from common.target import TargetShape
 from tests.conftest import MT_BENCH, ROOT, Pipeline, RedisServer, TinyTarget, wait_until
+from tests.tolerance import assert_close
 
 # A published-style config: two layers, its own block, and the target layers [1, 3, 5]
 # (the dense tiny target's default is the spread [1, 2, 3, 4, 5], the hybrid's [4]).
@@ -143,7 +144,7 @@ def test_a_worker_trains_the_runs_frozen_shape_and_says_why_in_one_line(
     started = new_drafter(model, mask_id, [1, 3, 5], TrainSettings(),
                           run=RunConfig(**{**run.__dict__, "drafter": frozen}))
     for name, tensor in drafter.state_dict().items():
-        assert started.state_dict()[name].float().allclose(tensor.float(), atol=1e-2), name
+        assert_close(started.state_dict()[name], tensor, rel=1e-2, what=name)
     weights = released / "model.safetensors"
     weights.write_bytes(weights.read_bytes() + b" ")
     with pytest.raises(DrafterShapeError, match="its weights changed since enqueue"):

@@ -17,6 +17,7 @@ from common.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+from tests.tolerance import worst
 
 pytestmark = pytest.mark.e2e
 
@@ -162,11 +163,11 @@ def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage
     target, tokenizer = load_target(pipeline_target(pipeline))
     fresh = new_drafter(target, add_mask_token(tokenizer, target), first["drafter_config"][
         "target_layer_ids"], TrainSettings(drafter_config=str(tmp_path / "sliding.json")))
-    drift = max((first["drafter"][k].float() - released[k].float()).abs().max().item()
-                for k in released)
-    apart = max((fresh.state_dict()[k].float() - released[k].float()).abs().max().item()
-                for k in released)
-    assert drift < 1e-3 < apart, (drift, apart)
+    # Each tensor's difference on its own scale: the first checkpoint is one step from the
+    # export, a fresh drafter of the same shape is nowhere near it.
+    drift = max(worst(first["drafter"][k], released[k]) for k in released)
+    apart = max(worst(fresh.state_dict()[k], released[k]) for k in released)
+    assert drift < 0.1 < apart, (drift, apart)
     out = tmp_path / "export2"
     pipeline.cli("export-drafter", "--run", "on2", "--out", str(out), check=True)
     again = json.loads((out / "config.json").read_text())

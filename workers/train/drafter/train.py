@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimizer, schedule and sampling settings of drafter training (DESIGN defaults)."""
+    """Optimizer, schedule and sampling settings of drafter training (the DFlash recipe's)."""
 
     total_steps: int
     lr: float = 6e-4
