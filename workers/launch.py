@@ -46,10 +46,6 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, resolved.tp if queue == "generate"
                                                       else 1)
     check_write_access(settings.storage, queue)   # a read-only key: one line now, no parking
-    if queue == "train":   # a drafter shape it cannot honour: one error line now, not per task
-        from workers.train.drafter.origin import check_train_options
-
-        check_train_options(resolved)
     group = queue == "train" and is_group(resolved)
     if group and not name:
         name = f"train-x{resolved.train_nproc_per_node}-node{resolved.train_node_rank}@%h"

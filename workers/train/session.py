@@ -14,10 +14,8 @@ from typing import Any
 
 from common.config import env_name
 from common.drafter_store import Ledger, latest_step, load_checkpoint
-from common.layers import run_layer_ids
 from common.records import RunConfig
 from common.runstore import RunStore
-from common.target import TargetShape
 from workers.context import WorkerContext, get_context
 from workers.devices import resolve_device
 from workers.train.parallel import distribute
@@ -78,6 +76,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     from workers.train.drafter.origin import (
         check_same_shape,
         describe,
+        frozen_origin,
         new_drafter,
         origin_phrase,
     )
@@ -90,25 +89,24 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     target.to(resolve_device(ctx.settings.train.device, env_name("train_device")))
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    layers = run_layer_ids(config.target_layer_ids, config.target_layers,
-                           TargetShape.of(target).num_layers)
+    origin = frozen_origin(config)
+    layers = list(config.target_layer_ids or ())
     resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
     if resumed is not None:
         state, ledger = resumed
         trainer = DrafterTrainer.from_state_dict(state, target)
-        check_same_shape(config.run, trainer.drafter.config, target, mask_id, layers,
-                         ctx.settings, config)
+        check_same_shape(config.run, trainer.drafter.config, target, mask_id, layers, origin)
         log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
                  trainer.steps, len(ledger.done))
     else:
-        drafter = new_drafter(target, mask_id, layers, ctx.settings.train, run=config)
+        drafter = new_drafter(target, mask_id, layers, origin)
         ledger = Ledger()
         trainer = DrafterTrainer(drafter, TrainConfig(
             total_steps=first_total(ctx, config, ledger),
             min_supervised_tokens=ctx.settings.train_min_supervised_tokens,
             max_anchors=ctx.settings.train_max_anchors))
         log.info("run %s: new drafter %s%s", config.run, describe(drafter.config),
-                 origin_phrase(config, ctx.settings.train))
+                 origin_phrase(origin))
     trainer = distribute(trainer, target, pad_id, config.run)
     layers = list(trainer.drafter.config.target_layer_ids)
     manifest = RunStore(ctx.storage, config.run).manifest()

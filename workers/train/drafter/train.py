@@ -283,7 +283,6 @@ class DrafterTrainer:
             raise ValueError("the checkpoint was trained for a different drafter config")
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
-        # Checkpoints from before the revisable schedule: their config's total, never revised.
-        self.schedule = Schedule.from_json(state.get("schedule") or asdict(self.schedule))
+        self.schedule = Schedule.from_json(state["schedule"])
         self.steps = int(state["steps"])
         self.generator.set_state(state["rng"])
