@@ -17,9 +17,9 @@ from common.drafter_origin import DrafterOrigin
 from common.errors import RunConfigMismatch
 from common.gates import GateConfig
 from common.layers import DEFAULT_K
-from common.run_options import RunOptions
+from common.run_options import frozen_as_given
+from common.sampling import Sampling
 from common.schema import COMMIT_SCHEMA, RUN_SCHEMA, check_schema
-from common.thinking import describe, thinking_for
 
 CODE_VERSION = "0.1.0"
 
@@ -42,71 +42,32 @@ class TaskOutcome(StrEnum):
     LOST = "lost"  # another worker took the lease over and finishes the shard
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters sent to the engine with every request, and the thinking mode.
-
-    ``thinking`` off renders every conversation with thinking off; on, a stable share
-    ``thinking_off_share`` of them, chosen by id (``--thinking mix:R``), renders with it off.
-    """
-
-    max_new_tokens: int = 2048
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    thinking: bool = True
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    thinking_off_share: float = 0.0
-
-    def thinking_for(self, sample_id: str) -> bool:
-        """Whether conversation ``sample_id`` renders with thinking on (:mod:`common.thinking`)."""
-        return thinking_for(self.thinking, self.thinking_off_share, sample_id)
-
-    @property
-    def thinking_mode(self) -> str:
-        """``on``, ``off`` or ``mix:R``, as ``--thinking`` takes it."""
-        return describe(self.thinking, self.thinking_off_share)
+FrozenOptions = frozen_as_given()
 
 
-@dataclass(frozen=True)
-class RunConfig:
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(FrozenOptions):  # type: ignore[misc, valid-type]
     """Everything that decides a run's output; written once to ``run.json`` and then frozen.
 
-    Built by enqueue from one :class:`common.run_options.RunOptions` resolved against the
-    target; the defaults below are the declared options' own (never restated here).
+    The options frozen as given (run, format, shard size, mode, layout, epochs, ...) are the
+    declared run options' own fields (:func:`common.run_options.frozen_as_given`); the fields
+    below are what enqueue resolves against the target.
     """
 
-    run: str
     model: str
     input: str | list[str]  # one input, or several (each a file, directory, glob or s3:// URL)
-    format: str
-    prompt_field: str | None
-    shard_size: int
-    limit: int | None
     sampling: Sampling = Sampling()
     gates: GateConfig = GateConfig()
-    mode: str = RunOptions.mode  # offline: hidden-state workers store features; online: train
-    layout: str = RunOptions.layout  # target layers kept for the drafter: dflash or eagle3
     target_layers: int = DEFAULT_K  # K: how many target layers feed the drafter
     # The dflash layout's layer ids as ``--target-layers`` resolved them for the model (None:
     # eagle3, whose layers are fixed).
     target_layer_ids: list[int] | None = None
     chat_template_sha: str | None = None
-    prompt_template: str | None = RunOptions.prompt_template  # a format string over the row
-    strict_fields: bool = RunOptions.strict_fields  # reject rows with text no prompt uses
     # Options every render passes to the chat template (--chat-template-kwargs), e.g.
     # {"preserve_thinking": true}; thinking itself is sampling.thinking.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Where each sampling value came from: flag, generation_config.json or default.
     sampling_sources: dict[str, str] = field(default_factory=dict)
-    heldout_fraction: float = RunOptions.heldout_fraction  # never trained on: eval-drafter's
-    heldout_min: int = RunOptions.heldout_min
-    # The drafter's passes over the run's training rows (the schedule's length follows), and
-    # how many end-of-epoch evaluations without a better held-out tau stop it early (None: never).
-    epochs: int = RunOptions.epochs
-    patience: int | None = RunOptions.patience
     # Where the drafter's shape (and starting weights) come from, frozen with its name, digest
     # and content (common.drafter_origin); None only for the eagle3 layout.
     drafter: DrafterOrigin | None = None

@@ -8,7 +8,8 @@ settings reference and run.json's schema are generated from them, and the comman
 :class:`common.records.RunConfig` that every worker reads back. Adding an option is one field
 here plus the code that uses it::
 
-    epochs: int = run_option(RECIPE_EPOCHS, type=click.IntRange(min=1), help="...")
+    epochs: int = run_option(RECIPE_EPOCHS, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
+                             help="Passes the drafter trains over ...")
 
 Defaults of values that fill a record (sampling, gates, the held-out split) are the record's
 own, never restated; ``None`` means "as the target says" where the help shows what that is.
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
+from enum import StrEnum
 from typing import Any
 
 import click
@@ -26,15 +28,23 @@ import click
 from common.epochs import RECIPE_EPOCHS
 from common.gates import SKIPPABLE_GATES, GateConfig
 from common.inputs.layouts import FORMATS
+from common.sampling import MAX_NEW_TOKENS_CAP, Sampling
 from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 
 DRAFTER_LAYERS = 5   # DFlash's drafter depth for an 8B-class target (its published configs)
 
 
-def run_option(default: Any, *, help: str, frozen: bool = True,  # noqa: A002
+class Frozen(StrEnum):
+    """How run.json freezes an option."""
+
+    AS_GIVEN = "as given"   # under its own name, as the user gave it (RunConfig's own field)
+    RESOLVED = "resolved"   # resolved against the target into a record (sampling, gates, ...)
+
+
+def run_option(default: Any, *, help: str, frozen: Frozen = Frozen.RESOLVED,  # noqa: A002
                decls: tuple[str, ...] = (), **click_kw: Any) -> Any:
-    """A declared run option: ``default``, its ``--help`` text, whether run.json freezes it
-    (directly or resolved into a record), extra flag names and click's own keywords."""
+    """A declared run option: ``default``, its ``--help`` text, how run.json freezes it, extra
+    flag names and click's own keywords (a required option has no default)."""
     meta = {"help": help, "frozen": frozen, "decls": decls, "click": click_kw}
     return field(default=default, metadata=meta)
 
@@ -75,50 +85,54 @@ def _unescape(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 class RunOptions:
     """What ``enqueue`` is asked: the input, sampling, layout, drafter, epochs and gates."""
 
-    run: str = run_option(None, required=True, help="Run id (letters, digits, ._-).")
+    run: str = run_option(None, frozen=Frozen.AS_GIVEN, required=True,
+                          help="Run id (letters, digits, ._-).")
     input: tuple[str, ...] = run_option(
         None, required=True, multiple=True,
         help="A JSONL/JSON/Parquet/Arrow file, a directory of them (a Hugging Face dataset "
              "too), a quoted glob, or s3://bucket/key, prefix/ or glob; repeatable.")
-    format: str = run_option("auto", type=click.Choice(FORMATS),
+    format: str = run_option("auto", frozen=Frozen.AS_GIVEN, type=click.Choice(FORMATS),
                              help="Row layout; auto detects it per row.")
-    prompt_field: str | None = run_option(None, help="Field holding the prompt for --format "
-                                                     "prompt.")
+    prompt_field: str | None = run_option(
+        None, frozen=Frozen.AS_GIVEN, help="Field holding the prompt for --format prompt.")
     prompt_template: str | None = run_option(
-        None, callback=_unescape,
+        None, frozen=Frozen.AS_GIVEN, callback=_unescape,
         help="Build the prompt from the row's fields instead, e.g. '{instruction}\\n\\n"
              "{context}' (\\n is a newline); placeholders name fields only: {field} or "
              "{field:spec}.")
     strict_fields: bool = run_option(
-        False, is_flag=True,
+        False, frozen=Frozen.AS_GIVEN, is_flag=True,
         help="Reject a row with text no prompt uses (a string, or text in a list or object "
              "field), instead of reporting it.")
-    shard_size: int = run_option(256, type=click.IntRange(min=1),
+    shard_size: int = run_option(256, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
                                  help="Conversations per shard (one task each).")
-    limit: int | None = run_option(None, type=click.IntRange(min=1),
+    limit: int | None = run_option(None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
                                    help="Read at most this many input rows.")
     max_new_tokens: int | None = run_option(
         None, type=click.IntRange(min=1),
         help="Generation budget per assistant turn [default: what the target's context "
-             "allows, at most 32768; each request is capped to the room its prompt leaves].")
+             f"allows, at most {MAX_NEW_TOKENS_CAP}; each request is capped to the room its "
+             "prompt leaves].")
     temperature: float | None = run_option(
         None, type=click.FloatRange(min=0),
         help="Sampling temperature (0 = greedy) [default: the target's generation_config.json, "
-             "else 0.6].")
+             f"else {Sampling.temperature:g}].")
     top_p: float | None = run_option(
         None, type=click.FloatRange(min=0, max=1, min_open=True),
-        help="Nucleus sampling mass [default: the target's, else 0.95].")
+        help=f"Nucleus sampling mass [default: the target's, else {Sampling.top_p:g}].")
     top_k: int | None = run_option(None, type=click.IntRange(min=-1),
                                    help="Top-k sampling (-1 = off) [default: the target's, "
-                                        "else 20].")
+                                        f"else {Sampling.top_k}].")
     min_p: float | None = run_option(None, type=click.FloatRange(min=0, max=1),
-                                     help="Min-p sampling [default: the target's, else 0].")
+                                     help="Min-p sampling [default: the target's, else "
+                                          f"{Sampling.min_p:g}].")
     repetition_penalty: float | None = run_option(
         None, type=click.FloatRange(min=0, max=2, min_open=True),
-        help="Repetition penalty (1 = off) [default: the target's, else 1].")
+        help="Repetition penalty (1 = off) [default: the target's, else "
+             f"{Sampling.repetition_penalty:g}].")
     presence_penalty: float | None = run_option(
         None, type=click.FloatRange(min=-2, max=2),
-        help="Presence penalty [default: the target's, else 0].")
+        help=f"Presence penalty [default: the target's, else {Sampling.presence_penalty:g}].")
     thinking: str = run_option(
         "on", metavar="on|off|mix:R", is_flag=False, flag_value="on", callback=_thinking,
         help="Render prompts with thinking on, off, or off for a stable share R of "
@@ -129,10 +143,11 @@ class RunOptions:
         help="Options every render passes to the target's chat template, frozen in run.json, "
              "e.g. '{\"preserve_thinking\": true}' (thinking itself: --thinking).")
     mode: str = run_option(
-        "offline", type=click.Choice(["offline", "online"]),
+        "offline", frozen=Frozen.AS_GIVEN, type=click.Choice(["offline", "online"]),
         help="After a shard's commit: offline stores target hidden states (queue hidden); "
              "online trains the drafter on the fly (queue train, nothing stored).")
-    layout: str = run_option("dflash", type=click.Choice(["dflash", "eagle3"]),
+    layout: str = run_option("dflash", frozen=Frozen.AS_GIVEN,
+                             type=click.Choice(["dflash", "eagle3"]),
                              help="Target layers kept for the drafter.")
     target_layers: str | None = run_option(
         None,
@@ -159,18 +174,18 @@ class RunOptions:
              "and frozen as with --drafter-config, and its directory and weights digest too; "
              "train workers read it at that path and verify the digest.")
     heldout_fraction: float = run_option(
-        HELDOUT_FRACTION, type=click.FloatRange(0, 1, max_open=True),
+        HELDOUT_FRACTION, frozen=Frozen.AS_GIVEN, type=click.FloatRange(0, 1, max_open=True),
         help="Samples (by id hash) never trained on, decoded by eval-drafter.")
-    heldout_min: int = run_option(HELDOUT_MIN, type=click.IntRange(min=0),
+    heldout_min: int = run_option(HELDOUT_MIN, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=0),
                                   help="Hold out at least this many samples (at most half a "
                                        "small input).")
     epochs: int = run_option(
-        RECIPE_EPOCHS, type=click.IntRange(min=1),
+        RECIPE_EPOCHS, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
         help="Passes the drafter trains over the run's training rows (the published DFlash "
              "recipe's 10); the learning-rate schedule is epochs x rows / rows per step long. "
              "Later epochs revisit the samples in a new seeded order.")
     patience: int | None = run_option(
-        None, type=click.IntRange(min=1),
+        None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
         help="Stop training after this many end-of-epoch evaluations without a better held-out "
              "acceptance length [default: never; every epoch trains].")
     min_supervised_tokens: int = run_option(
@@ -208,6 +223,26 @@ class RunOptions:
             max_reject_rate=self.max_reject_rate, pause_after=self.pause_after,
             min_answer_tokens=self.min_answer_tokens,
             **{flag: gate not in self.skip_gate for gate, flag in SKIPPABLE_GATES.items()})
+
+
+def as_given(options: RunOptions) -> dict[str, Any]:
+    """The options run.json freezes as given, by name."""
+    return {f.name: getattr(options, f.name) for f in fields(RunOptions)
+            if f.metadata["frozen"] == Frozen.AS_GIVEN}
+
+
+def frozen_as_given() -> type:
+    """A dataclass of every option run.json freezes as given, each with its declared type and
+    default (none for a required one): :class:`common.records.RunConfig` builds on it, so such
+    an option is declared here alone."""
+    spec = []
+    for f in fields(RunOptions):
+        if f.metadata["frozen"] == Frozen.AS_GIVEN:
+            required = f.metadata["click"].get("required")
+            spec.append((f.name, f.type, field() if required else field(default=f.default)))
+    base = make_dataclass("FrozenOptions", spec, frozen=True, kw_only=True)
+    base.__module__ = __name__   # Python 3.11 names no module; typing resolves hints from it
+    return base
 
 
 def run_option_fields() -> list[Field[Any]]:

@@ -22,7 +22,7 @@ from common.inputs.sources import is_glob
 from common.layers import DEFAULT_K
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
-from common.run_options import RunOptions
+from common.run_options import RunOptions, as_given
 from common.sampling_rules import check_sampling
 from common.storage import Storage
 from common.target import TargetShape
@@ -64,17 +64,12 @@ def build_run_config(settings: Settings, options: RunOptions) -> RunConfig:
 
         check_released_weights(drafter, target, layer_ids)
     return RunConfig(
-        run=options.run, model=settings.model,
-        input=sources[0] if len(sources) == 1 else sources, format=options.format,
-        prompt_field=options.prompt_field, shard_size=options.shard_size, limit=options.limit,
-        sampling=sampling, gates=options.gates(), mode=options.mode, layout=options.layout,
-        target_layers=len(layer_ids) if layer_ids else DEFAULT_K, target_layer_ids=layer_ids,
-        chat_template_sha=template_sha(template), prompt_template=options.prompt_template,
-        strict_fields=options.strict_fields, heldout_fraction=options.heldout_fraction,
-        heldout_min=options.heldout_min,
+        **as_given(options), model=settings.model,
+        input=sources[0] if len(sources) == 1 else sources, sampling=sampling,
+        gates=options.gates(), target_layers=len(layer_ids) if layer_ids else DEFAULT_K,
+        target_layer_ids=layer_ids, chat_template_sha=template_sha(template),
         chat_template_kwargs=dict(options.chat_template_kwargs or {}),
-        sampling_sources=sampling_sources, drafter=drafter, epochs=options.epochs,
-        patience=options.patience,
+        sampling_sources=sampling_sources, drafter=drafter,
     )
 
 
