@@ -242,12 +242,11 @@ def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: st
 def test_hosts_meet_at_the_rendezvous_endpoint() -> None:
     from common.config import Settings
     from workers.launch import worker_argv
-    from workers.train.group import group_argv
+    from workers.train.group import TRAIN_LAUNCH, group_argv
 
     settings = Settings(train_nproc_per_node=8, train_nnodes=2, train_node_rank=1,
                         train_rdzv_endpoint="10.0.0.1:29400")
-    celery = worker_argv(settings, queue="train", gpu=None, concurrency=1, name="t@%h",
-                         loglevel="INFO")
+    celery = worker_argv(TRAIN_LAUNCH, gpu=None, concurrency=1, name="t@%h", loglevel="INFO")
     argv = group_argv(settings, None, celery)
     assert argv[1:12] == ["-m", "torch.distributed.run", "--nproc-per-node", "8", "--nnodes",
                           "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400", "-m"]

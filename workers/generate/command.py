@@ -8,16 +8,18 @@ import click
 
 from common.cli import command_option, common_options, setting_option
 from common.config import Settings
-from workers.launch import exec_worker
+from workers.launch import Launch, exec_worker
 from workers.worker_cli import gpu_option, node_options
 
 # One held shard leaves the engine part idle while its last requests drain; a second one keeps
 # it full (simulator, 64 in flight: 0.81 of the cap with one shard, above 0.97 with two).
 SGLANG_SHARDS = 2
+# A generate worker owns its engine's GPUs: --gpu G and the --tp after it.
+GENERATE = Launch("generate", app="workers.app", gpus=lambda settings: settings.generate.tp)
 
 
 @click.command("generate")
-@gpu_option("generate")
+@gpu_option("the CPU engine")
 @command_option("concurrency", type=click.IntRange(min=1),
                 help="Shards held at once (they share one engine) [default: 2 with --engine "
                      "sglang, so the next shard fills the engine while one drains; 1 with the "
@@ -50,5 +52,5 @@ def worker_generate(settings: Settings, gpu: int | None, concurrency: int | None
         engine = overrides.get("engine") or settings.engine
         concurrency = SGLANG_SHARDS if engine == "sglang" else 1
 
-    exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
+    exec_worker(settings, GENERATE, gpu=gpu, concurrency=concurrency, name=name,
                 loglevel=loglevel, overrides=overrides)

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.config import env_name
 from common.drafter_store import Ledger, latest_step, load_checkpoint
@@ -20,6 +20,11 @@ from workers.context import WorkerContext, get_context
 from workers.devices import resolve_device
 from workers.train.parallel import distribute
 from workers.train.periodic_eval import PeriodicEval
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from workers.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +37,14 @@ class Session:
     """One run's training state in this process: target, trainer, ledger, checkpoint cadence."""
 
     run: str
-    target: Any
-    trainer: Any
+    target: PreTrainedModel
+    trainer: Trainer
     ledger: Ledger
     layer_ids: list[int]
     pad_id: int
     last_checkpoint: int
     heldout: frozenset[str] = frozenset()
-    evaluator: Any = None
+    evaluator: PeriodicEval | None = None
     step_seconds: float = 0.0   # wall time per step, smoothed (the ETA's rate)
     last_step_at: float = 0.0
 
@@ -117,7 +122,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
 
 def first_total(ctx: WorkerContext, config: RunConfig, ledger: Ledger) -> int:
     """A new drafter's schedule length: --total-steps, else the data's first estimate."""
-    from workers.train.epochs import planned_total
+    from workers.train.plan import planned_total
 
     if ctx.settings.train_total_steps:
         return ctx.settings.train_total_steps

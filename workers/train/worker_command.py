@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from common.cli import setting_option
+from workers.train.group import TRAIN_LAUNCH
 from workers.worker_cli import stage_worker
 
 worker_train = stage_worker(
-    "train", "Run a Celery worker on queue `train`: online DFlash drafter training (one per "
+    TRAIN_LAUNCH, "Run a Celery worker on queue `train`: online DFlash drafter training (one per "
              "run).",
     setting_option("train_rows_per_step", "--rows-per-step", type=click.IntRange(min=1),
                    help="Training rows per optimizer step."),

@@ -115,6 +115,8 @@ class StepMetrics:
 class DrafterTrainer:
     """Drafter + AdamW + schedule + anchor RNG: ``step(rows)`` trains, ``state_dict`` resumes."""
 
+    featurizes = False   # its steps take rows with the target's features computed
+
     def __init__(self, drafter: DFlashDraftModel, config: TrainConfig) -> None:
         self.drafter = drafter
         self.module: nn.Module = drafter   # what forward runs: the drafter or its DDP replica
