@@ -152,8 +152,7 @@ def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage
     wait_until(lambda: committed_steps(storage, "on2"), 240, "the heir's first checkpoint")
     first, _ = load_checkpoint(storage, "on2", committed_steps(storage, "on2")[0])
     released = load_file(str(export / "model.safetensors"))
-    # One step (lr at most 3e-4 in warm-up) from the released weights: within 1e-3 of them,
-    # while a fresh drafter of that shape (the same init seed) is as far as run "on"'s steps.
+    # One step (lr at most 3e-4 in warm-up) from the released weights.
     from common.drafter_origin import freeze_origin
     from common.target import TargetShape
     from workers.train.drafter.model import add_mask_token
@@ -165,10 +164,11 @@ def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage
         "target_layer_ids"], freeze_origin(str(tmp_path / "sliding.json"), None,
                                            TargetShape.of(target.config)))
     # Each tensor's difference on its own scale: the first checkpoint is one step from the
-    # export, a fresh drafter of the same shape is nowhere near it.
+    # export, a fresh drafter of the same shape (the same init seed) as far as run "on"'s steps
+    # took it (measured: 0.008 against 0.042).
     drift = max(worst(first["drafter"][k], released[k]) for k in released)
     apart = max(worst(fresh.state_dict()[k], released[k]) for k in released)
-    assert drift < 0.1 < apart, (drift, apart)
+    assert drift < apart / 2, (drift, apart)
     out = tmp_path / "export2"
     pipeline.cli("export-drafter", "--run", "on2", "--out", str(out), check=True)
     again = json.loads((out / "config.json").read_text())
