@@ -4,7 +4,7 @@ many steps run at learning rate 0.
 
     .venv/bin/python benchmarks/epoch_schedule.py [--samples 902087] [--accepted 0.975]
 
-The data schedule is the product's own (:func:`workers.train.epochs.planned_total` over a
+The data schedule is the product's own (:func:`workers.train.plan.planned_total` over a
 manifest of the seed's shards, then :class:`Schedule`), first as the trainer estimates it before
 any shard is trained (the held-out share only), then exact at the given acceptance rate (the
 seed's gates kept ~880K of 902,087 samples). No model, no GPU: seconds.
@@ -25,7 +25,8 @@ from common.options import RunOptions  # noqa: E402
 from common.records import RunConfig  # noqa: E402
 from workers.train.drafter.schedule import Schedule  # noqa: E402
 from workers.train.drafter.train import TrainConfig  # noqa: E402
-from workers.train.epochs import note_shard, planned_total  # noqa: E402
+from workers.train.epochs import note_shard  # noqa: E402
+from workers.train.plan import planned_total  # noqa: E402
 
 OLD_TOTAL_STEPS = 2000   # the fixed --total-steps default this schedule replaced
 

@@ -1,4 +1,5 @@
-"""The Celery app shared by producer, workers and Flower, configured as DESIGN.md "Queue semantics".
+"""The Celery app shared by producer, workers and Flower (its delivery settings: docs/concepts/
+reconciler.md, "Celery's delivery settings").
 
 Workers run ``celery -A workers.app worker`` (via ``dflash-pipeline worker generate``); Flower runs
 ``celery -A common.celery_app flower``; the producer sends tasks by name and never imports workers.

@@ -26,6 +26,7 @@ from common.errors import (
 )
 from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH, EXIT_USAGE
 from common.options import OPTIONS
+from common.run_options import run_option_fields
 
 log = logging.getLogger("dflash")
 
@@ -56,6 +57,14 @@ def command_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[...,
         if default is not None:
             kw.setdefault("show_default", True)
     return click.option(*_decls(name, decls), envvar=env_name(name), show_envvar=True, **kw)
+
+
+def run_click_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Every declared run option (:mod:`common.run_options`) as a click option, in order."""
+    for f in reversed(run_option_fields()):
+        meta = f.metadata
+        func = command_option(f.name, *meta["decls"], help=meta["help"], **meta["click"])(func)
+    return func
 
 
 def _decls(name: str, decls: tuple[str, ...]) -> tuple[str, ...]:

@@ -154,12 +154,6 @@ class TrainSettings:
     eval_max_new_tokens: int = 256
     # The device the target and drafter train and are judged on (eval-drafter too).
     device: str = setting("auto", device=True)
-    drafter_layers: int = setting(5, flat="drafter_layers")
-    # A published DFlash drafter config.json whose shape a new drafter takes (the target gives
-    # what it does not state), and a released drafter directory to start from (its weights and
-    # shape); both unset: a drafter shaped after the target alone.
-    drafter_config: str = ""
-    init_drafter: str = ""
     # Data-parallel training (torch.distributed): ranks per host, hosts, this host's rank, and
     # the rank-0 host's HOST:PORT that the hosts meet at (unset on one host).
     nproc_per_node: int = 1

@@ -19,6 +19,7 @@ from typing import Any
 from common import keys
 from common.errors import NotFound
 from common.records import dumps
+from common.schema import CHECKPOINT_SCHEMA, check_schema
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,16 @@ def ledger_or_none(storage: Storage, run: str) -> Ledger | None:
     newest = _newest(storage, run, None)
     if newest is None:
         return None
-    raw = storage.get(keys.drafter_checkpoint(run, newest[0], COMMIT_FILE, newest[1]))
-    return Ledger.from_json(json.loads(raw)["ledger"])
+    return Ledger.from_json(read_commit(storage, run, *newest)["ledger"])
+
+
+def read_commit(storage: Storage, run: str, step: int, seq: int) -> dict[str, Any]:
+    """A checkpoint's ``_COMMIT.json`` (its ledger and metrics), refused unless its schema is
+    the one this release reads."""
+    key = keys.drafter_checkpoint(run, step, COMMIT_FILE, seq)
+    commit = json.loads(storage.get(key))
+    check_schema(key, commit, CHECKPOINT_SCHEMA)
+    return commit
 
 
 def latest_metrics(storage: Storage, run: str) -> dict[str, Any]:
@@ -98,8 +107,7 @@ def latest_metrics(storage: Storage, run: str) -> dict[str, Any]:
     newest = _newest(storage, run, None)
     if newest is None:
         return {}
-    raw = storage.get(keys.drafter_checkpoint(run, newest[0], COMMIT_FILE, newest[1]))
-    return json.loads(raw).get("metrics") or {}
+    return read_commit(storage, run, *newest)["metrics"]
 
 
 def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
@@ -107,10 +115,10 @@ def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
     history = []
     for step, seq in checkpoints(storage, run):
         try:
-            commit = json.loads(storage.get(keys.drafter_checkpoint(run, step, COMMIT_FILE, seq)))
+            commit = read_commit(storage, run, step, seq)
         except NotFound:
             continue
-        history.append({"step": step, **(commit.get("metrics") or {})})
+        history.append({"step": step, **commit["metrics"]})
     return history
 
 
@@ -150,7 +158,8 @@ def save_checkpoint(storage: Storage, run: str, step: int, state: dict[str, Any]
                                buffer.getvalue()):
         seq += 1  # a checkpoint at this step exists: this one only moves the ledger on
     commit = {"run": run, "step": step, "seq": seq, "ledger": ledger.to_json(),
-              "metrics": metrics, "bytes": buffer.tell(), "at": time.time()}
+              "metrics": metrics, "bytes": buffer.tell(), "at": time.time(),
+              "schema": CHECKPOINT_SCHEMA}
     storage.put_once(keys.drafter_checkpoint(run, step, COMMIT_FILE, seq), dumps(commit))
     where = keys.drafter_checkpoint(run, step, "", seq).rstrip("/")
     storage.replace(keys.drafter_latest(run), dumps({"step": step, "seq": seq, "dir": where,

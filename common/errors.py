@@ -123,3 +123,7 @@ class EngineRefusesAll(PermanentError):
 class OptionRefused(ConfigError):
     """An option value the engine would refuse on every request: refused at the command line
     (exit 2, like click's own usage errors)."""
+
+
+class SchemaMismatch(PermanentError):
+    """A stored record carries a schema number this release does not read."""

@@ -34,6 +34,12 @@ class Reason(StrEnum):
     ENGINE_MISMATCH = "engine_mismatch"     # the response's token counts disagree with its ids
 
 
+# ``enqueue --skip-gate NAME``: the per-sample gate NAME turns off, as this GateConfig field.
+SKIPPABLE_GATES = {"truncated": "reject_truncated", "thinking": "require_thinking",
+                   "empty_answer": "reject_empty_answer", "leakage": "reject_leakage",
+                   "duplicates": "reject_duplicates"}
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """Gate thresholds; ``min_supervised_tokens`` defaults to 2 x the DFlash block size (16)."""

@@ -38,6 +38,7 @@ from safetensors.torch import save as st_save
 from common import keys
 from common.errors import HiddenStateError, NotFound
 from common.records import dumps
+from common.schema import COMMIT_SCHEMA, check_schema
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class HiddenIndex:
     model: str
     parts: list[HiddenPart] = field(default_factory=list)
     format: str = FORMAT
+    schema: int = COMMIT_SCHEMA
 
     @property
     def records(self) -> int:
@@ -126,9 +128,11 @@ class HiddenIndex:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HiddenIndex:
+        check_schema(f"runs/{data.get('run')}/hidden/shard {data.get('shard')} index", data,
+                     COMMIT_SCHEMA)
         parts = [HiddenPart(**p) for p in data["parts"]]
         names = ("run", "shard", "layout", "layer_ids", "hidden_size", "num_layers", "dtype",
-                 "model", "format")
+                 "model", "format", "schema")
         return cls(**{n: data[n] for n in names}, parts=parts)
 
 

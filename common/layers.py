@@ -112,8 +112,3 @@ def _explicit(text: str, layers: int) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ValueError("a layer id named twice")
     return ids
-
-
-def run_layer_ids(frozen: Sequence[int] | None, k: int, num_layers: int) -> list[int]:
-    """A run's DFlash layers: the ids frozen in run.json, else (older runs) the spread of K."""
-    return list(frozen) if frozen else dflash_layer_ids(num_layers, k)

@@ -2,8 +2,8 @@
 
 The run index (:mod:`common.run_index`) gives the summaries a chunk of 100 shards at a time,
 with the commits it lacks read directly and the parts of uncommitted shards listed; each is
-kept only long enough to add it up (older commits, and uncommitted shards, are summarised
-from their parts). Redis gets the state in pipelines of at
+kept only long enough to add it up (uncommitted shards are summarised from their parts).
+Redis gets the state in pipelines of at
 most :data:`CHUNK` commands, so neither this process nor Redis holds the run at once; the
 ``ready`` flag, set last, is what lets workers go on.
 """
@@ -65,12 +65,10 @@ def summary_index(storage: Storage, run: str, threads: int = THREADS) -> RunInde
 def shard_summaries(storage: Storage, run: str, threads: int = THREADS,
                     plan: ScanPlan | None = None) -> Iterator[tuple[int, dict[str, Any], bool]]:
     """``(shard, summary, committed)`` for every shard with a commit or a part, chunk by chunk
-    from the run index (the commits it lacks; parts where no summary exists)."""
+    from the run index (commits carry their summary; uncommitted shards' parts are read)."""
     index = summary_index(storage, run, threads)
     for read in index.scan(plan.total if plan else shard_total(storage, run), plan):
         for shard, summary in sorted(read.entries.items()):
-            if summary is None:  # a commit from before summaries: its parts
-                summary = _from_parts(storage, read.parts.get(shard, []), threads)
             yield shard, summary, True
         for shard, part_keys in sorted(read.uncommitted_parts().items()):
             yield shard, _from_parts(storage, part_keys, threads), False

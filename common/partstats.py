@@ -2,9 +2,7 @@
 
 A generate worker stamps every sample of a part with ``written`` (worker, write time, wall
 seconds the part took); the shard's commit keeps one summary per part (``part_stats``), so
-the dashboard's time series come from storage and survive a Redis or UI restart. Parts and
-commits written before these fields existed are read with what they have (the commit's worker
-and time, no wall time).
+the dashboard's time series come from storage and survive a Redis or UI restart.
 """
 
 from __future__ import annotations
@@ -78,8 +76,8 @@ def flagged_reasons(quality: dict[str, Any]) -> list[str]:
 
 
 def turn_counts(quality: dict[str, Any]) -> tuple[int, int]:
-    """``(turns judged, turns rejected)`` of a sample; records from before per-turn verdicts
-    were judged whole."""
+    """``(turns judged, turns rejected)`` of a sample; one without ``turns_passed`` (judged by
+    :func:`common.gates.judge` alone, not turn by turn) counts each of its turns judged whole."""
     kept = quality.get("turns_passed")
     if kept is None:
         judged = len(quality.get("supervised_tokens", ())) or 1

@@ -13,11 +13,13 @@ from typing import Any
 import orjson
 import zstandard
 
-from common.epochs import RECIPE_EPOCHS
+from common.drafter_origin import DrafterOrigin
 from common.errors import RunConfigMismatch
 from common.gates import GateConfig
-from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
-from common.thinking import describe, thinking_for
+from common.layers import DEFAULT_K
+from common.run_options import frozen_as_given
+from common.sampling import Sampling
+from common.schema import COMMIT_SCHEMA, RUN_SCHEMA, check_schema
 
 CODE_VERSION = "0.1.0"
 
@@ -40,71 +42,36 @@ class TaskOutcome(StrEnum):
     LOST = "lost"  # another worker took the lease over and finishes the shard
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters sent to the engine with every request, and the thinking mode.
+FrozenOptions = frozen_as_given()
 
-    ``thinking`` off renders every conversation with thinking off; on, a stable share
-    ``thinking_off_share`` of them, chosen by id (``--thinking mix:R``), renders with it off.
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(FrozenOptions):  # type: ignore[misc, valid-type]
+    """Everything that decides a run's output; written once to ``run.json`` and then frozen.
+
+    The options frozen as given (run, format, shard size, mode, layout, epochs, ...) are the
+    declared run options' own fields (:func:`common.run_options.frozen_as_given`); the fields
+    below are what enqueue resolves against the target.
     """
 
-    max_new_tokens: int = 2048
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    thinking: bool = True
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    thinking_off_share: float = 0.0
-
-    def thinking_for(self, sample_id: str) -> bool:
-        """Whether conversation ``sample_id`` renders with thinking on (:mod:`common.thinking`)."""
-        return thinking_for(self.thinking, self.thinking_off_share, sample_id)
-
-    @property
-    def thinking_mode(self) -> str:
-        """``on``, ``off`` or ``mix:R``, as ``--thinking`` takes it."""
-        return describe(self.thinking, self.thinking_off_share)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything that decides a run's output; written once to ``run.json`` and then frozen."""
-
-    run: str
     model: str
     input: str | list[str]  # one input, or several (each a file, directory, glob or s3:// URL)
-    format: str
-    prompt_field: str | None
-    shard_size: int
-    limit: int | None
     sampling: Sampling = Sampling()
     gates: GateConfig = GateConfig()
-    mode: str = "offline"  # offline: hidden-state workers store features; online: train queue
-    layout: str = "dflash"  # target layers kept for the drafter: dflash (K layers) or eagle3
-    target_layers: int = 5  # K: how many target layers feed the drafter
-    # The dflash layout's layer ids as ``--target-layers`` resolved them for the model; None in
-    # run.json files written before the option took names and lists (then: the spread of K).
+    target_layers: int = DEFAULT_K  # K: how many target layers feed the drafter
+    # The dflash layout's layer ids as ``--target-layers`` resolved them for the model (None:
+    # eagle3, whose layers are fixed).
     target_layer_ids: list[int] | None = None
     chat_template_sha: str | None = None
-    prompt_template: str | None = None  # a format string over the row's fields, or detection
-    strict_fields: bool = False  # reject rows with text no prompt uses, instead of reporting it
     # Options every render passes to the chat template (--chat-template-kwargs), e.g.
     # {"preserve_thinking": true}; thinking itself is sampling.thinking.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Where each sampling value came from: flag, generation_config.json or default.
     sampling_sources: dict[str, str] = field(default_factory=dict)
-    heldout_fraction: float = HELDOUT_FRACTION  # never trained on: what eval-drafter decodes
-    heldout_min: int = HELDOUT_MIN
-    # The drafter's passes over the run's training rows (the schedule's length follows), and
-    # how many end-of-epoch evaluations without a better held-out tau stop it early (None: never).
-    epochs: int = RECIPE_EPOCHS
-    patience: int | None = None
-    # Where the drafter's shape (and starting weights) come from: enqueue's --drafter-config or
-    # --init-drafter, frozen with its name, digest and content (common.drafter_origin); None:
-    # the target alone shapes it (or a train worker's own option, for runs from before).
-    drafter: dict[str, Any] | None = None
+    # Where the drafter's shape (and starting weights) come from, frozen with its name, digest
+    # and content (common.drafter_origin); None only for the eagle3 layout.
+    drafter: DrafterOrigin | None = None
+    schema: int = RUN_SCHEMA
     code_version: str = CODE_VERSION
     created_at: float = field(default_factory=time.time)
 
@@ -114,7 +81,9 @@ class RunConfig:
     _INFORMATIONAL_PREFIXES = ("sampling_sources.", "drafter.path")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["drafter"] = self.drafter.to_json() if self.drafter else None
+        return data
 
     @property
     def inputs(self) -> list[str]:
@@ -122,19 +91,18 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunConfig:
+        check_schema(f"runs/{data.get('run')}/run.json", data, RUN_SCHEMA)
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["sampling"] = Sampling(**data.get("sampling", {}))
-        values["gates"] = GateConfig.from_json(data.get("gates"))
+        values["sampling"] = Sampling(**data["sampling"])
+        values["gates"] = GateConfig.from_json(data["gates"])
+        values["drafter"] = DrafterOrigin.from_json(data["drafter"]) if data.get(
+            "drafter") else None
         return cls(**values)
 
     def differences(self, other: RunConfig) -> list[str]:
         """Names of the fields (``sampling.x`` for sampling) whose values differ."""
         mine, theirs = _flatten(self.to_json()), _flatten(other.to_json())
-        if None in (self.target_layer_ids, other.target_layer_ids):
-            # A run.json from before the field: its layers are the spread of target_layers.
-            mine.pop("target_layer_ids", None)
-            theirs.pop("target_layer_ids", None)
         return sorted(
             name
             for name in mine.keys() | theirs.keys()
@@ -212,9 +180,8 @@ class ShardCommit:
     ``sample_ids`` are the samples that passed the gates (the only ones handed downstream);
     ``rejected_ids`` failed a gate and live under ``rejected/`` with their reasons.
     ``part_stats``: per part key, its worker, write time, wall time, samples, rejections and
-    tokens (:mod:`common.partstats`; empty in commits written before it existed).
-    ``summary``: what the run monitor counts of the shard (:mod:`common.run_summary`; empty in
-    older commits, whose parts are read instead).
+    tokens (:mod:`common.partstats`).
+    ``summary``: what the run monitor counts of the shard (:mod:`common.run_summary`).
     """
 
     run: str
@@ -228,6 +195,7 @@ class ShardCommit:
     part_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     committed_at: float = field(default_factory=time.time)
+    schema: int = COMMIT_SCHEMA
 
     @property
     def samples(self) -> int:
@@ -239,6 +207,8 @@ class ShardCommit:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ShardCommit:
+        check_schema(f"runs/{data.get('run')}/generated/shard {data.get('shard')} commit", data,
+                     COMMIT_SCHEMA)
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 

@@ -31,6 +31,7 @@ from common import keys
 from common.commit_cache import THREADS, fetch
 from common.errors import DflashError, NotFound, StorageRefused
 from common.records import InputManifest
+from common.schema import COMMIT_SCHEMA, check_schema
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ FIELDS = {DIGESTS: {"samples", "rejected", "stats", "part_stats", "worker", "com
           SUMMARIES: {"v", "judged", "rejected", "reasons", "hist", "groups", "examples",
                       "answers"}}
 CHUNK = keys.INDEX_CHUNK
-Entry = dict[str, Any] | None  # None: a commit written before summaries (its parts tell)
+Entry = dict[str, Any]
 
 
 def chunk_size(chunk: int, total: int) -> int:
@@ -55,11 +56,13 @@ def chunk_size(chunk: int, total: int) -> int:
 
 def entry_of(kind: str, commit: dict[str, Any]) -> Entry:
     """What the index keeps of a ``_COMMIT.json`` (parsed) for ``kind``."""
+    check_schema(f"runs/{commit.get('run')}/generated/shard {commit.get('shard')} commit", commit,
+                 COMMIT_SCHEMA)
     if kind == SUMMARIES:
-        return commit.get("summary") or None
-    rejected = len(commit.get("rejected_ids", ()))
+        return commit["summary"]
+    rejected = len(commit["rejected_ids"])
     return {"samples": len(commit["sample_ids"]) + rejected, "rejected": rejected,
-            "stats": commit["stats"], "part_stats": commit.get("part_stats", {}),
+            "stats": commit["stats"], "part_stats": commit["part_stats"],
             "worker": commit["worker"], "committed_at": commit["committed_at"]}
 
 

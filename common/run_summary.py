@@ -1,11 +1,10 @@
 """A shard's judgements in a few KB: what the run monitor counts, kept in its ``_COMMIT.json``.
 
 The run monitor's state (counters, rolling window, supervised-token histogram, duplicate
-answers, examples) used to be rebuilt by reading every part of the run. A commit now carries
-its shard's share of that state (``summary``), so a rebuild reads one object per committed
-shard; shards not committed yet (and commits written before the summary existed) are
-summarised from their parts the same way. Samples are taken in the order the gates judged
-them, as :func:`common.monitor_parts.judged_samples` does: judgement time, accepted before rejected,
+answers, examples) is rebuilt from these: a commit carries its shard's share of that state
+(``summary``), so a rebuild reads one object per committed shard; shards not committed yet are
+summarised from their parts the same way. Samples are taken in the order the gates judged them,
+as :func:`common.monitor_parts.judged_samples` does: judgement time, accepted before rejected,
 then part key; the first judgement of a sample id wins (ids never repeat across shards).
 """
 
@@ -97,10 +96,9 @@ class RunSummary:
     def add(self, shard: int, summary: Mapping[str, Any], committed: bool) -> None:
         self.judged += summary["judged"]
         self.rejected += summary["rejected"]
-        # Summaries from before per-turn verdicts: one turn per conversation, judged whole.
-        turns, turns_rejected = summary.get("turns") or (summary["judged"], summary["rejected"])
+        turns, turns_rejected = summary["turns"]
         self.turns, self.turns_rejected = self.turns + turns, self.turns_rejected + turns_rejected
-        self.thinking_off += summary.get("thinking_off", 0)
+        self.thinking_off += summary["thinking_off"]
         self.reasons.update(summary["reasons"])
         self.hist.update({int(t): n for t, n in summary["hist"].items()})
         for at, accepted, rejected in summary["groups"]:

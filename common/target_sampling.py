@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from common.records import Sampling
+from common.sampling import MAX_NEW_TOKENS_CAP, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,6 @@ FROM_TARGET = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                "presence_penalty")
 FLAG, TARGET, DEFAULT = "flag", "generation_config.json", "default"
 CONTEXT = "target context"
-# The budget thinking models are published with (the Qwen3 family's 32,768): long traces are
-# kept, not cut and rejected truncated; each request is capped to the room its prompt leaves.
-MAX_NEW_TOKENS_CAP = 32768
 
 
 def generation_config(model_dir: Path) -> dict[str, Any]:

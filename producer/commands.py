@@ -15,17 +15,15 @@ import redis
 
 from common import keys
 from common.config import Settings
-from common.drafter_origin import drafter_summary, enqueue_origin
-from common.epochs import RECIPE_EPOCHS
+from common.drafter_origin import OriginKind, drafter_summary, enqueue_origin
 from common.errors import ConfigError, InputError
-from common.gates import GateConfig
 from common.inputs.layouts import FORMATS, template_fields
 from common.inputs.sources import is_glob
 from common.layers import DEFAULT_K
 from common.models import chat_template_of, resolve_model_path, template_sha
 from common.records import RunConfig, RunState, Sampling
+from common.run_options import RunOptions, as_given
 from common.sampling_rules import check_sampling
-from common.splits import HELDOUT_FRACTION, HELDOUT_MIN
 from common.storage import Storage
 from common.target import TargetShape
 from common.target_sampling import resolve_max_new_tokens, resolve_sampling, sampling_line
@@ -37,71 +35,60 @@ from producer.status import StatusReader
 log = logging.getLogger(__name__)
 
 
-def build_run_config(settings: Settings, *, run: str, input_path: str | tuple[str, ...],
-                     fmt: str, prompt_field: str | None, shard_size: int, limit: int | None,
-                     max_new_tokens: int | None, temperature: float | None,
-                     top_p: float | None, top_k: int | None, thinking: str | bool = "on",
-                     gates: GateConfig | None = None,
-                     mode: str = "offline",
-                     layout: str = "dflash", target_layers: str | int | None = None,
-                     prompt_template: str | None = None, strict_fields: bool = False,
-                     heldout_fraction: float = HELDOUT_FRACTION,
-                     heldout_min: int = HELDOUT_MIN,
-                     chat_template_kwargs: dict[str, Any] | None = None,
-                     min_p: float | None = None, repetition_penalty: float | None = None,
-                     presence_penalty: float | None = None,
-                     drafter_config: str | None = None,
-                     init_drafter: str | None = None, epochs: int = RECIPE_EPOCHS,
-                     patience: int | None = None) -> RunConfig:
-    """Validate options and freeze them, with the model's chat template fingerprint; sampling
-    a flag leaves unset comes from the target's generation_config.json."""
-    if not keys.valid_run_id(run):
-        raise ConfigError(f"invalid run id {run!r}: use 1-128 letters, digits, '.', '_' or '-'")
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if prompt_template is not None:
-        if not template_fields(prompt_template):
-            raise ConfigError(f"--prompt-template {prompt_template!r} names no field; use "
-                              "{field} placeholders, e.g. '{instruction}\\n\\n{context}'")
-    specs = [input_path] if isinstance(input_path, str) else list(input_path)
-    sources = [input_source(spec) for spec in specs]
+def build_run_config(settings: Settings, options: RunOptions) -> RunConfig:
+    """Validate the options and freeze them, with the model's chat template fingerprint;
+    sampling an option leaves unset comes from the target's generation_config.json."""
+    if not keys.valid_run_id(options.run):
+        raise ConfigError(f"invalid run id {options.run!r}: use 1-128 letters, digits, '.', "
+                          "'_' or '-'")
+    if options.format not in FORMATS:
+        raise ConfigError(f"unknown format {options.format!r}; choose one of "
+                          f"{', '.join(FORMATS)}")
+    if options.prompt_template is not None and not template_fields(options.prompt_template):
+        raise ConfigError(f"--prompt-template {options.prompt_template!r} names no field; use "
+                          "{field} placeholders, e.g. '{instruction}\\n\\n{context}'")
+    sources = [input_source(spec) for spec in options.input]
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
     model_dir = resolve_model_path(settings)
-    values, sampling_sources = resolve_sampling(model_dir, {
-        "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
-        "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty})
-    max_new, sampling_sources["max_new_tokens"] = resolve_max_new_tokens(
-        max_new_tokens, context_length(model_dir))
-    try:
-        think, off_share = parse_thinking(thinking)
-    except ValueError as exc:
-        raise ConfigError(f"--thinking: {exc}") from None
-    sampling = Sampling(max_new_tokens=max_new, thinking=think, thinking_off_share=off_share,
-                        **values)
-    check_sampling(sampling)
+    sampling, sampling_sources = run_sampling(model_dir, options)
     template = chat_template_of(model_dir)
     if template is None:
         raise ConfigError(f"model {settings.model!r} has no chat template")
     # eagle3 keeps its fixed layers; dflash freezes the ids resolved for this target, or the
     # drafter config's, and the drafter's shape with them (checked against the target here).
     target = TargetShape.from_dir(model_dir)
-    drafter, layer_ids = enqueue_origin(drafter_config, init_drafter, layout, target_layers,
-                                        target)
-    if drafter and drafter["kind"] == "init":
+    drafter, layer_ids = enqueue_origin(options, target)
+    if drafter and drafter.kind == OriginKind.INIT:
         from producer.released import check_released_weights
 
         check_released_weights(drafter, target, layer_ids)
     return RunConfig(
-        run=run, model=settings.model, input=sources[0] if len(sources) == 1 else sources,
-        format=fmt, prompt_field=prompt_field, shard_size=shard_size, limit=limit,
-        sampling=sampling, gates=gates or GateConfig(), mode=mode, layout=layout,
-        target_layers=len(layer_ids) if layer_ids else DEFAULT_K, target_layer_ids=layer_ids,
-        chat_template_sha=template_sha(template), prompt_template=prompt_template,
-        strict_fields=strict_fields, heldout_fraction=heldout_fraction, heldout_min=heldout_min,
-        chat_template_kwargs=dict(chat_template_kwargs or {}),
-        sampling_sources=sampling_sources, drafter=drafter, epochs=epochs, patience=patience,
+        **as_given(options), model=settings.model,
+        input=sources[0] if len(sources) == 1 else sources, sampling=sampling,
+        gates=options.gates(), target_layers=len(layer_ids) if layer_ids else DEFAULT_K,
+        target_layer_ids=layer_ids, chat_template_sha=template_sha(template),
+        chat_template_kwargs=dict(options.chat_template_kwargs or {}),
+        sampling_sources=sampling_sources, drafter=drafter,
     )
+
+
+def run_sampling(model_dir: Any, options: RunOptions) -> tuple[Sampling, dict[str, str]]:
+    """The run's sampling (options over the target's generation_config.json over defaults) and
+    where each value came from."""
+    values, sources = resolve_sampling(model_dir, {
+        name: getattr(options, name) for name in ("temperature", "top_p", "top_k", "min_p",
+                                                  "repetition_penalty", "presence_penalty")})
+    max_new, sources["max_new_tokens"] = resolve_max_new_tokens(options.max_new_tokens,
+                                                                context_length(model_dir))
+    try:
+        think, off_share = parse_thinking(options.thinking_mode)
+    except ValueError as exc:
+        raise ConfigError(f"--thinking: {exc}") from None
+    sampling = Sampling(max_new_tokens=max_new, thinking=think, thinking_off_share=off_share,
+                        **values)
+    check_sampling(sampling)
+    return sampling, sources
 
 
 def input_source(spec: str) -> str:
@@ -113,18 +100,6 @@ def input_source(spec: str) -> str:
     if not is_glob(spec) and not os.path.exists(spec):
         raise InputError(f"input not found: {spec}")
     return os.path.abspath(spec)
-
-
-def build_gates(*, min_supervised_tokens: int, max_reject_rate: float, pause_after: int,
-                min_answer_tokens: int, skip: tuple[str, ...]) -> GateConfig:
-    """The gate thresholds from CLI options; ``skip`` names gates to turn off."""
-    return GateConfig(
-        min_supervised_tokens=min_supervised_tokens, max_reject_rate=max_reject_rate,
-        pause_after=pause_after, min_answer_tokens=min_answer_tokens,
-        reject_truncated="truncated" not in skip, require_thinking="thinking" not in skip,
-        reject_empty_answer="empty_answer" not in skip, reject_leakage="leakage" not in skip,
-        reject_duplicates="duplicates" not in skip,
-    )
 
 
 def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:

@@ -31,6 +31,7 @@ from common.config import load_settings
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.records import RunState
+from common.run_options import RunOptions
 from producer.children import die_with_parent
 
 STARTUP_TIMEOUT_S = 30.0
@@ -143,12 +144,10 @@ def run_demo(options: DemoOptions) -> int:
         env = dict(os.environ, DFLASH_BROKER_URL=url, DFLASH_STORAGE=settings.storage,
                    DFLASH_CACHE_DIR=str(settings.cache_dir), DFLASH_MODEL=settings.model)
         online = not options.quick
-        config = build_run_config(settings, run=run, input_path=options.input_path, fmt="auto",
-                                  prompt_field=None, shard_size=options.shard_size, limit=None,
-                                  max_new_tokens=options.max_new_tokens, temperature=0.7,
-                                  top_p=0.95, top_k=50, thinking=True,
-                                  mode="online" if online else "offline",
-                                  epochs=options.epochs)
+        config = build_run_config(settings, RunOptions(
+            run=run, input=(options.input_path,), shard_size=options.shard_size,
+            max_new_tokens=options.max_new_tokens, temperature=0.7, top_p=0.95, top_k=50,
+            mode="online" if online else "offline", epochs=options.epochs))
         exe = [sys.executable, "-m", "producer.cli"]
         worker_env = {**THREAD_ENV, **env} if online else env
         workers = {"worker": _spawn([*exe, "worker", "generate"], worker_env,

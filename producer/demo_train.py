@@ -129,12 +129,15 @@ def tau_by_epoch_line(down: dict[str, Any]) -> str:
 
 def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str, prompts: int,
                     max_new_tokens: int) -> int:
-    """Measure the final drafter on the held-out split, export both; 0 when decoding was
-    lossless and both exports were written."""
-    click.echo(f"measuring the drafter on up to {prompts} held-out prompts (speculative and "
-               f"plain greedy decoding, {max_new_tokens} tokens each)...")
-    result = _command(exe, env, "eval-drafter", "--run", run, "--num", str(prompts),
-                      "--max-new-tokens", str(max_new_tokens), "--json")
+    """Export the drafter (its best-evaluated step), measure that very step on the held-out
+    split, export the dataset; 0 when decoding was lossless and both exports were written."""
+    drafter = _command(exe, env, "export-drafter", "--run", run, "--out",
+                       str(out_dir / "export" / "drafter"), "--json")
+    click.echo(f"measuring drafter step {drafter['step']}, the one exported "
+               f"({chosen_line(drafter)}), on up to {prompts} held-out prompts (speculative "
+               f"and plain greedy decoding, {max_new_tokens} tokens each)...")
+    result = _command(exe, env, "eval-drafter", "--run", run, "--step", str(drafter["step"]),
+                      "--num", str(prompts), "--max-new-tokens", str(max_new_tokens), "--json")
     lossless = result["lossless"]
     exact = lossless["checked"] - len(lossless["mismatches"])
     click.echo(f"acceptance length tau {result['tau']:.3f} (pooled {result['tau_pooled']:.3f}) "
@@ -147,11 +150,17 @@ def finish_training(exe: list[str], env: dict[str, str], out_dir: Path, run: str
     splits = ", ".join(f"{s} {n}" for s, n in dataset["samples"].items())
     click.echo(f"dataset: {out_dir / 'export' / 'dataset'}  (Parquet, {splits} samples; "
                "datasets.load_dataset('parquet', data_dir=...))")
-    drafter = _command(exe, env, "export-drafter", "--run", run, "--out",
-                       str(out_dir / "export" / "drafter"), "--json")
     click.echo(f"drafter: {drafter['out']}  (step {drafter['step']}, {drafter['dtype']}; "
                "SGLang --speculative-algorithm DFLASH --speculative-draft-model-path ...)")
     return EXIT_OK if exact == lossless["checked"] else EXIT_FAILURE
+
+
+def chosen_line(exported: dict[str, Any]) -> str:
+    """Why export-drafter took its step: the best held-out tau measured while training, or the
+    newest when none was measured."""
+    if exported.get("chosen") == "best-tau":
+        return f"best-evaluated: held-out tau {exported['tau']:.3f} during training"
+    return "the newest; no held-out tau was measured during training"
 
 
 def _command(exe: list[str], env: dict[str, str], *args: str) -> dict[str, Any]:

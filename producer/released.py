@@ -8,9 +8,10 @@ that would not load is refused before anything is queued, not when its first sha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from common.drafter_origin import DrafterOrigin
 from common.errors import OptionRefused
+from common.run_options import DRAFTER_LAYERS
 from common.target import TargetShape
 from producer.doctor.drafter_check import check_tensors, safetensors_header
 
@@ -18,14 +19,12 @@ from producer.doctor.drafter_check import check_tensors, safetensors_header
 TARGET_OWNED = ("embed_tokens.", "lm_head.", "model.embed_tokens.", "model.lm_head.")
 
 
-def check_released_weights(drafter: dict[str, Any], target: TargetShape,
+def check_released_weights(drafter: DrafterOrigin, target: TargetShape,
                            layer_ids: list[int] | None) -> None:
     """``--init-drafter``: every tensor its config.json makes is in the safetensors, of that
     shape, and nothing else but the target's embedding or head (headers only, no weights
     read); :class:`OptionRefused` (one line, exit 2) names the first problem."""
-    stated = drafter["config"]
-    if stated.get("num_hidden_layers") is None:
-        return   # the worker's DFLASH_DRAFTER_LAYERS decides; it checks the weights then
+    stated = {"num_hidden_layers": DRAFTER_LAYERS, **drafter.config}
     given = {"hidden_size": target.hidden_size, "num_attention_heads": target.num_attention_heads,
              "num_key_value_heads": target.num_key_value_heads, "head_dim": target.head_dim,
              "intermediate_size": target.intermediate_size}   # what the drafter copies
@@ -34,12 +33,12 @@ def check_released_weights(drafter: dict[str, Any], target: TargetShape,
                                **(stated.get("dflash_config") or {})}}
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     try:
-        for file in sorted(Path(drafter["path"]).glob("*.safetensors")):
+        for file in sorted(Path(drafter.path).glob("*.safetensors")):
             tensors.update(safetensors_header(file))
     except (OSError, ValueError) as exc:
-        raise OptionRefused(f"--init-drafter {drafter['path']}: {exc}") from None
+        raise OptionRefused(f"--init-drafter {drafter.path}: {exc}") from None
     result = check_tensors(draft, {k: v for k, v in tensors.items()
                                    if not k.startswith(TARGET_OWNED)})
     if not result.ok:
-        raise OptionRefused(f"--init-drafter {drafter['path']}: weights do not fit its "
+        raise OptionRefused(f"--init-drafter {drafter.path}: weights do not fit its "
                             f"config.json: {result.detail}")

@@ -110,11 +110,7 @@ class _Tally:
         self.modes["unknown" if thinking is None else "on" if thinking else "off"] += 1
         for turn in turns or [record]:
             self.finish[str(turn.get("finish_reason") or "unknown")] += 1
-        supervised = quality.get("supervised_tokens")
-        if supervised is None:  # samples written before the gates: count the output ids
-            supervised = [len(t.get("output_ids") or []) or t.get("completion_tokens", 0)
-                          for t in turns]
-        self.supervised.update(int(v) for v in supervised)
+        self.supervised.update(int(v) for v in quality["supervised_tokens"])
         self.thinking.update(int(v) for v in quality.get("thinking_tokens") or [])
         digest = str(quality.get("answer_hash") or "")
         first = self.first_of_hash.setdefault(digest, sample_id) if digest else sample_id

@@ -12,6 +12,7 @@ import torch
 
 from common.target import TargetShape
 from tests.conftest import TinyTarget
+from tests.tolerance import assert_close, differ
 from workers.train.drafter.export import export_drafter, hf_config, load_drafter
 from workers.train.drafter.masks import decode_mask, dense_block_mask
 from workers.train.drafter.model import (
@@ -121,21 +122,22 @@ def test_sliding_decoding_equals_the_training_mask_and_the_cache(target) -> None
                                 model.get_input_embeddings(), model.get_output_embeddings())
         full.load_state_dict(drafter.state_dict())
         unwindowed = full.eval()(block, block_pos, features, positions, None)
-    torch.testing.assert_close(decoded, trained, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cached, decoded, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(unwindowed, decoded, atol=1e-4)   # the window is in force
+    assert_close(decoded, trained, rel=1e-5)
+    assert_close(cached, decoded, rel=1e-5)
+    assert differ(unwindowed, decoded, rel=1e-4)   # the window is in force
 
 
 def test_a_sliding_export_round_trips_and_starts_a_drafter(target, tmp_path: Path) -> None:  # noqa: ANN001
-    from common.config import TrainSettings
+    from common.drafter_origin import freeze_origin
     from workers.train.drafter.origin import new_drafter
 
     model, mask_id = target
+    shape = TargetShape.of(model.config)
     drafter = sliding_drafter(target, seed=5)
     out = export_drafter(drafter, tmp_path / "released")
     assert load_drafter(out, model).config == drafter.config
     layers = list(drafter.config.target_layer_ids)
-    started = new_drafter(model, mask_id, layers, TrainSettings(init_drafter=str(out)))
+    started = new_drafter(model, mask_id, layers, freeze_origin(None, str(out), shape))
     assert started.config == drafter.config
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(started.state_dict()[name], tensor), name
@@ -144,7 +146,7 @@ def test_a_sliding_export_round_trips_and_starts_a_drafter(target, tmp_path: Pat
     config["dflash_config"]["mask_token_id"] = mask_id + 1
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(DrafterShapeError, match="dflash_config.mask_token_id"):
-        new_drafter(model, mask_id, layers, TrainSettings(init_drafter=str(out)))
+        new_drafter(model, mask_id, layers, freeze_origin(None, str(out), shape))
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -182,7 +184,7 @@ def test_training_a_sliding_drafter_and_resuming_from_its_export(
         target_model: TinyTarget, tmp_path: Path) -> None:
     """Train steps on real rows with sliding layers; a drafter started from the export has the
     export's loss on a batch, a fresh one of the same shape another."""
-    from common.config import TrainSettings
+    from common.drafter_origin import freeze_origin
     from tests.conftest import MT_BENCH
     from tests.models_cache import cached_demo_rows
     from workers.train.drafter.demo import mt_bench_prompts
@@ -194,7 +196,7 @@ def test_training_a_sliding_drafter_and_resuming_from_its_export(
     mask_id = add_mask_token(tokenizer, model)
     shape = tmp_path / "shape.json"
     shape.write_text(json.dumps(SLIDING5))
-    settings = TrainSettings(drafter_config=str(shape))
+    settings = freeze_origin(str(shape), None, TargetShape.of(model.config))
     layers = DFlashConfig.from_target(model.config, mask_id).target_layer_ids
     rows = cached_demo_rows(target_model.path, model, tokenizer,
                             mt_bench_prompts(MT_BENCH, 48), seed=0)
@@ -212,7 +214,8 @@ def test_training_a_sliding_drafter_and_resuming_from_its_export(
         with torch.no_grad():
             return float(other.forward(batch)[0])
 
-    resumed = new_drafter(model, mask_id, layers, TrainSettings(init_drafter=str(out)))
+    resumed = new_drafter(model, mask_id, layers,
+                          freeze_origin(None, str(out), TargetShape.of(model.config)))
     fresh = new_drafter(model, mask_id, layers, settings)
     assert loss_of(resumed) == pytest.approx(loss_of(trainer.drafter), rel=1e-5)
     assert abs(loss_of(fresh) - loss_of(trainer.drafter)) > 1e-3
@@ -223,23 +226,25 @@ def test_training_a_sliding_drafter_and_resuming_from_its_export(
     ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
     ({"hidden_size": 5120}, "hidden_size"),
 ])
-def test_worker_train_refuses_a_shape_it_cannot_honour_with_one_line(
+def test_enqueue_refuses_a_shape_the_trainer_cannot_honour_with_one_line(
         tmp_path: Path, model_cache: Path, change: dict, field: str) -> None:
     import os
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import MT_BENCH, ROOT
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**SLIDING5, **change}))
     env = {**os.environ, "DFLASH_CACHE_DIR": str(model_cache),
            "DFLASH_STORAGE": str(tmp_path / "storage")}
-    result = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "train",
+    result = subprocess.run([sys.executable, "-m", "producer.cli", "enqueue", "--run", "r",
+                             "--input", str(MT_BENCH), "--mode", "online", "--dry-run",
                              "--drafter-config", str(bad)], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines()
+             if not line.startswith("Preparing")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and field in lines[0], lines
 
 

@@ -18,6 +18,7 @@ from common.target import TargetShape
 from common.trainrows import TrainingRow
 from tests.conftest import MT_BENCH, TinyTarget
 from tests.models_cache import cached_demo_rows
+from tests.tolerance import assert_close, differ
 from workers.train.drafter.demo import mt_bench_prompts
 from workers.train.drafter.export import export_drafter, load_drafter
 from workers.train.drafter.features import FeaturedRow, target_features, with_target_features
@@ -139,7 +140,7 @@ def test_chunked_logits_match_whole_batch(tiny: Tiny) -> None:
     assert b.labels > 64 * 3
     assert b.loss == pytest.approx(a.loss, rel=1e-5) and b.slot_accuracy == a.slot_accuracy
     for p, q in zip(whole.drafter.parameters(), chunked.drafter.parameters(), strict=True):
-        assert torch.allclose(p, q, atol=1e-6)
+        assert_close(p, q, rel=1e-5)
 
 
 def test_export_reload_reproduces_logits(tiny: Tiny, tmp_path: Path) -> None:
@@ -172,8 +173,8 @@ def test_export_reload_reproduces_logits(tiny: Tiny, tmp_path: Path) -> None:
         expected = trainer.drafter.logits(trainer.drafter(*args))
         got = reloaded.logits(reloaded(*args))
         untrained = tiny.drafter(3).logits(tiny.drafter(3)(*args))
-    assert torch.allclose(got, expected, atol=1e-5)
-    assert not torch.allclose(untrained, expected, atol=1e-3)
+    assert_close(got, expected, rel=1e-5, what="reloaded logits")
+    assert differ(untrained, expected, rel=1e-3)
 
 
 def test_drafter_shares_frozen_target_embedding_and_head(tiny: Tiny) -> None:
@@ -195,7 +196,7 @@ def test_online_features_match_single_row_hidden_states(tiny: Tiny) -> None:
             out = tiny.target(torch.tensor([row.input_ids]), output_hidden_states=True)
         expected = torch.cat([out.hidden_states[i + 1][0] for i in tiny.layer_ids], dim=-1)
         assert got.shape == (len(row.input_ids), 5 * TargetShape.of(tiny.target).hidden_size)
-        assert torch.allclose(got, expected, atol=1e-4)
+        assert_close(got, expected, rel=1e-5, what="features")
 
 
 def test_short_rows_are_skipped(tiny: Tiny) -> None:

@@ -25,6 +25,7 @@ from common.hidden_store import (
 from common.storage import LocalStorage
 from common.trainrows import TrainingRow
 from tests.conftest import TinyTarget
+from tests.tolerance import assert_close
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, check_finite, length_batches
 
 LENGTHS = [5, 40, 17, 33, 1, 26]
@@ -62,13 +63,13 @@ def test_extract_matches_single_row_forward(extractor: HiddenExtractor) -> None:
             out = extractor.model(torch.tensor([row.input_ids]), output_hidden_states=True)
         expected = torch.cat([out.hidden_states[i + 1][0] for i in extractor.layer_ids], dim=-1)
         assert record.hidden_states.shape == (len(row.input_ids), width)
-        assert torch.allclose(record.hidden_states, expected, atol=1e-5, rtol=1e-4)
+        assert_close(record.hidden_states, expected, rel=1e-5, what="hidden states")
         assert record.input_ids.dtype == torch.int32 and record.loss_mask.dtype == torch.uint8
         assert record.input_ids.tolist() == row.input_ids
         assert record.loss_mask.tolist() == row.loss_mask
         if extractor.config.layout == "eagle3":
-            assert torch.allclose(record.last_hidden_states, out.hidden_states[-1][0],
-                                  atol=1e-5, rtol=1e-4)
+            assert_close(record.last_hidden_states, out.hidden_states[-1][0], rel=1e-5,
+                         what="last hidden states")
         else:
             assert record.last_hidden_states is None
 

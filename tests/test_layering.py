@@ -186,3 +186,12 @@ def test_a_command_that_fails_to_load_is_one_clear_error() -> None:
     empty.__dict__["entry_points"] = {}
     result = CliRunner().invoke(empty, ["worker"])
     assert result.exit_code == 2 and "pip install -e ." in result.output, result.output
+
+
+def test_the_launcher_names_no_stage() -> None:
+    """Each stage's command hands the launcher its own Launch (queue, app, preflight, argv)."""
+    stages = ("workers.generate", "workers.hidden", "workers.train")
+    assert not [t for t in IMPORTS["workers.launch"] if t.startswith(stages)]
+    named = [node.value for node in ast.walk(ast.parse(MODULES["workers.launch"].read_text()))
+             if isinstance(node, ast.Constant) and node.value in ("generate", "hidden", "train")]
+    assert named == []

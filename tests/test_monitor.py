@@ -13,7 +13,9 @@ from common import keys, redis_keys
 from common.errors import RunPaused
 from common.gates import GateConfig
 from common.monitor import pause_from_storage, resume_gates
-from common.records import encode_jsonl_zst
+from common.partstats import SampleStat
+from common.records import ShardCommit, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.run_summary import shard_summary
 from common.storage import LocalStorage
 from tests.conftest import RedisServer
 from workers.generate.monitor import RunMonitor, pause_reason
@@ -105,6 +107,15 @@ def test_new_threshold_lifts_the_pause_and_sticks(env) -> None:
     assert monitor.thresholds().max_reject_rate == 1.0 and monitor.paused() is None
 
 
+def commit_shard(storage: LocalStorage, run: str, shard: int) -> None:
+    """A shard's commit as a worker writes it: its parts' summary (what a rebuild reads)."""
+    parts = [k for prefix in (keys.generated_prefix(run), keys.rejected_prefix(run))
+             for k in storage.list(prefix) if keys.shard_of(k) == shard]
+    known = {k: [SampleStat.of(s) for s in decode_jsonl_zst(storage.get(k))] for k in parts}
+    commit = ShardCommit(run, shard, sorted(parts), [], {}, {}, "w", summary=shard_summary(known))
+    storage.put_once(keys.generated_commit(run, shard), dumps(commit.to_json()))
+
+
 def test_rebuild_after_a_wipe_keeps_the_window_in_judgement_order(env) -> None:
     """Rejections spread through a run (50 of 600, 8%) must not crowd the rebuilt window."""
     client, storage = env
@@ -126,7 +137,7 @@ def test_rebuild_after_a_wipe_keeps_the_window_in_judgement_order(env) -> None:
             if rejected:
                 storage.put_once(keys.rejected_part("w", shard, part), encode_jsonl_zst(rejected))
             assert monitor.record(accepted, rejected) is None
-    storage.put_once(keys.generated_commit("w", 0), b"{}")  # shard 0 committed, 1 and 2 not
+    commit_shard(storage, "w", 0)  # shard 0 committed, 1 and 2 not
     window = client.lrange(redis_keys.redis_gate_window("w"), 0, -1)
     before = client.hgetall(redis_keys.redis_gates("w"))
     assert int(before["rejected"]) == 50 and len(window) == 200

@@ -1,11 +1,10 @@
 """The drafter belongs to the run: ``enqueue --drafter-config/--init-drafter`` freeze its shape
-(and starting weights) in run.json, checked against the target before anything is queued; train
-workers train that shape whatever their own options say."""
+(and starting weights) in run.json, checked against the target before anything is queued, and
+without them the target's own shape is frozen; train workers train that shape."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from common.records import RunConfig
 from common.storage import open_storage
 from common.target import TargetShape
 from tests.conftest import MT_BENCH, ROOT, Pipeline, RedisServer, TinyTarget, wait_until
+from tests.tolerance import assert_close
 
 # A published-style config: two layers, its own block, and the issue's target layers [1, 3, 5]
 # (the dense tiny target's default is the spread [1, 2, 3, 4, 5], the hybrid's [4]).
@@ -78,8 +78,8 @@ def test_the_drafter_configs_layers_become_the_runs_and_a_disagreement_is_refuse
     run = RunConfig.from_json(json.loads(open_storage(env["DFLASH_STORAGE"]).get(
         "runs/r/run.json")))
     assert run.target_layer_ids == [1, 3, 5] and run.target_layers == 3
-    assert run.drafter["kind"] == "config" and run.drafter["config"] == {**PUBLISHED}
-    assert len(run.drafter["sha256"]) == 64
+    assert run.drafter.kind == "config" and run.drafter.config == {**PUBLISHED}
+    assert len(run.drafter.sha256) == 64
     # The same options again are the same run; the shape left out, or another, is not.
     again = cli(env, *ENQUEUE, "--drafter-config", str(config))
     assert again.returncode == 0, again.stderr
@@ -89,7 +89,7 @@ def test_the_drafter_configs_layers_become_the_runs_and_a_disagreement_is_refuse
               4, "drafter.config.num_hidden_layers")
     status = json.loads(cli(env, "status", "--run", "r", "--json").stdout)
     assert status["drafter"]["name"] == "qwen-dflash.json"
-    assert status["drafter"]["sha256"] == run.drafter["sha256"]
+    assert status["drafter"]["sha256"] == run.drafter.sha256
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -111,11 +111,10 @@ def test_a_config_the_target_contradicts_is_refused_at_enqueue(
     one_error(eagle, 2, "--layout dflash")
 
 
-def test_a_worker_trains_the_runs_frozen_shape_and_says_why_in_one_line(
-        target_model: TinyTarget, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A worker given another --drafter-config builds the run's drafter, not its own; a released
-    drafter frozen with --init-drafter starts from its weights once their digest matches."""
-    from common.config import TrainSettings
+def test_a_new_drafter_takes_the_runs_frozen_shape_and_released_weights(
+        target_model: TinyTarget, tmp_path: Path) -> None:
+    """The trainer builds the shape run.json froze; a released drafter frozen with
+    --init-drafter starts from its weights once their digest is the one frozen at enqueue."""
     from workers.train.drafter.export import export_drafter
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.origin import new_drafter
@@ -124,31 +123,21 @@ def test_a_worker_trains_the_runs_frozen_shape_and_says_why_in_one_line(
     model, tokenizer = load_target(target_model.path)
     mask_id = add_mask_token(tokenizer, model)
     shape = TargetShape.of(model.config)
-    own = published(tmp_path, num_hidden_layers=3)
-    own.rename(tmp_path / "worker.json")
-    worker = TrainSettings(drafter_config=str(tmp_path / "worker.json"))
-    run = RunConfig(run="r", model=target_model.name, input="x", format="auto",
-                    prompt_field=None, shard_size=4, limit=None, target_layer_ids=[1, 3, 5],
-                    drafter=freeze_origin(str(published(tmp_path)), None, shape))
-    with caplog.at_level(logging.INFO, logger="workers.train.drafter.origin"):
-        drafter = new_drafter(model, mask_id, [1, 3, 5], worker, run=run)
+    drafter = new_drafter(model, mask_id, [1, 3, 5],
+                          freeze_origin(str(published(tmp_path)), None, shape))
     assert drafter.config.num_hidden_layers == 2 and drafter.config.block_size == 8
     assert drafter.config.target_layer_ids == (1, 3, 5)
-    lines = [r.getMessage() for r in caplog.records if "frozen in its run.json" in r.getMessage()]
-    assert len(lines) == 1 and "worker.json shapes only runs enqueued without one" in lines[0]
 
     released = export_drafter(drafter, tmp_path / "released")
     frozen = freeze_origin(None, str(released), shape)
-    assert frozen["kind"] == "init" and frozen["weights_sha256"] == weights_digest(released)
-    started = new_drafter(model, mask_id, [1, 3, 5], TrainSettings(),
-                          run=RunConfig(**{**run.__dict__, "drafter": frozen}))
+    assert frozen.kind == "init" and frozen.weights_sha256 == weights_digest(released)
+    started = new_drafter(model, mask_id, [1, 3, 5], frozen)
     for name, tensor in drafter.state_dict().items():
-        assert started.state_dict()[name].float().allclose(tensor.float(), atol=1e-2), name
+        assert_close(started.state_dict()[name], tensor, rel=1e-2, what=name)
     weights = released / "model.safetensors"
     weights.write_bytes(weights.read_bytes() + b" ")
     with pytest.raises(DrafterShapeError, match="its weights changed since enqueue"):
-        new_drafter(model, mask_id, [1, 3, 5], TrainSettings(),
-                    run=RunConfig(**{**run.__dict__, "drafter": frozen}))
+        new_drafter(model, mask_id, [1, 3, 5], frozen)
 
 
 def test_init_drafter_is_checked_and_frozen_with_its_weights_digest_at_enqueue(
@@ -157,7 +146,6 @@ def test_init_drafter_is_checked_and_frozen_with_its_weights_digest_at_enqueue(
     queued, its directory and weights digest frozen; weights that do not fit are one line."""
     from safetensors.torch import load_file, save_file
 
-    from common.config import TrainSettings
     from workers.train.drafter.export import export_drafter
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.origin import new_drafter
@@ -165,7 +153,8 @@ def test_init_drafter_is_checked_and_frozen_with_its_weights_digest_at_enqueue(
 
     model, tokenizer = load_target(target_model.path)
     drafter = new_drafter(model, add_mask_token(tokenizer, model), [1, 3, 5],
-                          TrainSettings(drafter_config=str(published(tmp_path))))
+                          freeze_origin(str(published(tmp_path)), None,
+                                        TargetShape.of(model.config)))
     released = export_drafter(drafter, tmp_path / "released")
     ok = cli(env, *ENQUEUE, "--init-drafter", str(released), "--dry-run", "--show", "0",
              "--json")
@@ -184,32 +173,37 @@ def test_init_drafter_is_checked_and_frozen_with_its_weights_digest_at_enqueue(
               "weights do not fit", "fc.weight")
 
 
-def test_an_old_run_json_loads_and_equals_itself(tmp_path: Path) -> None:
-    """A run.json written before the field loads with no drafter and differs from nothing."""
-    run = RunConfig(run="r", model="m", input="x", format="auto", prompt_field=None,
-                    shard_size=4, limit=None)
-    old = run.to_json()
-    del old["drafter"]
-    loaded = RunConfig.from_json(old)
-    assert loaded.drafter is None and loaded.differences(run) == []
+def test_a_run_without_a_shape_freezes_the_targets_at_enqueue(env: dict[str, str]) -> None:
+    """No --drafter-config/--init-drafter: run.json still freezes the drafter's shape (the
+    target's, --drafter-layers deep), so no worker decides it; the train worker takes no shape
+    options at all."""
+    dry = cli(env, *ENQUEUE, "--drafter-layers", "3", "--dry-run", "--show", "0", "--json")
+    assert dry.returncode == 0, dry.stderr
+    shown = json.loads(dry.stdout)["drafter"]
+    assert shown["kind"] == "default" and shown["name"] == "target"
+    assert shown["source"] == "the target's shape, 3 layers (--drafter-layers)"
+    assert shown["target_layer_ids"]
+    for gone in ("--drafter-config", "--init-drafter"):
+        refused = cli(env, "worker", "train", gone, "x")
+        assert refused.returncode == 2 and f"No such option '{gone}'" in refused.stderr
+    eagle = RunConfig(run="r", model="m", input="x", format="auto", prompt_field=None,
+                      shard_size=4, limit=None, layout="eagle3")
+    assert RunConfig.from_json(eagle.to_json()) == eagle and eagle.drafter is None
 
 
 @pytest.mark.e2e
 def test_a_run_with_a_frozen_shape_trains_it_on_a_worker_with_another_and_parks_nothing(
         pipeline: Pipeline, tmp_path: Path, target_model: TinyTarget) -> None:
-    """The issue's example end to end: the run's config states layers [1, 3, 5]; the train
-    worker was given another config; generation and training finish, no shard parks, and the
-    checkpoint, ``status`` and ``export-drafter`` are the run's shape from the run's file."""
+    """The issue's example end to end: the run's config states layers [1, 3, 5]; generation and
+    training finish, no shard parks, and the checkpoint, ``status`` and ``export-drafter`` are
+    the run's shape from the run's file."""
     from common.drafter_store import committed_steps, load_checkpoint, read_ledger
     from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
     from tests.test_train_e2e import start_train_worker
 
     pipeline.env["DFLASH_MODEL"] = target_model.name
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
-    worker_shape = tmp_path / "worker.json"
-    worker_shape.write_text(json.dumps({**PUBLISHED, "num_hidden_layers": 3,
-                                        "dflash_config": {"target_layer_ids": [1, 2, 3]}}))
-    start_train_worker(pipeline, "trainer", "--drafter-config", str(worker_shape))
+    start_train_worker(pipeline, "trainer")
     pipeline.start_worker("gen")
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))
     pipeline.cli("enqueue", "--input", src, "--run", "fz", "--shard-size", "4", "--mode",
@@ -224,8 +218,6 @@ def test_a_run_with_a_frozen_shape_trains_it_on_a_worker_with_another_and_parks_
     state, _ = load_checkpoint(storage, "fz", committed_steps(storage, "fz")[-1])
     assert state["drafter_config"]["num_hidden_layers"] == 2
     assert list(state["drafter_config"]["target_layer_ids"]) == [1, 3, 5]
-    log = (pipeline.log_dir / "trainer.log").read_text()
-    assert log.count("trains the drafter shape frozen in its run.json") == 1, log[-3000:]
     out = json.loads(pipeline.cli("export-drafter", "--run", "fz", "--out",
                                   str(tmp_path / "export"), "--json", check=True).stdout)
     assert out["drafter_shape"]["sha256"] == status["drafter"]["sha256"]

@@ -5,7 +5,6 @@ pause, two resumes, a redelivered shard with a duplicated sample, and uncommitte
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,20 +121,6 @@ def _redis_state(client: Any) -> dict[str, Any]:
     return state
 
 
-def _without_summaries(base: Path) -> LocalStorage:
-    """A copy of the run whose commits are as written before summaries existed."""
-    target = base / "old-commits"
-    if not target.exists():
-        shutil.copytree(base / "storage", target)
-    storage = LocalStorage(str(target))
-    for key in storage.list(keys.generated_prefix(RUN)):
-        if key.endswith("/_COMMIT.json"):
-            data = json.loads(storage.get(key))
-            data.pop("summary", None)
-            storage.replace(key, dumps(data))
-    return storage
-
-
 def test_commits_carry_the_summary(run) -> None:
     _, base = run
     commit = ShardCommit.from_json(json.loads(
@@ -151,10 +136,9 @@ def test_rebuilt_monitor_is_the_same_from_summaries_as_from_parts(run) -> None:
     client.flushall()
     rebuild_from_parts(client, storage, RUN, GATES)
     reference = _redis_state(client)
-    for source in (storage, _without_summaries(base)):
-        client.flushall()
-        rebuild(client, source, RUN, GATES)
-        assert _redis_state(client) == reference
+    client.flushall()
+    rebuild(client, storage, RUN, GATES)
+    assert _redis_state(client) == reference
     gates = reference[redis_keys.redis_gates(RUN)]
     assert int(gates["checked"]) == 3 * SHARD + 10 + 3 and int(gates["rejected"]) > 10
     assert "1" in reference[redis_keys.redis_gate_window(RUN)]
@@ -181,8 +165,6 @@ def test_status_and_series_are_the_same_from_summaries_as_from_parts(run) -> Non
     storage = LocalStorage(str(base / "storage"))
     client.flushall()
     wiped = StatusReader(storage, client, RUN).read()  # the monitor lost: counted from storage
-    old = StatusReader(_without_summaries(base), client, RUN).read()
-    assert _stable(wiped) == _stable(old)
     rebuild_from_parts(client, storage, RUN, GATES)
     reference = StatusReader(storage, client, RUN).read()
     client.flushall()

@@ -14,7 +14,8 @@ from common.epochs import row_order, shard_order
 from common.records import RunConfig
 from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import lr_factor
-from workers.train.epochs import note_shard, patience_spent, planned_total, schedule_spent
+from workers.train.epochs import note_shard, patience_spent, schedule_spent
+from workers.train.plan import planned_total
 
 
 def test_unrevised_schedule_is_warmup_then_cosine() -> None:

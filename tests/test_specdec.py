@@ -15,6 +15,7 @@ from common.target import TargetShape
 from embedded.tinymodel import ensure_tiny_model
 from tests.conftest import HYBRID, MT_BENCH, TARGETS
 from tests.models_cache import cached_demo_rows
+from tests.tolerance import assert_close
 from workers.train.drafter.demo import mt_bench_prompts
 from workers.train.drafter.features import with_target_features
 from workers.train.drafter.model import ContextCache, DFlashConfig, DFlashDraftModel, add_mask_token
@@ -197,12 +198,11 @@ def test_a_hybrid_keeps_exactly_the_accepted_prefix_state(hybrid: Setup, rollbac
         got = cache.forward(nxt).logits
         want = target_forward(setup.target, nxt, reference).logits
     # Close, not equal: the chunked and the per-token kernels round differently.
-    close = {"rtol": 1e-4, "atol": 1e-4}
-    torch.testing.assert_close(got, want, **close)
+    assert_close(got, want, rel=1e-4, what="logits")
     for i, held in zip(shape.linear_attention_layers, before, strict=True):
         ours, theirs = cache.cache.layers[i], reference.layers[i]
-        torch.testing.assert_close(ours.conv_states[0], theirs.conv_states[0], **close)
-        torch.testing.assert_close(ours.recurrent_states[0], theirs.recurrent_states[0], **close)
+        assert_close(ours.conv_states[0], theirs.conv_states[0], rel=1e-4)
+        assert_close(ours.recurrent_states[0], theirs.recurrent_states[0], rel=1e-4)
         if kept < block.shape[1]:      # the verify took in rejected drafts: a crop is not enough
             assert not torch.allclose(held, reference.layers[i].recurrent_states[0])
     for i in shape.full_attention_layers:
@@ -238,7 +238,7 @@ def test_the_context_cache_equals_the_full_context(setup: Setup) -> None:
                 cache=cache)
         cached = drafter(block, block_positions, features[:, 12:], positions[:, 12:], None,
                          cache=cache)
-    torch.testing.assert_close(cached, full, rtol=1e-5, atol=1e-5)
+    assert_close(cached, full, rel=1e-5)
 
 
 def test_lossless_and_training_raises_the_real_acceptance_length(setup: Setup) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import ConfigError
-from common.layers import dflash_layer_ids, resolve_target_layers, run_layer_ids, spread
+from common.errors import ConfigError, SchemaMismatch
+from common.layers import dflash_layer_ids, resolve_target_layers, spread
 from common.records import RunConfig
+from common.schema import RUN_SCHEMA
 from common.target import TargetShape
 
 
@@ -58,16 +59,20 @@ def test_layer_kind_strategies_need_a_hybrid() -> None:
         resolve_target_layers("after-full", shape(12, hybrid=False))
 
 
-def test_spread_and_old_run_files() -> None:
+def test_spread_and_a_run_file_of_another_schema() -> None:
     assert spread([3, 7, 11, 15], 2) == [3, 15] and spread([3, 7], 5) == [3, 7]
-    old = RunConfig.from_json({"run": "r", "model": "m", "input": "i", "format": "auto",
-                               "prompt_field": None, "shard_size": 8, "limit": None,
-                               "target_layers": 4})
-    assert old.target_layer_ids is None
-    assert run_layer_ids(old.target_layer_ids, old.target_layers, 36) == dflash_layer_ids(36, 4)
+    written = RunConfig(run="r", model="m", input="i", format="auto", prompt_field=None,
+                        shard_size=8, limit=None, target_layers=4,
+                        target_layer_ids=dflash_layer_ids(36, 4))
+    assert RunConfig.from_json(written.to_json()) == written
+    for schema, shown in ((None, "none"), (RUN_SCHEMA + 1, str(RUN_SCHEMA + 1))):
+        data = {**written.to_json(), "schema": schema}
+        with pytest.raises(SchemaMismatch) as refused:
+            RunConfig.from_json(data)
+        assert str(refused.value) == (f"runs/r/run.json has schema {shown}; this release of "
+                                      f"dflash-pipeline reads schema {RUN_SCHEMA} (read the run "
+                                      "with the release that wrote it)")
     from dataclasses import replace
 
-    new = replace(old, target_layer_ids=dflash_layer_ids(36, 4))
-    assert old.differences(new) == [] and run_layer_ids(new.target_layer_ids, 4, 36) == \
-        new.target_layer_ids
-    assert new.differences(replace(new, target_layer_ids=[1, 2])) == ["target_layer_ids"]
+    assert written.differences(replace(written, target_layer_ids=[1, 2])) == [
+        "target_layer_ids"]

@@ -17,6 +17,7 @@ from common.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
+from tests.tolerance import worst
 
 pytestmark = pytest.mark.e2e
 
@@ -55,13 +56,13 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
     pipeline.env["DFLASH_MODEL"] = target_model.name
     shape = tmp_path / "sliding.json"
     shape.write_text(json.dumps(SLIDING_DRAFTER))
-    evals = {"DFLASH_TRAIN_EVAL_STEPS": "2", "DFLASH_TRAIN_DRAFTER_CONFIG": str(shape)}
+    evals = {"DFLASH_TRAIN_EVAL_STEPS": "2"}
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
     victim = start_train_worker(pipeline, "trainer", **evals)
     pipeline.start_worker("gen")
     pipeline.cli("enqueue", "--input", src, "--run", "on", "--shard-size", "4", "--mode",
-                 "online", "--epochs", "1",
+                 "online", "--epochs", "1", "--drafter-config", str(shape),
                  "--max-new-tokens", "128", "--heldout-min", "2", check=True)
     wait_until(lambda: committed_steps(storage, "on"), 240, "a first drafter checkpoint")
     os.kill(victim.pid, signal.SIGKILL)
@@ -144,29 +145,30 @@ def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage
     from safetensors.torch import load_file
 
     src = _write_jsonl(tmp_path / "more.jsonl", _mt_bench_rows(20)[16:])
-    start_train_worker(pipeline, "heir", "--init-drafter", str(export),
-                       DFLASH_TRAIN_CHECKPOINT_STEPS="1")
+    start_train_worker(pipeline, "heir", DFLASH_TRAIN_CHECKPOINT_STEPS="1")
     pipeline.cli("enqueue", "--input", src, "--run", "on2", "--shard-size", "4", "--mode",
-                 "online", "--epochs", "1",
+                 "online", "--epochs", "1", "--init-drafter", str(export),
                  "--max-new-tokens", "128", "--heldout-min", "0", check=True)
     wait_until(lambda: committed_steps(storage, "on2"), 240, "the heir's first checkpoint")
     first, _ = load_checkpoint(storage, "on2", committed_steps(storage, "on2")[0])
     released = load_file(str(export / "model.safetensors"))
-    # One step (lr at most 3e-4 in warm-up) from the released weights: within 1e-3 of them,
-    # while a fresh drafter of that shape (the same init seed) is as far as run "on"'s steps.
-    from common.config import TrainSettings
+    # One step (lr at most 3e-4 in warm-up) from the released weights.
+    from common.drafter_origin import freeze_origin
+    from common.target import TargetShape
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.origin import new_drafter
     from workers.train.drafter.target_loader import load_target
 
     target, tokenizer = load_target(pipeline_target(pipeline))
     fresh = new_drafter(target, add_mask_token(tokenizer, target), first["drafter_config"][
-        "target_layer_ids"], TrainSettings(drafter_config=str(tmp_path / "sliding.json")))
-    drift = max((first["drafter"][k].float() - released[k].float()).abs().max().item()
-                for k in released)
-    apart = max((fresh.state_dict()[k].float() - released[k].float()).abs().max().item()
-                for k in released)
-    assert drift < 1e-3 < apart, (drift, apart)
+        "target_layer_ids"], freeze_origin(str(tmp_path / "sliding.json"), None,
+                                           TargetShape.of(target.config)))
+    # Each tensor's difference on its own scale: the first checkpoint is one step from the
+    # export, a fresh drafter of the same shape (the same init seed) as far as run "on"'s steps
+    # took it (measured: 0.008 against 0.042).
+    drift = max(worst(first["drafter"][k], released[k]) for k in released)
+    apart = max(worst(fresh.state_dict()[k], released[k]) for k in released)
+    assert drift < apart / 2, (drift, apart)
     out = tmp_path / "export2"
     pipeline.cli("export-drafter", "--run", "on2", "--out", str(out), check=True)
     again = json.loads((out / "config.json").read_text())

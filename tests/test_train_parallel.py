@@ -23,6 +23,7 @@ from tests import dp_probe
 from tests.conftest import ROOT, Pipeline, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
 from tests.test_train_e2e import TRAIN_ENV, adam_steps
+from tests.tolerance import assert_close
 from workers.train.drafter.features import with_target_features
 from workers.train.drafter.train import DrafterTrainer, StepMetrics
 
@@ -30,8 +31,9 @@ from workers.train.drafter.train import DrafterTrainer, StepMetrics
 pytestmark = pytest.mark.xdist_group("train_parallel")
 
 STEPS = 4
-# float32 sums in another order (per-rank slices, all-reduce): ~2e-6 apart after 4 steps.
-PARAM_ATOL, LOSS_REL = 1e-5, 1e-5
+# float32 sums in another order (per-rank slices, all-reduce): ~2e-6 apart after 4 steps, on
+# tensors whose largest values are ~1e-2 (moments) to ~1 (weights): checked on each one's scale.
+PARAM_REL, LOSS_REL = 1e-4, 1e-5
 # Every step is clipped and AdamW is scale-free, so the update alone cannot tell an averaged
 # gradient from a summed or half-scaled one: the pre-clip norm (what the step reports) can.
 NORM_REL = 1e-4
@@ -107,12 +109,11 @@ def assert_same_trainer(state: dict, expected: dict) -> None:
     assert adam_steps(state) == {expected["steps"]}
     assert torch.equal(state["rng"], expected["rng"]), "anchors drawn differently"
     for name, value in expected["drafter"].items():
-        torch.testing.assert_close(state["drafter"][name], value, atol=PARAM_ATOL, rtol=0,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        assert_close(state["drafter"][name], value, rel=PARAM_REL, what=name)
     moments = state["optimizer"]["state"]
     for index, expected_moments in expected["optimizer"]["state"].items():
-        torch.testing.assert_close(moments[index]["exp_avg"], expected_moments["exp_avg"],
-                                   atol=PARAM_ATOL, rtol=0)
+        assert_close(moments[index]["exp_avg"], expected_moments["exp_avg"], rel=PARAM_REL,
+                     what=f"exp_avg of parameter {index}")
     assert state["schedule"] == expected["schedule"]
 
 
@@ -241,12 +242,11 @@ def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: st
 def test_hosts_meet_at_the_rendezvous_endpoint() -> None:
     from common.config import Settings
     from workers.launch import worker_argv
-    from workers.train.group import group_argv
+    from workers.train.group import TRAIN_LAUNCH, group_argv
 
     settings = Settings(train_nproc_per_node=8, train_nnodes=2, train_node_rank=1,
                         train_rdzv_endpoint="10.0.0.1:29400")
-    celery = worker_argv(settings, queue="train", gpu=None, concurrency=1, name="t@%h",
-                         loglevel="INFO")
+    celery = worker_argv(TRAIN_LAUNCH, gpu=None, concurrency=1, name="t@%h", loglevel="INFO")
     argv = group_argv(settings, None, celery)
     assert argv[1:12] == ["-m", "torch.distributed.run", "--nproc-per-node", "8", "--nnodes",
                           "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400", "-m"]

@@ -1,4 +1,4 @@
-"""The dashboard's series from stored parts and commits, old ones (without part_stats) too."""
+"""The dashboard's series from stored parts and commits."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_part_stats_count_canonical_copies_once() -> None:
     assert [s["worker"] for s in stats.values()] == ["w1", "w2"]
 
 
-def test_series_reads_parts_then_the_commit_and_old_commits(tmp_path: Path) -> None:
+def test_series_reads_parts_then_the_commits(tmp_path: Path) -> None:
     storage = open_storage(str(tmp_path))
     run = "r"
     storage.put_once(keys.run_config(run), b"{}")
@@ -58,11 +58,11 @@ def test_series_reads_parts_then_the_commit_and_old_commits(tmp_path: Path) -> N
                          part_stats={part: {"worker": "w1", "at": 1000.0, "wall_s": 10.0,
                                             "samples": 4, "rejected": 0, "tokens": 200}})
     storage.put_once(keys.generated_commit(run, 0), dumps(commit.to_json()))
-    old = commit.to_json()
-    del old["part_stats"]  # written before part_stats existed
-    old.update(shard=1, stats={"completion_tokens": 70}, committed_at=1100.0)
-    storage.put_once(keys.generated_commit(run, 1), dumps(old))
-    assert ShardCommit.from_json(old).part_stats == {}
+    other = keys.generated_part(run, 1, 0)
+    second = ShardCommit(run, 1, [other], [str(i) for i in range(4, 8)], {}, {}, "w2",
+                         part_stats={other: {"worker": "w2", "at": 1100.0, "wall_s": 5.0,
+                                             "samples": 4, "rejected": 0, "tokens": 70}})
+    storage.put_once(keys.generated_commit(run, 1), dumps(second.to_json()))
     series = reader.read()
     assert reader.parts == {}  # the commit's summary replaced the part read before it
     assert series["totals"] == {"parts": 2, "samples": 8, "rejected": 0, "tokens": 270}

@@ -1,33 +1,55 @@
-"""What every worker launcher shares: the Celery command line and the exec into it."""
+"""What every worker launcher shares: the Celery command line and the exec into it.
+
+Each stage's command describes itself in a :class:`Launch` (its queue, Celery app, the GPUs a
+worker takes, its own preflight and how it wraps the Celery argv); this module names no stage.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.config import Settings, env_name
 from common.serving import visible_devices
 from workers.access import check_write_access
-from workers.train.group import group_argv, is_group
-
-WORKER_APPS = {"generate": "workers.app", "hidden": "workers.downstream_app",
-               "train": "workers.downstream_app"}
 
 
-def worker_argv(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
-                name: str | None, loglevel: str) -> list[str]:
+def _no_preflight(settings: Settings) -> None:
+    return None
+
+
+def _as_is(settings: Settings, gpu: int | None, argv: list[str]) -> list[str]:
+    return argv
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A stage's worker as the launcher starts it."""
+
+    queue: str
+    app: str                                     # the Celery app module (``-A``)
+    gpus: Callable[[Settings], int] = lambda settings: 1   # GPUs a worker takes from --gpu
+    preflight: Callable[[Settings], None] = _no_preflight  # refuse bad settings in one line
+    node: Callable[[Settings], str | None] = lambda settings: None   # its default node name
+    argv: Callable[[Settings, int | None, list[str]], list[str]] = _as_is   # wraps celery's
+
+
+def worker_argv(launch: Launch, *, gpu: int | None, concurrency: int, name: str | None,
+                loglevel: str) -> list[str]:
     """The celery command a worker runs; the threads pool lets held shards share one engine."""
+    queue = launch.queue
     node = name or (f"{queue}-gpu{gpu}@%h" if gpu is not None else f"{queue}-cpu@%h")
     return [
-        sys.executable, "-m", "celery", "-A", WORKER_APPS[queue], "worker",
+        sys.executable, "-m", "celery", "-A", launch.app, "worker",
         "-Q", queue, "-P", "threads", "-c", str(concurrency), "-n", node,
         "-l", loglevel, "-E", "--without-gossip", "--without-mingle",
     ]
 
 
-def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency: int,
+def exec_worker(settings: Settings, launch: Launch, *, gpu: int | None, concurrency: int,
                 name: str | None, loglevel: str, overrides: dict[str, Any]) -> None:
     """Replace this process with the Celery worker, so signals reach it directly.
 
@@ -39,18 +61,10 @@ def exec_worker(settings: Settings, *, queue: str, gpu: int | None, concurrency:
     env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
     resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, resolved.tp if queue == "generate"
-                                                      else 1)
-    check_write_access(settings.storage, queue)   # a read-only key: one line now, no parking
-    if queue == "train":   # a drafter shape it cannot honour: one error line now, not per task
-        from workers.train.drafter.origin import check_train_options
-
-        check_train_options(resolved)
-    group = queue == "train" and is_group(resolved)
-    if group and not name:
-        name = f"train-x{resolved.train_nproc_per_node}-node{resolved.train_node_rank}@%h"
-    argv = worker_argv(settings, queue=queue, gpu=gpu, concurrency=concurrency, name=name,
-                       loglevel=loglevel)
-    if group:
-        argv = group_argv(resolved, gpu, argv)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, launch.gpus(resolved))
+    check_write_access(settings.storage, launch.queue)   # a read-only key: one line, no parking
+    launch.preflight(resolved)
+    argv = worker_argv(launch, gpu=gpu, concurrency=concurrency,
+                       name=name or launch.node(resolved), loglevel=loglevel)
+    argv = launch.argv(resolved, gpu, argv)
     os.execve(argv[0], argv, env)

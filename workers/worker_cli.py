@@ -16,11 +16,11 @@ import click
 from common.cli import command_option, common_options, setting_option
 from common.config import Settings
 from common.entry_points import WORKER_COMMANDS, EntryPointGroup
-from workers.launch import exec_worker
+from workers.launch import Launch, exec_worker
 
 
-def gpu_option(queue: str) -> Callable[[Callable[..., Any]], Any]:
-    unset = "the CPU engine" if queue == "generate" else "CPU unless a GPU is visible"
+def gpu_option(unset: str = "CPU unless a GPU is visible") -> Callable[[Callable[..., Any]], Any]:
+    """--gpu; ``unset`` says what the worker runs on without it."""
     return setting_option("gpu", type=click.IntRange(min=0), show_default=False,
                           help=f"GPU index this worker owns (sets CUDA_VISIBLE_DEVICES) "
                                f"[unset: {unset}].")
@@ -38,17 +38,18 @@ def node_options(queue: str) -> Callable[[Callable[..., Any]], Any]:
     return wrap
 
 
-def stage_worker(queue: str, doc: str, *options: Callable[[Any], Any]) -> click.Command:
+def stage_worker(launch: Launch, doc: str, *options: Callable[[Any], Any]) -> click.Command:
     """A one-shard-at-a-time worker of a downstream stage, with the stage's settings."""
+    queue = launch.queue
 
     def command(settings: Settings, gpu: int | None, name: str | None, loglevel: str,
                 **overrides: Any) -> None:
-        exec_worker(settings, queue=queue, gpu=gpu, concurrency=1, name=name,
-                    loglevel=loglevel, overrides=overrides)
+        exec_worker(settings, launch, gpu=gpu, concurrency=1, name=name, loglevel=loglevel,
+                    overrides=overrides)
 
     command.__doc__ = doc
     wrapped = common_options(command)
-    for option in (node_options(queue), *reversed(options), gpu_option(queue)):
+    for option in (node_options(queue), *reversed(options), gpu_option()):
         wrapped = option(wrapped)
     return click.command(queue)(wrapped)
 

@@ -22,6 +22,7 @@ import click
 HOOKS = Path(__file__).resolve().parent
 ROOT = HOOKS.parents[1]
 MARKER = "<!-- settings-reference -->"
+RUN_JSON_MARKER = "<!-- run-json-schema -->"
 HELP = "help"   # the key under which cli_options_by_envvar keeps an option's help text
 
 
@@ -36,7 +37,36 @@ def on_config(config: Any) -> Any:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, settings_markdown())
+    if RUN_JSON_MARKER in markdown:
+        markdown = markdown.replace(RUN_JSON_MARKER, run_json_markdown())
     return markdown
+
+
+def _type_text(prop: dict[str, Any]) -> str:
+    if "anyOf" in prop:
+        return " or ".join(_type_text(p) for p in prop["anyOf"])
+    if "const" in prop:
+        return f"`{prop['const']}`"
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    kind = prop.get("type", "any")
+    return "/".join(kind) if isinstance(kind, list) else kind
+
+
+def run_json_markdown() -> str:
+    """run.json's fields as a table, and its whole JSON Schema, generated from the code."""
+    import json
+
+    from common.run_schema import run_json_schema
+
+    schema = run_json_schema()
+    rows = ["| field | type | what fills it |", "|---|---|---|"]
+    for name, prop in schema["properties"].items():
+        what = prop.get("description", "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{name}` | {_type_text(prop)} | {what} |")
+    body = json.dumps(schema, indent=2)
+    return "\n".join([*rows, "", '??? note "run.json\'s JSON Schema"', "", "    ```json",
+                      *("    " + line for line in body.splitlines()), "    ```", ""])
 
 
 def field_comments(cls: type) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """A run's history as time series, from storage alone: ``GET /api/runs/<run>/series``.
 
-Committed shards give one summary per part in their ``_COMMIT.json`` (``part_stats``; older
-commits one point at their commit time); parts of uncommitted shards are read once each (they
-are put-once); training metrics come from the drafter checkpoints' commits. Nothing here reads
-Redis, so a Redis or dashboard restart loses no history.
+Committed shards give one summary per part in their ``_COMMIT.json`` (``part_stats``); parts
+of uncommitted shards are read once each (they are put-once); training metrics come from the
+drafter checkpoints' commits. Nothing here reads Redis, so a Redis or dashboard restart loses no
+history.
 """
 
 from __future__ import annotations
@@ -100,11 +100,7 @@ class SeriesReader:
 
 
 def _commit_entries(commit: CommitDigest) -> list[dict[str, Any]]:
-    if commit.part_stats:
-        return [{"shard": commit.shard, **stats} for stats in commit.part_stats.values()]
-    return [{"shard": commit.shard, "worker": commit.worker, "at": commit.committed_at,
-             "wall_s": None, "samples": commit.samples, "rejected": commit.rejected,
-             "tokens": commit.stats.get("completion_tokens", 0)}]
+    return [{"shard": commit.shard, **stats} for stats in commit.part_stats.values()]
 
 
 def _number(raw: Any) -> float | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import click
@@ -11,7 +10,7 @@ from common.cli import command_option, common_options, setting_option
 from common.config import MTP_MODES, Settings
 from common.models import resolve_model_path
 from common.mtp import choose_mtp, target_shape
-from workers.launch import exec_worker
+from workers.launch import Launch, exec_worker
 from workers.worker_cli import gpu_option, node_options
 
 # One held shard leaves the engine part idle while its last requests drain; a second one keeps
@@ -19,8 +18,19 @@ from workers.worker_cli import gpu_option, node_options
 SGLANG_SHARDS = 2
 
 
+def mtp_preflight(settings: Settings) -> None:
+    """``--mtp on`` where MTP cannot run: one error line now (exit 2), not per shard."""
+    if settings.generate.mtp == "on":
+        choose_mtp(settings, target_shape(resolve_model_path(settings)))
+
+
+# A generate worker owns its engine's GPUs: --gpu G and the --tp after it.
+GENERATE = Launch("generate", app="workers.app", gpus=lambda settings: settings.generate.tp,
+                  preflight=mtp_preflight)
+
+
 @click.command("generate")
-@gpu_option("generate")
+@gpu_option("the CPU engine")
 @command_option("concurrency", type=click.IntRange(min=1),
                 help="Shards held at once (they share one engine) [default: 2 with --engine "
                      "sglang, so the next shard fills the engine while one drains; 1 with the "
@@ -60,9 +70,5 @@ def worker_generate(settings: Settings, gpu: int | None, concurrency: int | None
     if concurrency is None:
         engine = overrides.get("engine") or settings.engine
         concurrency = SGLANG_SHARDS if engine == "sglang" else 1
-    resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    if resolved.mtp == "on":   # where MTP cannot run: one error line now, exit 2
-        choose_mtp(resolved, target_shape(resolve_model_path(resolved)))
-
-    exec_worker(settings, queue="generate", gpu=gpu, concurrency=concurrency, name=name,
+    exec_worker(settings, GENERATE, gpu=gpu, concurrency=concurrency, name=name,
                 loglevel=loglevel, overrides=overrides)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.celery_app import TRAIN, app
 from common.dispatch import publish_shard
@@ -27,6 +27,10 @@ from common.epochs import Finish, shard_order
 from common.records import RunConfig
 from common.runstore import RunStore
 from workers.context import WorkerContext
+from workers.train.plan import planned_total
+
+if TYPE_CHECKING:
+    from workers.train.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +49,7 @@ def note_shard(ledger: Ledger, shard: int, rows: int, rows_per_step: int) -> Non
     ledger.shard_steps[str(shard)] = math.ceil(rows / rows_per_step)
 
 
-def planned_total(ledger: Ledger, config: RunConfig, shard_rows: list[int],
-                  rows_per_step: int) -> tuple[int, str]:
-    """The schedule's length from the data, and its basis in words."""
-    known = {int(s) for s in ledger.shard_steps}
-    exact = sum(ledger.shard_steps.values())
-    unknown = [s for s in range(len(shard_rows)) if s not in known]
-    inputs_known = sum(shard_rows[s] for s in known if s < len(shard_rows))
-    if known and inputs_known:
-        rate = sum(ledger.shard_rows.values()) / inputs_known
-        how = f"{rate:.3f} training rows per input row seen on {len(known)} shard(s)"
-    else:
-        rate = 1.0 - config.heldout_fraction
-        how = f"{rate:.3f} rows per input row (held-out share only; nothing trained yet)"
-    estimated = sum(math.ceil(shard_rows[s] * rate / rows_per_step) for s in unknown)
-    per_epoch = max(1, exact + estimated)
-    basis = (f"{config.epochs} epoch(s) x {per_epoch} steps/epoch at {rows_per_step} rows/step: "
-             + (f"exact, all {len(known)} shards trained once" if not unknown else
-                f"{exact} exact from {len(known)} trained shard(s), {estimated} estimated for "
-                f"{len(unknown)} more at {how}"))
-    return config.epochs * per_epoch, basis
-
-
-def revise_schedule(ctx: WorkerContext, session: Any, store: RunStore, config: RunConfig,
+def revise_schedule(ctx: WorkerContext, session: Session, store: RunStore, config: RunConfig,
                     why: str) -> None:
     """Bring the schedule's length to what the data now says (unless --total-steps set it)."""
     schedule, ledger = session.trainer.schedule, session.ledger
@@ -87,7 +69,7 @@ def revise_schedule(ctx: WorkerContext, session: Any, store: RunStore, config: R
     ledger.total_steps = schedule.total
 
 
-def schedule_spent(ctx: WorkerContext, session: Any, config: RunConfig, shard: int,
+def schedule_spent(ctx: WorkerContext, session: Session, config: RunConfig, shard: int,
                    rows_left: int) -> bool:
     """True when no step is left in the schedule: an explicit --total-steps ran out, so the
     trainer finishes the run (one line); a data schedule is extended instead (never silent)."""
@@ -129,7 +111,7 @@ def patience_spent(taus: list[float | None], patience: int | None) -> bool:
     return all(t <= best_before for t in measured[-patience:])
 
 
-def end_epoch(ctx: WorkerContext, session: Any, config: RunConfig, shards: set[int],
+def end_epoch(ctx: WorkerContext, session: Session, config: RunConfig, shards: set[int],
               tau: float | None) -> bool:
     """Close the ledger's epoch with its held-out ``tau``; True when another epoch starts."""
     ledger = session.ledger

@@ -6,6 +6,7 @@ import sys
 
 from common.config import Settings
 from common.errors import ConfigError
+from workers.launch import Launch
 
 
 def is_group(settings: Settings) -> bool:
@@ -38,3 +39,19 @@ def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> l
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
             str(settings.train_nproc_per_node), *where, "-m", "workers.train.ranks",
             *celery_argv[3:]]
+
+
+def group_node(settings: Settings) -> str | None:
+    """A group's node name (one consumer for all its ranks); None: the launcher's own."""
+    if not is_group(settings):
+        return None
+    return f"train-x{settings.train_nproc_per_node}-node{settings.train_node_rank}@%h"
+
+
+def train_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> list[str]:
+    """The celery argv, or torch's launcher starting the group's ranks around it."""
+    return group_argv(settings, gpu, celery_argv) if is_group(settings) else celery_argv
+
+
+TRAIN_LAUNCH = Launch("train", app="workers.downstream_app", preflight=is_group, node=group_node,
+                      argv=train_argv)

@@ -37,6 +37,7 @@ from workers.train.drafter.blocks import pack_rows, sample_anchors
 from workers.train.drafter.features import FeaturedRow, with_target_features
 from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import DrafterTrainer, StepMetrics
+from workers.train.trainer import plain_row
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +180,6 @@ def distribute(trainer: DrafterTrainer, target: Any, pad_id: int,
         return DataParallelTrainer(trainer, _group, featurize, run)
 
 
-def _row(row: Any) -> TrainingRow:
-    return row.row if isinstance(row, FeaturedRow) else row
-
-
 def _portable(row: Any) -> Any:
     """A row fit to send: stored features travel on the CPU."""
     return FeaturedRow(row.row, row.features.cpu()) if isinstance(row, FeaturedRow) else row
@@ -191,6 +188,8 @@ def _portable(row: Any) -> Any:
 class DataParallelTrainer:
     """A :class:`DrafterTrainer` whose drafter is a DDP replica (or an FSDP2 shard) on every
     rank of the group."""
+
+    featurizes = True   # each rank computes its share's target features itself
 
     def __init__(self, trainer: DrafterTrainer, group: Group,
                  featurize: Callable[[list[TrainingRow]], list[FeaturedRow]], run: str) -> None:
@@ -240,11 +239,11 @@ class DataParallelTrainer:
         """Rank 0: one optimizer step of the whole group on the global batch ``rows``."""
         started = time.perf_counter()
         t = self.trainer
-        keep = [r for r in rows if _row(r).supervised_tokens >= t.min_supervised]
+        keep = [r for r in rows if plain_row(r).supervised_tokens >= t.min_supervised]
         if not keep:
             raise NothingToTrain(f"all {len(rows)} rows have < {t.min_supervised} "
                                  "supervised tokens")
-        anchors = [sample_anchors(torch.tensor(_row(r).loss_mask), t.config.max_anchors,
+        anchors = [sample_anchors(torch.tensor(plain_row(r).loss_mask), t.config.max_anchors,
                                   t.generator) for r in keep]
         pairs = list(zip(keep, anchors, strict=True))
         parts = [pairs[i::self.group.world] for i in range(self.group.world)]
@@ -266,7 +265,7 @@ class DataParallelTrainer:
         if all(isinstance(r, FeaturedRow) for r in rows):
             featured = [FeaturedRow(r.row, r.features.to(t.device)) for r in rows]
         else:
-            featured = self.featurize([_row(r) for r in rows])
+            featured = self.featurize([plain_row(r) for r in rows])
         batch = pack_rows([f.row for f in featured], [f.features for f in featured],
                           [a for _, a in part], t.block_size,
                           t.drafter.config.mask_token_id).to(t.device)

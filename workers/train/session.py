@@ -10,18 +10,21 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.config import env_name
 from common.drafter_store import Ledger, latest_step, load_checkpoint
-from common.layers import run_layer_ids
 from common.records import RunConfig
 from common.runstore import RunStore
-from common.target import TargetShape
 from workers.context import WorkerContext, get_context
 from workers.devices import resolve_device
 from workers.train.parallel import distribute
 from workers.train.periodic_eval import PeriodicEval
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from workers.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +37,14 @@ class Session:
     """One run's training state in this process: target, trainer, ledger, checkpoint cadence."""
 
     run: str
-    target: Any
-    trainer: Any
+    target: PreTrainedModel
+    trainer: Trainer
     ledger: Ledger
     layer_ids: list[int]
     pad_id: int
     last_checkpoint: int
     heldout: frozenset[str] = frozenset()
-    evaluator: Any = None
+    evaluator: PeriodicEval | None = None
     step_seconds: float = 0.0   # wall time per step, smoothed (the ETA's rate)
     last_step_at: float = 0.0
 
@@ -78,6 +81,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     from workers.train.drafter.origin import (
         check_same_shape,
         describe,
+        frozen_origin,
         new_drafter,
         origin_phrase,
     )
@@ -90,25 +94,24 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     target.to(resolve_device(ctx.settings.train.device, env_name("train_device")))
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    layers = run_layer_ids(config.target_layer_ids, config.target_layers,
-                           TargetShape.of(target).num_layers)
+    origin = frozen_origin(config)
+    layers = list(config.target_layer_ids or ())
     resumed = load_checkpoint(ctx.storage, config.run, device=str(target.device))
     if resumed is not None:
         state, ledger = resumed
         trainer = DrafterTrainer.from_state_dict(state, target)
-        check_same_shape(config.run, trainer.drafter.config, target, mask_id, layers,
-                         ctx.settings, config)
+        check_same_shape(config.run, trainer.drafter.config, target, mask_id, layers, origin)
         log.info("run %s: resumed the drafter from step %d (%d shards done)", config.run,
                  trainer.steps, len(ledger.done))
     else:
-        drafter = new_drafter(target, mask_id, layers, ctx.settings.train, run=config)
+        drafter = new_drafter(target, mask_id, layers, origin)
         ledger = Ledger()
         trainer = DrafterTrainer(drafter, TrainConfig(
             total_steps=first_total(ctx, config, ledger),
             min_supervised_tokens=ctx.settings.train_min_supervised_tokens,
             max_anchors=ctx.settings.train_max_anchors))
         log.info("run %s: new drafter %s%s", config.run, describe(drafter.config),
-                 origin_phrase(config, ctx.settings.train))
+                 origin_phrase(origin))
     trainer = distribute(trainer, target, pad_id, config.run)
     layers = list(trainer.drafter.config.target_layer_ids)
     manifest = RunStore(ctx.storage, config.run).manifest()
@@ -119,7 +122,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
 
 def first_total(ctx: WorkerContext, config: RunConfig, ledger: Ledger) -> int:
     """A new drafter's schedule length: --total-steps, else the data's first estimate."""
-    from workers.train.epochs import planned_total
+    from workers.train.plan import planned_total
 
     if ctx.settings.train_total_steps:
         return ctx.settings.train_total_steps

@@ -33,6 +33,7 @@ from common.records import RunConfig, ShardTask, TaskOutcome
 from common.runstore import RunStore
 from common.trainrows import TrainingRow
 from workers.context import WorkerContext
+from workers.lease import Lease
 from workers.stage import TRAIN, Delivery, run_delivery
 from workers.train.epochs import (
     end_epoch,
@@ -42,9 +43,10 @@ from workers.train.epochs import (
     revise_schedule,
     schedule_spent,
 )
-from workers.train.parallel import DataParallelTrainer, group_fields
+from workers.train.parallel import group_fields
 from workers.train.session import Session, get_session
 from workers.train.tensorboard import log_step
+from workers.train.trainer import TrainRow, plain_row
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +82,8 @@ def process_train(delivery: Delivery) -> TaskOutcome:
     return TaskOutcome.COMMITTED
 
 
-def train_rows(ctx: WorkerContext, lease: Any, session: Session, config: RunConfig,
-               task: ShardTask, rows: list[Any]) -> None:
+def train_rows(ctx: WorkerContext, lease: Lease, session: Session, config: RunConfig,
+               task: ShardTask, rows: list[TrainRow]) -> None:
     """The shard's steps from the first row its epoch has not trained; checkpoints between."""
     size = ctx.settings.train_rows_per_step
     for first in range(session.ledger.rows_done(task.shard), len(rows), size):
@@ -128,21 +130,21 @@ def progress_fields(session: Session, config: RunConfig) -> dict[str, Any]:
 
 
 def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: ShardTask,
-                  online: bool) -> list[Any]:
+                  online: bool) -> list[TrainRow]:
     """The shard's rows in its epoch's order, the held-out split and rows too short to train
     left out (so every step trains and an epoch's step count is exact)."""
     every = store.training_rows(task.shard) if online else stored_rows(ctx, session, task)
     shortest = session.trainer.min_supervised
-    rows = [r for r in every if getattr(r, "row", r).sample_id not in session.heldout]
-    held = {getattr(r, "row", r).sample_id for r in every} & session.heldout
-    kept = [r for r in rows if getattr(r, "row", r).supervised_tokens >= shortest]
+    rows = [r for r in every if plain_row(r).sample_id not in session.heldout]
+    held = {plain_row(r).sample_id for r in every} & session.heldout
+    kept = [r for r in rows if plain_row(r).supervised_tokens >= shortest]
     log.info("run %s shard %d: %d rows to train, %d held-out samples left out, %d rows with "
              "< %d supervised tokens; epoch %d", task.run, task.shard, len(kept), len(held),
              len(rows) - len(kept), shortest, session.ledger.epoch + 1)
     return row_order(task.run, session.ledger.epoch, task.shard, kept)
 
 
-def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[Any]:
+def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[TrainRow]:
     """Offline runs: the rows with the features the hidden-state stage stored (same order)."""
     from common.hidden_store import iter_hidden_records, read_hidden_commit
     from workers.train.drafter.features import FeaturedRow
@@ -160,17 +162,17 @@ def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[A
             for r in iter_hidden_records(ctx.storage, task.run, [task.shard])]
 
 
-def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: list[Any],
+def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: list[TrainRow],
                task: ShardTask) -> float | None:
     """One optimizer step (target features on the fly unless stored); metrics to Redis and log.
     Returns the step's training estimate of the acceptance length (None: nothing trained)."""
     from workers.train.drafter.features import FeaturedRow, with_target_features
 
     featured = rows
-    distributed = isinstance(session.trainer, DataParallelTrainer)  # its ranks featurize
-    if not distributed and not all(isinstance(r, FeaturedRow) for r in rows):
+    grouped = session.trainer.featurizes   # a group's ranks featurize and inject themselves
+    if not grouped and not all(isinstance(r, FeaturedRow) for r in rows):
         featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
-    if not distributed:  # a group's ranks inject it inside their own step
+    if not grouped:
         inject("train.forward")
     try:
         metrics = session.trainer.step(featured)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from common.cli import setting_option
+from workers.train.group import TRAIN_LAUNCH
 from workers.worker_cli import stage_worker
 
 worker_train = stage_worker(
-    "train", "Run a Celery worker on queue `train`: online DFlash drafter training (one per "
+    TRAIN_LAUNCH, "Run a Celery worker on queue `train`: online DFlash drafter training (one per "
              "run).",
     setting_option("train_rows_per_step", "--rows-per-step", type=click.IntRange(min=1),
                    help="Training rows per optimizer step."),
@@ -43,18 +44,6 @@ worker_train = stage_worker(
     setting_option("train_parallel", "--fsdp", flag_value="fsdp",
                    help="Shard the drafter and its optimizer state over the ranks (FSDP2) "
                         "instead of a replica on each (DDP); needs --eval-steps 0."),
-    setting_option("train_drafter_config", "--drafter-config", metavar="FILE",
-                   help="For runs enqueued without a drafter shape only (give it to enqueue "
-                        "instead: it is frozen in run.json and wins): shape a new drafter as this "
-                        "published DFlash config.json says (layers, sliding windows, heads, "
-                        "target layers); the target gives what it does not state. A field it "
-                        "cannot honour stops the worker with one line."),
-    setting_option("train_init_drafter", "--init-drafter", metavar="DIR",
-                   help="For runs enqueued without a drafter shape only (give it to enqueue "
-                        "instead: frozen in run.json with its weights' digest, it wins): start a "
-                        "new run's drafter from a released DFlash drafter (config.json + "
-                        "safetensors, as export-drafter writes and z-lab publishes): its weights "
-                        "and shape; its target layers and mask token must be the target's."),
     setting_option("tensorboard_dir", "--tensorboard-dir",
                    help="Also write per-step training metrics to TensorBoard under "
                         "DIR/<run>/ (unset: off)."))

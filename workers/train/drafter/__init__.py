@@ -1,4 +1,4 @@
-"""The DFlash drafter (DESIGN "DFlash drafter"): model, online training and export.
+"""The DFlash drafter (docs/guides/training.md): model, online training and export.
 
     model.py     DFlashConfig, DFlashDraftModel, add_mask_token
     masks.py     dense_block_mask (CPU / SDPA) and flex_block_mask (CUDA)

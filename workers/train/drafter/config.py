@@ -16,6 +16,7 @@ from typing import Any
 from transformers import Qwen3Config
 
 from common.layers import dflash_layer_ids
+from common.run_options import DRAFTER_LAYERS
 from common.target import TargetShape
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,8 @@ class DFlashConfig:
         return self.num_context_features * self.hidden_size
 
     @classmethod
-    def from_target(cls, target_config: Any, mask_token_id: int, *, num_hidden_layers: int = 5,
+    def from_target(cls, target_config: Any, mask_token_id: int, *,
+                    num_hidden_layers: int = DRAFTER_LAYERS,
                     block_size: int = 16, num_features: int = 5,
                     layer_ids: Sequence[int] | None = None) -> DFlashConfig:
         """Copy the target's layer shape; read ``layer_ids`` (default: ``num_features`` layers

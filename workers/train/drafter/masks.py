@@ -15,7 +15,7 @@ positions behind it: context keys ``j >= anchors[n] + o - (W - 1)`` and block ke
 sees only block offsets ``<= o``. :func:`decode_mask` is the same rule from positions, for one
 block decoding over its whole context.
 
-"Strictly before" follows DESIGN and SpecForge's ``create_dflash_block_mask`` (``kv_idx <
+"Strictly before" follows SpecForge's ``create_dflash_block_mask`` (``kv_idx <
 anchor_pos``): at inference the anchor is the token the target just produced, whose hidden state
 does not exist yet, so it can only enter the block as a token embedding (slot 0). Every query
 row sees at least its own block, so no row is fully masked (dense SDPA would return NaN).

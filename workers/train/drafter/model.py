@@ -40,6 +40,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
+from common.run_options import DRAFTER_LAYERS
 from workers.train.drafter.config import (  # noqa: F401 - the drafter's shape, re-exported
     FULL,
     LAYER_TYPES,
@@ -205,7 +206,8 @@ class DFlashDraftModel(nn.Module):
         self.reset_parameters(init_seed)
 
     @classmethod
-    def for_target(cls, target: nn.Module, mask_token_id: int, *, num_hidden_layers: int = 5,
+    def for_target(cls, target: nn.Module, mask_token_id: int, *,
+                   num_hidden_layers: int = DRAFTER_LAYERS,
                    block_size: int = 16, num_features: int = 5,
                    layer_ids: Sequence[int] | None = None,
                    init_seed: int = 0) -> DFlashDraftModel:

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimizer, schedule and sampling settings of drafter training (DESIGN defaults)."""
+    """Optimizer, schedule and sampling settings of drafter training (the DFlash recipe's)."""
 
     total_steps: int
     lr: float = 6e-4
@@ -114,6 +114,8 @@ class StepMetrics:
 
 class DrafterTrainer:
     """Drafter + AdamW + schedule + anchor RNG: ``step(rows)`` trains, ``state_dict`` resumes."""
+
+    featurizes = False   # its steps take rows with the target's features computed
 
     def __init__(self, drafter: DFlashDraftModel, config: TrainConfig) -> None:
         self.drafter = drafter
@@ -283,7 +285,6 @@ class DrafterTrainer:
             raise ValueError("the checkpoint was trained for a different drafter config")
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
-        # Checkpoints from before the revisable schedule: their config's total, never revised.
-        self.schedule = Schedule.from_json(state.get("schedule") or asdict(self.schedule))
+        self.schedule = Schedule.from_json(state["schedule"])
         self.steps = int(state["steps"])
         self.generator.set_state(state["rng"])

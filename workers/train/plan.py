@@ -1,0 +1,31 @@
+"""The learning-rate schedule's length from the run's data: epochs x the steps a shard makes
+(exact once trained, estimated from the manifest before)."""
+
+from __future__ import annotations
+
+import math
+
+from common.drafter_store import Ledger
+from common.records import RunConfig
+
+
+def planned_total(ledger: Ledger, config: RunConfig, shard_rows: list[int],
+                  rows_per_step: int) -> tuple[int, str]:
+    """The schedule's length from the data, and its basis in words."""
+    known = {int(s) for s in ledger.shard_steps}
+    exact = sum(ledger.shard_steps.values())
+    unknown = [s for s in range(len(shard_rows)) if s not in known]
+    inputs_known = sum(shard_rows[s] for s in known if s < len(shard_rows))
+    if known and inputs_known:
+        rate = sum(ledger.shard_rows.values()) / inputs_known
+        how = f"{rate:.3f} training rows per input row seen on {len(known)} shard(s)"
+    else:
+        rate = 1.0 - config.heldout_fraction
+        how = f"{rate:.3f} rows per input row (held-out share only; nothing trained yet)"
+    estimated = sum(math.ceil(shard_rows[s] * rate / rows_per_step) for s in unknown)
+    per_epoch = max(1, exact + estimated)
+    basis = (f"{config.epochs} epoch(s) x {per_epoch} steps/epoch at {rows_per_step} rows/step: "
+             + (f"exact, all {len(known)} shards trained once" if not unknown else
+                f"{exact} exact from {len(known)} trained shard(s), {estimated} estimated for "
+                f"{len(unknown)} more at {how}"))
+    return config.epochs * per_epoch, basis
