@@ -124,9 +124,13 @@ def test_the_worker_that_completes_a_chunk_indexes_it(tmp_path: Path, redis_serv
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_forged_index_object_adds_no_committed_shard(run, where, request, caplog) -> None:
+def test_a_forged_index_object_adds_no_committed_shard(run, where, request, caplog,
+                                                      monkeypatch) -> None:
     """Every writer's key may write the index: an object naming shards without a commit (well
     formed, its shards within the chunk) is a hint the listing disproves, whole."""
+    from common import run_index
+
+    monkeypatch.setattr(run_index, "_IGNORED", set())   # warned once per process: afresh
     client, base = run
     plain = _copy(base, "plain")
     storage = (LocalStorage(str(base / f"forged-{where}")) if where == "local"
