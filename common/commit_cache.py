@@ -59,13 +59,13 @@ class RunListing:
         areas = [keys.generated_prefix(run)] + ([keys.rejected_prefix(run)] if rejected else [])
         for prefix in areas:
             for key in storage.list(prefix):
-                shard = keys.shard_of(key)
-                if shard is None:
+                found = keys.parse(key)   # exact layout: a stray key is no commit, no part
+                if found is None or found.shard is None:
                     continue
-                if key.endswith("/_COMMIT.json") and prefix == areas[0]:
-                    commits[shard] = key
-                elif keys.part_number(key) is not None:
-                    parts[shard].append(key)
+                if found.kind is keys.KeyKind.COMMIT and found.area == "generated":
+                    commits[found.shard] = key
+                elif found.kind is keys.KeyKind.PART:
+                    parts[found.shard].append(key)
         return cls(commits, dict(parts))
 
     def uncommitted_parts(self) -> dict[int, list[str]]:

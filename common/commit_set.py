@@ -88,10 +88,9 @@ class CommitSet:
         self.shards |= commits_in(listed)
 
 
-def commits_in(listed: Iterable[str]) -> set[int]:
-    """The shards whose ``_COMMIT.json`` is among ``listed`` keys."""
-    return {s for k in listed
-            if k.endswith("/_COMMIT.json") and (s := keys.shard_of(k)) is not None}
+def commits_in(listed: Iterable[str], area: str = "hidden") -> set[int]:
+    """The shards whose ``_COMMIT.json`` in ``area`` is among ``listed`` keys (exact layout)."""
+    return {s for k in listed if (s := keys.commit_shard(k, area)) is not None}
 
 
 def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set[int]:
@@ -101,8 +100,9 @@ def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set
     the manifest gives the shard count, one listing of the stage's area."""
     total = manifest_shards(storage, run)
     if total is None:
-        area = keys.hidden_prefix(run) if stage == "hidden" else keys.generated_prefix(run)
-        return commits_in(storage.list(area))
+        hidden = stage == "hidden"
+        area = keys.hidden_prefix(run) if hidden else keys.generated_prefix(run)
+        return commits_in(storage.list(area), "hidden" if hidden else "generated")
     if stage == "hidden":
         return set(CommitSet(storage, run).update(total))
     return {shard for read in RunIndex(storage, run, keep=False).scan(total)

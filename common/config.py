@@ -31,12 +31,18 @@ DEVICES = "auto, cpu, cuda, cuda:N or mps"
 """What a device setting accepts (checked at load, so a typo names its variable)."""
 MTP_MODES = ("auto", "on", "off")
 """What ``DFLASH_MTP`` (``worker generate --mtp``) takes."""
-_SECRET_IN_URL = re.compile(r"(://[^:/@]*:)([^@]*)(@)")
+# A URL's userinfo runs to the last "@" before the host: a password may hold a raw "@" (or ":").
+_USERINFO = re.compile(r"(?<=://)([^\s'\"<>@]*@)+")
 
 
 def mask_url(url: str) -> str:
-    """Hide the password of a URL such as ``redis://:secret@host:6379/0`` for logs and repr."""
-    return _SECRET_IN_URL.sub(r"\1***\3", url)
+    """Hide the whole password of each URL in ``url`` (``redis://:secret@host:6379/0``; a raw
+    ``@`` in it too) for logs and repr: the user name stays, a userinfo without one is hidden."""
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(0)[:-1].partition(":")
+        return f"{user}:***@" if colon else "***@"
+
+    return _USERINFO.sub(hide, url)
 
 
 def default_cache_dir() -> Path:

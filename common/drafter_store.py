@@ -13,11 +13,12 @@ import io
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common import keys
-from common.errors import NotFound
+from common.errors import NotFound, SchemaMismatch
 from common.records import dumps
 from common.schema import CHECKPOINT_SCHEMA, check_schema
 from common.storage import Storage
@@ -59,7 +60,8 @@ class Ledger:
 
 
 def checkpoints(storage: Storage, run: str) -> list[tuple[int, int]]:
-    """(step, seq) of every committed checkpoint, oldest first."""
+    """(step, seq) of every committed checkpoint, oldest first (keys of the exact layout only:
+    a stray ``_COMMIT.json`` elsewhere under ``drafter/`` is no checkpoint)."""
     found = (keys.checkpoint_id(k) for k in storage.list(keys.drafter_prefix(run)))
     return sorted(c for c in found if c is not None)
 
@@ -70,14 +72,42 @@ def committed_steps(storage: Storage, run: str) -> list[int]:
 
 
 def latest_step(storage: Storage, run: str) -> int | None:
-    """The step of the newest committed checkpoint, or None before the first."""
-    found = checkpoints(storage, run)
-    return found[-1][0] if found else None
+    """The step of the newest checkpoint whose commit reads, or None before the first."""
+    newest = next(readable_commits(storage, run), None)
+    return newest[0][0] if newest else None
 
 
-def _newest(storage: Storage, run: str, step: int | None) -> tuple[int, int] | None:
-    found = [c for c in checkpoints(storage, run) if step is None or c[0] == step]
-    return found[-1] if found else None
+def readable_commits(storage: Storage, run: str, step: int | None = None
+                     ) -> Iterator[tuple[tuple[int, int], dict[str, Any]]]:
+    """Committed checkpoints (at ``step``), newest first, each with its commit. One whose
+    commit is missing, unreadable or of another schema (run.json's own schema was checked
+    first, so that is a foreign object) is skipped, with a warning, for the one before it: one
+    bad object never costs a run its training."""
+    for step_, seq in reversed([c for c in checkpoints(storage, run)
+                                if step is None or c[0] == step]):
+        key = keys.drafter_checkpoint(run, step_, COMMIT_FILE, seq)
+        try:
+            commit = json.loads(storage.get(key))
+            check_schema(key, commit, CHECKPOINT_SCHEMA)
+            Ledger.from_json(commit["ledger"])
+            if int(commit.get("step", step_)) != step_ or int(commit.get("seq", seq)) != seq:
+                raise ValueError(f"it names step {commit.get('step')}.{commit.get('seq')}")
+        except (NotFound, SchemaMismatch, ValueError, KeyError, TypeError,
+                AttributeError) as exc:
+            _skipped(run, key, exc)
+            continue
+        yield (step_, seq), commit
+
+
+def _skipped(run: str, key: str, why: Exception) -> None:
+    """Warn once per process and checkpoint (readers poll; the trainer warns on each load)."""
+    if key not in _SKIPPED:
+        _SKIPPED.add(key)
+        log.warning("run %s: checkpoint %s skipped, the newest readable one before it serves: "
+                    "%s: %s", run, key.rsplit("/", 1)[0], type(why).__name__, why)
+
+
+_SKIPPED: set[str] = set()
 
 
 def read_ledger(storage: Storage, run: str) -> Ledger:
@@ -86,40 +116,22 @@ def read_ledger(storage: Storage, run: str) -> Ledger:
 
 
 def ledger_or_none(storage: Storage, run: str) -> Ledger | None:
-    """The ledger of the newest checkpoint; None before a trainer wrote one."""
-    newest = _newest(storage, run, None)
-    if newest is None:
-        return None
-    return Ledger.from_json(read_commit(storage, run, *newest)["ledger"])
-
-
-def read_commit(storage: Storage, run: str, step: int, seq: int) -> dict[str, Any]:
-    """A checkpoint's ``_COMMIT.json`` (its ledger and metrics), refused unless its schema is
-    the one this release reads."""
-    key = keys.drafter_checkpoint(run, step, COMMIT_FILE, seq)
-    commit = json.loads(storage.get(key))
-    check_schema(key, commit, CHECKPOINT_SCHEMA)
-    return commit
+    """The ledger of the newest readable checkpoint; None before a trainer wrote one."""
+    newest = next(readable_commits(storage, run), None)
+    return Ledger.from_json(newest[1]["ledger"]) if newest else None
 
 
 def latest_metrics(storage: Storage, run: str) -> dict[str, Any]:
-    """The training metrics the newest checkpoint recorded (empty before the first)."""
-    newest = _newest(storage, run, None)
-    if newest is None:
-        return {}
-    return read_commit(storage, run, *newest)["metrics"]
+    """The training metrics the newest readable checkpoint recorded (empty before the first)."""
+    newest = next(readable_commits(storage, run), None)
+    return (newest[1].get("metrics") or {}) if newest else {}
 
 
 def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
-    """Every committed checkpoint's step and metrics, oldest first (``report`` plots them)."""
-    history = []
-    for step, seq in checkpoints(storage, run):
-        try:
-            commit = read_commit(storage, run, step, seq)
-        except NotFound:
-            continue
-        history.append({"step": step, **commit["metrics"]})
-    return history
+    """Every readable checkpoint's step and metrics, oldest first (``report`` plots them)."""
+    history = [{"step": step, **(commit.get("metrics") or {})}
+               for (step, _), commit in readable_commits(storage, run)]
+    return history[::-1]
 
 
 def best_step(storage: Storage, run: str) -> tuple[int, float] | None:
@@ -171,15 +183,20 @@ def save_checkpoint(storage: Storage, run: str, step: int, state: dict[str, Any]
 
 def load_checkpoint(storage: Storage, run: str, step: int | None = None,
                     device: str = "cpu") -> tuple[dict[str, Any], Ledger] | None:
-    """The trainer state and ledger at ``step`` (default: the newest), or None before any."""
+    """The trainer state and ledger of the newest readable checkpoint (at ``step``), or None
+    before any: one whose state is missing or unreadable is skipped, loudly, for the one before
+    it (a trainer never starts over while a readable checkpoint exists)."""
+    import pickle
+
     import torch
 
-    newest = _newest(storage, run, step)
-    if newest is None:
-        return None
-    try:
-        raw = storage.get(keys.drafter_checkpoint(run, newest[0], STATE_FILE, newest[1]))
-    except NotFound:
-        return None
-    state = torch.load(io.BytesIO(raw), map_location=device, weights_only=True)
-    return state, Ledger.from_json(state.pop("ledger"))
+    for (step_, seq), _ in readable_commits(storage, run, step):
+        key = keys.drafter_checkpoint(run, step_, STATE_FILE, seq)
+        try:
+            state = torch.load(io.BytesIO(storage.get(key)), map_location=device,
+                               weights_only=True)
+            return state, Ledger.from_json(state.pop("ledger"))
+        except (NotFound, RuntimeError, pickle.UnpicklingError, EOFError, ValueError, KeyError,
+                TypeError, AttributeError) as exc:
+            _skipped(run, key, exc)
+    return None

@@ -1,6 +1,9 @@
 """Every storage key the pipeline uses, as templates in one place (Redis keys: ``redis_keys``).
 
 Storage keys are relative to the storage root (``s3://bucket/prefix`` or a local directory).
+A key read back from a listing is parsed by its exact layout (:func:`parse`): anything else is
+ignored, logged once, and never taken for a step, a part or a commit (another stage's key may
+be able to write it: ``docs/guides/least-privilege.md``).
 """
 
 from __future__ import annotations
@@ -8,21 +11,29 @@ from __future__ import annotations
 import re
 
 from common.errors import MalformedName
+from common.key_layout import (  # the parsers of listed keys: the templates' inverse
+    ACCESS_PROBE_RUN,
+    INDEX_CHUNK,
+    PART_DIGITS,
+    SHARD_DIGITS,
+    STEP_DIGITS,
+    Key,
+    KeyKind,
+    checkpoint_id,
+    commit_shard,
+    index_entry,
+    input_shard_of,
+    parse,
+    part_number,
+    shard_of,
+    valid_run_id,
+)
 
-SHARD_DIGITS = 6
-PART_DIGITS = 4
+__all__ = ["ACCESS_PROBE_RUN", "INDEX_CHUNK", "PART_DIGITS", "SHARD_DIGITS", "STEP_DIGITS", "Key",
+           "KeyKind", "checkpoint_id", "commit_shard", "index_entry", "input_shard_of", "parse",
+           "part_number", "shard_of", "valid_run_id"]
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_SHARD = r"shard-(\d+)"   # what shard_name writes; 6 digits grow to 7 past shard 999999
-_SHARD_NAME = re.compile(_SHARD)
-_SHARD_DIR = re.compile(rf"(?:^|/){_SHARD}/")
-STEP_DIGITS = 6
-_STEP = re.compile(r"/step-(\d{6})(?:\.(\d+))?/_COMMIT\.json$")
-
-
-def valid_run_id(run: str) -> bool:
-    """Run ids become key prefixes, so keep them to a safe, portable alphabet."""
-    return bool(_RUN_ID.match(run)) and ".." not in run
+_SHARD_NAME = re.compile(r"shard-(\d+)")   # 6 digits grow to 7 past shard 999999
 
 
 def shard_name(shard: int) -> str:
@@ -120,33 +131,10 @@ def drafter_latest(run: str) -> str:
     return f"runs/{run}/drafter/latest.json"
 
 
-def checkpoint_id(key: str) -> tuple[int, int] | None:
-    """(step, seq) of a checkpoint's ``_COMMIT.json`` key, else None."""
-    match = _STEP.search(key)
-    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
-
-
 def failed_shard(run: str, shard: int, stamp: str, stage: str = "generate") -> str:
     """A parked shard's reason; one object per parking so history is never overwritten."""
     where = "" if stage == "generate" else f"{stage}/"
     return f"runs/{run}/failed/{where}{shard_name(shard)}/{stamp}.json"
-
-
-def part_number(key: str, suffix: str = ".jsonl.zst") -> int | None:
-    """The part index of a part key (generated's, or hidden's ``.safetensors``), else None."""
-    match = re.search(rf"(?:^|/)part-(\d+){re.escape(suffix)}$", key)
-    return int(match.group(1)) if match else None
-
-
-def shard_of(key: str) -> int | None:
-    """The shard index that a key under ``generated/`` or ``failed/`` belongs to."""
-    match = _SHARD_DIR.search(key)
-    return int(match.group(1)) if match else None
-
-
-INDEX_CHUNK = 100
-"""Shards per run-index object: a decimal prefix of their names (``shard-0012`` holds 1200-1299)."""
-_INDEX = re.compile(r"/chunk-(\d{4})-(\d{3})-[0-9a-f]{8}\.json\.zst$")
 
 
 def chunk_stem(chunk: int) -> str:
@@ -176,12 +164,6 @@ def index_object(run: str, kind: str, chunk: int, count: int, tag: str) -> str:
     return f"{index_prefix(run, kind)}chunk-{chunk:04d}-{count:03d}-{tag}.json.zst"
 
 
-def index_entry(key: str) -> tuple[int, int] | None:
-    """(chunk, count) of a run-index object's key, else None."""
-    match = _INDEX.search(key)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
 def hidden_prefix(run: str) -> str:
     return f"runs/{run}/hidden/"
 
@@ -204,10 +186,14 @@ def hidden_commit(run: str, shard: int) -> str:
     return f"{hidden_shard_prefix(run, shard)}_COMMIT.json"
 
 
-ACCESS_PROBE_RUN = "_access"   # never a run id (valid_run_id): the probe touches no run
-
-
 def access_probe(area: str) -> str:
     """A worker's start-up write probe in its stage's area (``generated``, ``hidden``,
     ``drafter``): written once per storage root, refused where the key may not write there."""
     return f"runs/{ACCESS_PROBE_RUN}/{area}/_PROBE"
+
+
+def doctor_probe(area: str, token: str) -> str:
+    """``doctor``'s read-after-write probe in an area (``token``: 32 hex digits, unique)."""
+    return f"runs/{ACCESS_PROBE_RUN}/{area}/doctor-{token}"
+
+

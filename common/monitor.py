@@ -121,7 +121,8 @@ def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
     """Pause and resume records in chronological order, as (kind, record)."""
     events = []
     names = {key: key.rsplit("/", 1)[-1].split("-", 1) for key in
-             storage.list(keys.gates_prefix(run))}
+             storage.list(keys.gates_prefix(run))
+             if (found := keys.parse(key)) is not None and found.kind is keys.KeyKind.GATE}
     for key in sorted(names, key=lambda k: names[k][-1]):
         if names[key][0] in ("pause", "resume"):
             events.append((names[key][0], json.loads(storage.get(key))))

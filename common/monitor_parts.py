@@ -33,10 +33,10 @@ def judged_samples(storage: Storage, run: str) -> tuple[Samples, dict[int, int]]
     part_keys = []
     for prefix in (keys.generated_prefix(run), keys.rejected_prefix(run)):
         for key in storage.list(prefix):
-            shard = keys.shard_of(key)
-            if key.endswith("/_COMMIT.json") and shard is not None:
+            shard = keys.commit_shard(key)
+            if shard is not None:
                 committed.add(shard)
-            elif keys.part_number(key) is not None and shard is not None:
+            elif keys.part_number(key) is not None:
                 part_keys.append(key)
     judged = []
     for key in sorted(part_keys):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -222,43 +221,3 @@ def check_redis(url: str, timeout: float = 5.0) -> list[CheckResult]:
             _setting("appendonly", appendonly, "yes", "queued tasks are lost if Redis restarts"),
             _setting("maxmemory-policy", policy, "noeviction",
                      "Redis may evict queued tasks under memory pressure")]
-
-
-def check_storage(url: str) -> CheckResult:
-    """Write a put-once probe under ``_doctor/``, read it back, compare, then delete it."""
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from common.storage import LocalStorage, S3Storage, open_storage
-
-    where, fix = url, "check the path exists and is writable by this user"
-    key, data = f"_doctor/{uuid.uuid4().hex}", uuid.uuid4().bytes
-    try:
-        storage = open_storage(url)
-        if isinstance(storage, S3Storage):
-            where = f"{url} (endpoint {os.environ.get('AWS_ENDPOINT_URL') or 'AWS default'})"
-            fix = "check AWS credentials / bucket exists / AWS_ENDPOINT_URL"
-            # Give up in seconds: the pipeline's own client retries for minutes.
-            storage.client = boto3.client("s3", config=Config(
-                retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5,
-                read_timeout=15))
-        if not storage.put_once(key, data):
-            return CheckResult("storage", ok=False, detail=f"probe {key} already existed at "
-                               f"{where}", fix="run doctor again")
-        back = storage.get(key)
-    except (DflashError, BotoCoreError, OSError) as exc:
-        return CheckResult("storage", ok=False, detail=f"{where}: {exc}", fix=fix)
-    if back != data:
-        return CheckResult("storage", ok=False, detail=f"{where}: probe read back differs",
-                           fix="the storage is not read-after-write consistent; check the "
-                               "S3-compatible server")
-    try:
-        if isinstance(storage, S3Storage):
-            storage.client.delete_object(Bucket=storage.bucket, Key=storage.prefix + key)
-        elif isinstance(storage, LocalStorage):
-            (storage.path / key).unlink(missing_ok=True)
-    except (BotoCoreError, ClientError, OSError) as exc:
-        # The pipeline itself never deletes, so lacking that permission is no failure.
-        log.info("could not delete the doctor probe %s: %s", key, exc)
-    return CheckResult("storage", ok=True, detail=f"wrote and read back a probe at {where}")

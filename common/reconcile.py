@@ -224,8 +224,11 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
             lock.reacquire()  # LockError: the pass outlived its lock; another one took over
             try:
                 sent = reconcile_run(storage, app, client, run, lease_ttl, waiting, flags)
-            except DflashError as err:  # one run's storage trouble does not stop the others
-                log.warning("run %s: not reconciled this pass: %s", run, err)
+            except (DflashError, ValueError, KeyError, TypeError) as err:
+                # One run's storage trouble (or an object that does not read: someone wrote
+                # it by hand) does not stop the others.
+                log.warning("run %s: not reconciled this pass: %s: %s", run,
+                            type(err).__name__, err)
                 continue
             if sent is not None:
                 done[run] = sent

@@ -5,9 +5,11 @@ shard. ``runs/<run>/index/<kind>/chunk-CCCC-NNN-TAG.json.zst`` holds what they n
 commits of chunk CCCC (the 100 shards named ``shard-CCCCxx``): ``digests`` (counts, stats,
 part stats) or ``summaries`` (the run monitor's share of each shard). It is derived data, the
 commits stay the truth: a reader lists the index, reads the fullest object of each chunk, and
-lists (one LIST per chunk, by the shards' name prefix) only the chunks that object does not
-cover in full, reading their unindexed commits directly; a lagging, missing or corrupt object
-costs speed only. Objects are never overwritten: a key names its set of shards (equal sets,
+lists each chunk it does not know complete yet (one LIST per chunk, by the shards' name prefix),
+reading only the commits the object lacks. An object is a hint checked against that listing:
+one that names a shard without a commit (forged: every writer's key may write the index) is
+ignored whole, so it can never add a committed shard; a lagging, missing, corrupt or forged
+object costs speed only. Objects are never overwritten: a key names its set of shards (equal sets,
 equal key and bytes), so two writers extending one chunk both land and readers take the
 fullest. A worker indexes a chunk when its commit completes it; a reader that had to read
 :data:`COMPACT_AT` commits of a chunk directly writes them into a fuller object.
@@ -48,6 +50,7 @@ FIELDS = {DIGESTS: {"samples", "rejected", "stats", "part_stats", "worker", "com
                       "answers"}}
 CHUNK = keys.INDEX_CHUNK
 Entry = dict[str, Any]
+_IGNORED: set[str] = set()  # forged index objects warned about (once per process)
 
 
 def chunk_size(chunk: int, total: int) -> int:
@@ -81,7 +84,7 @@ def shard_total(storage: Storage, run: str) -> int:
     if shards is not None:
         return shards
     shards = sum(1 for key in storage.list(keys.inputs_prefix(run))
-                 if key.rsplit("/", 1)[-1].startswith("shard-"))
+                 if keys.input_shard_of(key) is not None)
     chunk = math.ceil(shards / CHUNK)
     while any(next(iter(storage.list(prefix(run, chunk))), None) for prefix in
               (keys.generated_chunk_prefix, keys.rejected_chunk_prefix)):
@@ -162,34 +165,40 @@ class RunIndex:
     listed: set[int] = field(default_factory=set)  # chunks listed in full once (kept)
 
     def plan(self, total: int) -> ScanPlan:
-        """The index listed, and the chunks it does not cover in full listed too."""
-        best = self._best()
+        """The index listed, then every chunk not known complete (what its objects are checked
+        against; a kept chunk with every shard known needs no LIST). Listed in that order, an
+        object names no commit the chunk's listing could miss."""
+        candidates = self._candidates()
         todo = [c for c in range(math.ceil(total / CHUNK)) if c not in self.done]
-        listed = [c for c in todo if best.get(c, ("", 0))[1] < chunk_size(c, total)]
-        return ScanPlan(total, best, todo, self._list(listed, total))
+        listings = self._list(todo, total)
+        best = {}
+        for chunk in todo:
+            proven = len(set(self.entries.get(chunk, {})) | set(listings[chunk][0]))
+            fitting = [(k, n) for k, n in candidates.get(chunk, ()) if n <= proven]
+            for key, count in candidates.get(chunk, ()):
+                if count > proven:
+                    self._ignore(key, f"it counts {count} shards, {proven} have a commit")
+            if fitting:  # the fullest that names no more shards than have commits
+                best[chunk] = max(fitting, key=lambda kn: kn[1])
+        return ScanPlan(total, best, todo, listings)
 
     def scan(self, total: int, plan: ScanPlan | None = None) -> Iterator[ChunkRead]:
         """Every chunk of ``total`` shards not known complete, in order (kept chunks: skipped)."""
         plan = plan or self.plan(total)
-        best, todo, listings = plan.best, plan.todo, dict(plan.listings)
+        best, todo, listings = plan.best, plan.todo, plan.listings
         wanted = [best[c][0] for c in todo if c in best and best[c][0] not in self.read_keys]
         objects = fetch(self.storage, wanted, self.threads, get=self._get)
         for chunk in todo:
             known = dict(self.entries.get(chunk, {})) if self.keep else {}
+            commits, parts = listings.get(chunk, ({}, {}))
             key = best.get(chunk, ("", 0))[0]
-            covered = False
             if key and key not in self.read_keys:
                 _, data = next(objects)
                 found = self._decode(key, data, chunk)
                 if self.keep:
                     self.read_keys.add(key)
-                covered = found is not None and best[chunk][1] == chunk_size(chunk, total)
-                known.update({s: e for s, e in (found or {}).items() if s not in known})
-            elif key:
-                covered = best[chunk][1] == chunk_size(chunk, total)
-            if chunk not in listings and not covered:  # its object was unreadable after all
-                listings[chunk] = self._list([chunk], total)[chunk]
-            commits, parts = listings.get(chunk, ({}, {}))
+                if found is not None and self._proven(key, found, commits, known):
+                    known.update({s: e for s, e in found.items() if s not in known})
             self._read_direct(chunk, commits, known, total)
             if self.keep:
                 self.entries[chunk] = known
@@ -211,16 +220,32 @@ class RunIndex:
             if key and self.keep:  # what it holds is known: the next scan need not read it
                 self.read_keys.add(key)
 
-    def _best(self) -> dict[int, tuple[str, int]]:
-        """chunk -> (key, count) of its fullest readable index object."""
-        best: dict[int, tuple[str, int]] = {}
+    def _proven(self, key: str, found: dict[int, Entry], commits: dict[int, str],
+                known: dict[int, Entry]) -> bool:
+        """True when the listing shows a commit for every shard the object names (known ones
+        were shown before); else the object is ignored whole, with a warning."""
+        unproven = sorted(s for s in found if s not in known and s not in commits)
+        if unproven:
+            self._ignore(key, f"it names {len(unproven)} shard(s) with no commit "
+                              f"({', '.join(map(str, unproven[:5]))})")
+        return not unproven
+
+    def _ignore(self, key: str, why: str) -> None:
+        """Pass over a forged (or foreign) index object: warned once per process."""
+        self.bad.add(key)
+        if key not in _IGNORED:
+            _IGNORED.add(key)
+            log.warning("run %s: ignoring index object %s (%s): reading the commits instead",
+                        self.run, key, why)
+
+    def _candidates(self) -> dict[int, list[tuple[str, int]]]:
+        """chunk -> (key, count) of each of its index objects not found unreadable."""
+        found: dict[int, list[tuple[str, int]]] = defaultdict(list)
         for key in self.storage.list(keys.index_prefix(self.run, self.kind)):
-            found = keys.index_entry(key)
-            if found and key not in self.bad:
-                chunk, count = found
-                if count > best.get(chunk, ("", 0))[1]:
-                    best[chunk] = (key, count)
-        return best
+            entry = keys.index_entry(key)
+            if entry and key not in self.bad:
+                found[entry[0]].append((key, entry[1]))
+        return found
 
     def _get(self, key: str) -> bytes:
         try:
@@ -261,23 +286,22 @@ class RunIndex:
             stems[chunk] = ([keys.shard_name(s) + "/" for s in missing] if few
                             else [keys.chunk_stem(chunk)])
             self.listed.add(chunk)
-        prefixes = [(c, area, a + stem) for c in chunks for area, a in enumerate(areas)
-                    for stem in stems[c]]
+        prefixes = [(c, a + stem) for c in chunks for a in areas for stem in stems[c]]
         if not prefixes:
             return {c: ({}, {}) for c in chunks}
         self.listings += len(prefixes)
         with ThreadPoolExecutor(min(self.threads, len(prefixes)),
                                 thread_name_prefix="list") as pool:
-            found = list(pool.map(lambda job: list(self.storage.list(job[2])), prefixes))
+            found = list(pool.map(lambda job: list(self.storage.list(job[1])), prefixes))
         out: dict[int, Listing] = {c: ({}, defaultdict(list)) for c in chunks}
-        for (chunk, area, _), listed in zip(prefixes, found, strict=True):
+        for (chunk, _), listed in zip(prefixes, found, strict=True):
             commits, parts = out[chunk]
             for key in listed:
-                shard = keys.shard_of(key)
-                if shard is None:
+                found = keys.parse(key)   # exact layout: a stray key is no commit, no part
+                if found is None or found.shard is None:
                     continue
-                if area == 0 and key.endswith("/_COMMIT.json"):
-                    commits[shard] = key
-                elif keys.part_number(key) is not None:
-                    parts[shard].append(key)
+                if found.kind is keys.KeyKind.COMMIT and found.area == "generated":
+                    commits[found.shard] = key
+                elif found.kind is keys.KeyKind.PART:
+                    parts[found.shard].append(key)
         return {c: (commits, dict(parts)) for c, (commits, parts) in out.items()}

@@ -27,7 +27,7 @@ def index_after_commit(storage: Storage, run: str, shard: int, threads: int = 8)
     chunk = shard // CHUNK
     try:
         listed = storage.list(keys.generated_chunk_prefix(run, chunk))
-        commits = {keys.shard_of(k): k for k in listed if k.endswith("/_COMMIT.json")}
+        commits = {s: k for k in listed if (s := keys.commit_shard(k)) is not None}
         first = chunk * CHUNK
         if len(commits) < CHUNK and (set(commits) != set(range(first, first + len(commits)))
                                      or manifest_shards(storage, run) != first + len(commits)):
@@ -37,7 +37,7 @@ def index_after_commit(storage: Storage, run: str, shard: int, threads: int = 8)
                               storage.list(f"{keys.index_prefix(run, kind)}chunk-{chunk:04d}-"))]
         if not missing:
             return
-        read = {keys.shard_of(k): orjson.loads(data)
+        read = {keys.commit_shard(k): orjson.loads(data)
                 for k, data in fetch(storage, [commits[s] for s in sorted(commits)], threads)}
         for kind in missing:
             entries = {s: e for s, c in read.items() if (e := entry_of(kind, c)) is not None}

@@ -74,9 +74,7 @@ class LocalStorage(Storage):
         self.root = str(self.path)
 
     def _file(self, key: str) -> Path:
-        if key.startswith("/") or ".." in key.split("/"):
-            raise ConfigError(f"invalid storage key {key!r}")
-        return self.path / key
+        return self.path / _checked(key)
 
     def put_once(self, key: str, data: bytes) -> bool:
         def write(tmp: Path) -> None:
@@ -135,7 +133,7 @@ class LocalStorage(Storage):
             raise NotFound(key) from exc
 
     def list(self, prefix: str, start_after: str = "") -> Iterator[str]:
-        parent, _, stem = prefix.rpartition("/")
+        parent, _, stem = _checked(prefix).rpartition("/")   # never lists outside the root
         base = self.path / parent if parent else self.path
         if not base.is_dir():
             return iter(())
@@ -150,6 +148,13 @@ class LocalStorage(Storage):
             keys += [f"{under}/{name}" if under else name for name in names
                      if not name.startswith(".")]
         return iter(sorted(k for k in keys if k.startswith(prefix) and k > start_after))
+
+
+def _checked(key: str) -> str:
+    """``key`` (or a listing's prefix), unless it could reach outside the root."""
+    if key.startswith("/") or ".." in key.split("/"):
+        raise ConfigError(f"invalid storage key {key!r}")
+    return key
 
 
 class S3Storage(Storage):

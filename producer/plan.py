@@ -132,7 +132,7 @@ def read_run_figures(storage: Storage, run: str) -> RunFigures:
     samples = manifest.rows - manifest.rejected if manifest else None
     count = tokens = 0
     for key in storage.list(keys.generated_prefix(run)):
-        if key.endswith("/_COMMIT.json"):
+        if keys.commit_shard(key) is not None:
             stats = json.loads(storage.get(key)).get("stats", {})
             count += stats.get("samples", 0)
             tokens += stats.get("prompt_tokens", 0) + stats.get("completion_tokens", 0)

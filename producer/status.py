@@ -63,8 +63,9 @@ class StatusReader:
         config = self.fixed["config"]
         manifest = self.fixed.get("manifest") or read_manifest(self.storage, self.run)
         self.fixed["manifest"] = manifest
-        total = manifest.shards if manifest else len(list(
-            self.storage.list(keys.inputs_prefix(self.run))))
+        total = manifest.shards if manifest else sum(
+            1 for k in self.storage.list(keys.inputs_prefix(self.run))
+            if keys.input_shard_of(k) is not None)
         part_keys = self._read_commits(total if manifest else shard_total(self.storage, self.run))
         live = self._live()
         up = live is not None

@@ -31,6 +31,17 @@ def test_broker_password_never_shown() -> None:
     assert mask_url("redis://redis:6379/0") == "redis://redis:6379/0"
 
 
+@pytest.mark.parametrize(("url", "secret", "shown"), [
+    ("redis://:pa@ss@host:6379/0", "ss", "redis://:***@host:6379/0"),   # a raw "@" in it
+    ("redis://dash:p:w@d/x@redis:6379/0", "d/x", "redis://dash:***@redis:6379/0"),
+    ("rediss://token@redis:6380", "token", "rediss://***@redis:6380"),   # no user name
+    ("cannot reach redis://:a@b@h:1/0 (ask ops@example.com)", "a@b", "redis://:***@h:1/0 "),
+])
+def test_mask_url_hides_the_whole_userinfo(url: str, secret: str, shown: str) -> None:
+    masked = mask_url(url)
+    assert secret not in masked and shown in masked, masked
+
+
 def _config(**kw: object) -> RunConfig:
     base = dict(run="r", model="m", input="/in.jsonl", format="auto", prompt_field=None,
                 shard_size=8, limit=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common import keys, redis_keys
+from common import key_layout, keys, redis_keys
 from common.errors import MalformedName
 
 
@@ -47,3 +47,60 @@ def test_other_keys_have_no_part_number() -> None:
                 keys.input_shard("r", 1), "runs/r/generated/shard-000001/xpart-0001.jsonl.zst"):
         assert keys.part_number(key) is None
         assert keys.part_number(key, ".safetensors") is None
+
+
+def _templates(run: str, shard: int) -> dict[str, keys.KeyKind]:
+    """One key of each template, with the kind it must read back as."""
+    kind = keys.KeyKind
+    return {keys.run_config(run): kind.RUN_CONFIG, keys.input_shard(run, shard): kind.INPUT,
+            keys.inputs_manifest(run): kind.MANIFEST,
+            keys.rejected_input_rows(run, 3): kind.INPUT_ROWS,
+            keys.generated_part(run, shard, 2): kind.PART,
+            keys.generated_commit(run, shard): kind.COMMIT,
+            keys.rejected_part(run, shard, 0): kind.PART,
+            keys.gate_event(run, "pause", "20250101T000000.000001-abcdef"): kind.GATE,
+            keys.report_png(run, "20250101T000000-abcdef"): kind.REPORT,
+            keys.drafter_checkpoint(run, 40, "state.pt"): kind.CHECKPOINT,
+            keys.drafter_checkpoint(run, 40, "_COMMIT.json", 2): kind.CHECKPOINT,
+            keys.drafter_latest(run): kind.LATEST,
+            keys.failed_shard(run, shard, "20250101T000000-abcdef"): kind.FAILED,
+            keys.failed_shard(run, shard, "20250101T000000-abcdef", "train"): kind.FAILED,
+            keys.index_object(run, "digests", shard // 100, 7, "0123abcd"): kind.INDEX,
+            keys.hidden_part(run, shard, 1): kind.PART, keys.hidden_index(run, shard):
+            kind.HIDDEN_INDEX, keys.hidden_commit(run, shard): kind.COMMIT,
+            keys.access_probe("drafter"): kind.PROBE,
+            keys.doctor_probe("index", "0" * 32): kind.PROBE}
+
+
+@pytest.mark.parametrize("shard", [0, 123, 1_000_000])
+def test_every_template_reads_back_as_its_kind(shard: int, caplog) -> None:
+    for key, kind in _templates("run-1.a_b", shard).items():
+        found = keys.parse(key)
+        assert found is not None and found.kind is kind, key
+    assert "ignoring storage key" not in caplog.text
+
+
+# Keys another stage's key could write through a grant whose `*` crosses a `/` (issue 53), and
+# keys whose digits or names no template writes: none is a step, a commit, a part or an index.
+FORGED = ["runs/r/drafter/index/step-000999/_COMMIT.json",
+          "runs/r/generated/shard-000001/drafter/_COMMIT.json",
+          "runs/r/generated/shard-000001/index/part-0001.jsonl.zst",
+          "runs/r/hidden/shard-000001/drafter/_COMMIT.json",
+          "runs/r/index/digests/x/chunk-0000-003-0123abcd.json.zst",
+          "runs/r/drafter/step-0999/_COMMIT.json", "runs/r/drafter/step-000999.0/_COMMIT.json",
+          "runs/r/drafter/step-000999.01/_COMMIT.json", "runs/r/generated/shard-1/_COMMIT.json",
+          "runs/r/generated/shard-0000001/_COMMIT.json", "runs/r/generated/shard-000001/"
+          "part-1.jsonl.zst", "runs/..x/generated/shard-000001/_COMMIT.json",
+          "runs/r/generated/_COMMIT.json", "runs/r/inputs/x/shard-000001.jsonl.zst",
+          "runs/r/gates/x/pause-1.json", "runs/r/drafter/step-000001/other.bin",
+          "x/runs/r/generated/shard-000001/_COMMIT.json"]
+
+
+@pytest.mark.parametrize("key", FORGED)
+def test_a_key_of_no_layout_is_ignored_and_logged_once(key: str, caplog, monkeypatch) -> None:
+    monkeypatch.setattr(key_layout, "_IGNORED", set())   # once per process: start afresh
+    assert keys.parse(key) is None
+    assert keys.shard_of(key) is None and keys.commit_shard(key) is None
+    assert keys.checkpoint_id(key) is None and keys.index_entry(key) is None
+    assert keys.part_number(key) is None and keys.input_shard_of(key) is None
+    assert caplog.text.count(key) == 1 and "not a key of the pipeline's layout" in caplog.text

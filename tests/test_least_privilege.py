@@ -1,10 +1,22 @@
 """Every role runs its real commands under its own least-privilege S3 policy
-(``docs/policies/<role>.json``) on moto's server with IAM enforced: the producer enqueues, the
-generate, hidden and train workers finish an online and an offline run, the reconciler passes
-over them, readers run ``status``, ``report``, ``export-dataset`` to a local directory, the
-dashboard's API, ``eval-drafter`` and ``export-drafter`` with a key that may only read, and an
-export to S3 writes only its own prefix. A worker given a read-only key stops at start with one
-line naming the permission it lacks."""
+(``docs/policies/<role>.json``) on moto's server with IAM enforced, with a storage prefix (the
+dense target's run) and without one (the hybrid's): the producer enqueues, the generate, hidden
+and train workers finish an online and an offline run, the reconciler passes over them, readers
+run ``status``, ``report``, ``export-dataset`` to a local directory, the dashboard's API,
+``eval-drafter`` and ``export-drafter`` with a key that may only read, an export to S3 writes
+only its own prefix, and ``doctor``'s storage probe works under every key. A worker given a
+read-only key stops at start with one line naming the permission it lacks. No key writes into
+another stage's area, the forged keys of issue 53 included; an index object forged with a key
+that may write the index adds no committed shard.
+
+moto (5.2.x) enforces actions, resources with their wildcards and explicit Deny statements, but
+authorizes a request under its API operation's name where AWS and MinIO check a permission:
+a HEAD as ``s3:HeadObject`` (AWS: ``s3:GetObject``), a listing as ``s3:ListObjectsV2`` (AWS:
+``s3:ListBucket``); :func:`for_moto` adds those names beside the real ones when a file is
+loaded here, the files themselves name real IAM actions only. moto evaluates no condition (a
+statement's condition always holds there), so the ``s3:prefix`` scope of a listing and
+docs/policies/aws/put-once.json are proven by tests/test_policies.py, not here.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +42,9 @@ ROLES = ("producer", "generate", "hidden", "train", "reconciler", "reader", "exp
 ADMIN_CALLS = 3   # unauthenticated calls moto allows before it enforces IAM: the admin's own
 
 
+PREFIXES = ("data/", "")   # the storage root with a prefix, and the bucket's root
+
+
 @dataclass
 class IamS3:
     """moto's server enforcing IAM, a bucket, and one user per role with its policy."""
@@ -42,6 +57,11 @@ class IamS3:
     @property
     def storage(self) -> str:
         return f"s3://{self.bucket}/{self.prefix.rstrip('/')}"
+
+    @property
+    def root(self) -> str:
+        """Where the runs are, as a key prefix of the bucket."""
+        return f"{self.prefix}runs"
 
     def env(self, role: str) -> dict[str, str]:
         key = self.keys[role]
@@ -62,14 +82,28 @@ class IamS3:
 def policy(role: str, bucket: str, prefix: str) -> str:
     """A role's policy file with this bucket and prefix filled in (as ``envsubst`` would)."""
     text = (POLICIES / f"{role}.json").read_text()
-    return Template(text).substitute(BUCKET=bucket, PREFIX=prefix,
-                                     ROOT=f"{bucket}/{prefix.rstrip('/')}",
+    root = f"{bucket}/{prefix.rstrip('/')}" if prefix else bucket
+    return Template(text).substitute(BUCKET=bucket, PREFIX=prefix, ROOT=root,
                                      EXPORT_ROOT=f"{bucket}/exports", EXPORT_BUCKET=bucket,
                                      EXPORT_PREFIX="exports/")
 
 
+MOTO_NAMES = {"s3:GetObject": ["s3:HeadObject"], "s3:ListBucket": ["s3:ListObjectsV2"]}
+"""The operation names moto authorizes a call under, for the IAM permission AWS checks."""
+
+
+def for_moto(document: str) -> str:
+    """A policy as moto can enforce it: moto's operation names beside each real action."""
+    policy = json.loads(document)
+    for statement in policy["Statement"]:
+        actions = statement["Action"]
+        statement["Action"] = actions + [n for a in actions for n in MOTO_NAMES.get(a, ())]
+    return json.dumps(policy)
+
+
 @pytest.fixture(scope="module")
-def iam_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IamS3]:
+def iam_s3s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, IamS3]]:
+    """One bucket; for each of :data:`PREFIXES`, one user per role with its policy."""
     import boto3
 
     port = free_port()
@@ -91,19 +125,28 @@ def iam_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IamS3]:
         iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*",
                                                      "Resource": "*"}]}))
-        s3 = IamS3(endpoint, f"lp-{uuid.uuid4().hex[:10]}")
-        s3.keys["admin"] = iam.create_access_key(UserName="admin")["AccessKey"]
-        iam = s3.client("admin", "iam")   # IAM is enforced from here on
-        s3.client("admin").create_bucket(Bucket=s3.bucket)
-        for role in ROLES:
-            iam.create_user(UserName=role)
-            iam.put_user_policy(UserName=role, PolicyName=role,
-                                PolicyDocument=policy(role, s3.bucket, s3.prefix))
-            s3.keys[role] = iam.create_access_key(UserName=role)["AccessKey"]
-        yield s3
+        bucket, admin = f"lp-{uuid.uuid4().hex[:10]}", iam.create_access_key(UserName="admin")
+        s3s = {prefix: IamS3(endpoint, bucket, prefix, {"admin": admin["AccessKey"]})
+               for prefix in PREFIXES}
+        iam = s3s["data/"].client("admin", "iam")   # IAM is enforced from here on
+        s3s["data/"].client("admin").create_bucket(Bucket=bucket)
+        for prefix, s3 in s3s.items():
+            for role in ROLES:
+                user = f"{role}-{prefix.strip('/') or 'root'}"
+                iam.create_user(UserName=user)
+                iam.put_user_policy(UserName=user, PolicyName=role,
+                                    PolicyDocument=for_moto(policy(role, bucket, prefix)))
+                s3.keys[role] = iam.create_access_key(UserName=user)["AccessKey"]
+        yield s3s
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def iam_s3(iam_s3s: dict[str, IamS3], target_model: TinyTarget) -> IamS3:
+    """The dense target's run under a prefix, the hybrid's at the bucket's root."""
+    return iam_s3s["" if target_model.hybrid else "data/"]
 
 
 @pytest.fixture
@@ -230,11 +273,69 @@ def test_each_role_runs_its_commands_under_its_own_policy(
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["enqueued"] == 0
 
-    # Least: each worker's key writes its own stage's area and no other's.
-    bucket, root = iam_s3.bucket, f"{iam_s3.prefix}runs/{run}"
+    # Least: each worker's key writes its own stage's area and no other's, whatever its
+    # wildcards match (issue 53: "runs/*/index/*" matches runs/R/drafter/index/...).
+    bucket, root = iam_s3.bucket, f"{iam_s3.root}/{run}"
     assert refused(iam_s3.client("generate"), bucket, f"{root}/drafter/x")
     assert refused(iam_s3.client("train"), bucket, f"{root}/generated/x")
     assert refused(iam_s3.client("reconciler"), bucket, f"{root}/generated/x")
     assert refused(iam_s3.client("producer"), bucket, f"{root}/drafter/x")
     assert refused(iam_s3.client("hidden"), bucket, f"{root}/generated/x")
     assert refused(iam_s3.client("export-s3"), bucket, f"{root}/generated/x")
+    forged = {f"{root}/drafter/index/step-000999/_COMMIT.json": ("producer", "generate",
+                                                                  "hidden", "reconciler"),
+              f"{root}/generated/shard-000001/drafter/_COMMIT.json": ("train", "producer",
+                                                                      "hidden", "reconciler"),
+              f"{root}/hidden/shard-000001/index/_COMMIT.json": ("generate", "train"),
+              f"{root}/inputs/gates/shard-000001.jsonl.zst": ("generate",)}
+    for key, roles in forged.items():
+        assert all(refused(iam_s3.client(role), bucket, key) for role in roles), key
+    check_doctor_under_every_key(pipeline, iam_s3)
+    check_a_forged_index_object(iam_s3, run, reader, truth)
+
+
+def check_doctor_under_every_key(pipeline: Pipeline, iam_s3: IamS3) -> None:
+    """doctor's probe goes into the key's own areas: it passes under every role's key (a
+    reader's is a read-only WARN) and names the areas the key may write."""
+    from producer.doctor.storage import check_storage
+
+    writes = {"producer": ["inputs/", "index/"], "generate": ["generated/", "index/"],
+              "hidden": ["hidden/", "index/"], "train": ["drafter/", "index/"],
+              "reconciler": ["index/"], "reader": [], "export-s3": []}
+    for role, areas in writes.items():
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in iam_s3.env(role).items():
+                patch.setenv(name, value)
+            row = check_storage(iam_s3.storage)
+        assert row.ok and row.warn == (not areas), (role, row)
+        written = row.detail.split(" in: ")[-1] if areas else ""
+        assert [a for a in ("generated/", "hidden/", "drafter/", "inputs/", "index/")
+                if f"{a} (" in written] == areas, (role, row.detail)
+    doctor = as_role(pipeline, iam_s3, "reconciler", "doctor", "--json")
+    [row] = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "storage"]
+    assert row["status"] == "PASS" and "index/ (reconciler)" in row["detail"], row
+
+
+def check_a_forged_index_object(iam_s3: IamS3, run: str, reader: dict[str, str],
+                                truth: dict) -> None:
+    """The reconciler's key may write the index: an object claiming shards without a commit
+    (0, 1 are real; 5 is not) changes no reader's count and queues nothing."""
+    import zstandard
+
+    body = {"v": 1, "run": run, "kind": "digests", "chunk": 0, "shards": {
+        str(s): {"samples": 4, "rejected": 0, "stats": {}, "part_stats": {}, "worker": "w",
+                 "committed_at": 0.0} for s in (0, 1, 5)}}
+    key = f"{iam_s3.root}/{run}/index/digests/chunk-0000-003-0badc0de.json.zst"
+    iam_s3.client("reconciler").put_object(
+        Bucket=iam_s3.bucket, Key=key, IfNoneMatch="*",
+        Body=zstandard.ZstdCompressor().compress(json.dumps(body).encode()))
+    status = subprocess.run([sys.executable, "-m", "producer.cli", "status", "--run", run,
+                             "--json"], env=reader, capture_output=True, text=True, timeout=300,
+                            cwd=ROOT)
+    seen = json.loads(status.stdout)
+    assert seen["shards"]["committed"] == truth["shards"]["committed"] == 2
+    assert seen["samples"]["done"] == truth["samples"]["done"]
+    resumed = subprocess.run([sys.executable, "-m", "producer.cli", "resume", "--run", run,
+                              "--json"], env={**reader, **iam_s3.env("reconciler")},
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["enqueued"] == 0

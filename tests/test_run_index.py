@@ -1,6 +1,7 @@
 """The run index changes nothing but speed: status, the rebuilt monitor, the stored gate panels
 and the series are the same from index objects, from commits and from parts; a corrupt index
-object falls back to the commits; concurrent writers never lose a commit."""
+object falls back to the commits, a forged one adds no committed shard; concurrent writers never
+lose a commit."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from common.commit_set import CommitSet
 from common.monitor import rebuild
 from common.monitor_parts import rebuild_from_parts
 from common.records import InputManifest, ShardTask
-from common.run_index import DIGESTS, KINDS, SUMMARIES, RunIndex, write_chunk
+from common.run_index import DIGESTS, FIELDS, KINDS, SUMMARIES, RunIndex, write_chunk
 from common.runstore import RunStore
 from common.storage import LocalStorage, Storage, open_storage
 from producer.status import StatusReader
@@ -111,12 +112,45 @@ def test_the_worker_that_completes_a_chunk_indexes_it(tmp_path: Path, redis_serv
         assert [keys.index_entry(k) for k in _index_keys(storage, kind)] == [(0, 6)]
     index = RunIndex(storage, RUN)
     assert len([r for r in index.scan(6)]) == 1
-    assert (index.listings, index.direct, index.done) == (0, 0, set())  # the last chunk
+    # One LIST checks the object's shards against the commits; no commit is read directly.
+    assert (index.listings, index.direct, index.done) == (1, 0, set())  # the last chunk
+    list(index.scan(6))
+    assert index.listings == 1  # warm: every shard of the chunk known, nothing listed again
     client = redis_server.client()
     plain = LocalStorage(str(tmp_path / "plain"))
     shutil.copytree(tmp_path / "s", tmp_path / "plain", ignore=shutil.ignore_patterns("index"))
     assert not _index_keys(plain, DIGESTS)
     assert _figures(client, storage) == _figures(client, plain)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_forged_index_object_adds_no_committed_shard(run, where, request, caplog,
+                                                      monkeypatch) -> None:
+    """Every writer's key may write the index: an object naming shards without a commit (well
+    formed, its shards within the chunk) is a hint the listing disproves, whole."""
+    from common import run_index
+
+    monkeypatch.setattr(run_index, "_IGNORED", set())   # warned once per process: afresh
+    client, base = run
+    plain = _copy(base, "plain")
+    storage = (LocalStorage(str(base / f"forged-{where}")) if where == "local"
+               else open_storage(request.getfixturevalue("s3_storage")))
+    for key in plain.list(f"runs/{RUN}/"):
+        storage.put_once(key, plain.get(key))
+    real = {s: e for r in RunIndex(plain, RUN, keep=False).scan(6) for s, e in r.entries.items()}
+    assert sorted(real) == [0, 1, 2]
+    fake = {**real, 4: real[0], 5: real[1]}   # 3-5 have parts, no commit
+    for kind in KINDS:
+        entries = fake if kind == DIGESTS else {s: {f: 0 for f in FIELDS[SUMMARIES]}
+                                                for s in fake}
+        write_chunk(storage, RUN, kind, 0, entries)  # 5 shards: fuller than any real object
+    write_chunk(storage, RUN, DIGESTS, 0, {0: real[0], 4: real[0], 5: real[1]})  # 3 of them
+    for reader in (RunIndex(storage, RUN, keep=False), RunIndex(storage, RUN, rejected=True)):
+        assert sorted(s for r in reader.scan(6) for s in r.entries) == [0, 1, 2]
+    assert RunStore(storage, RUN).committed() == {0, 1, 2}
+    assert "ignoring index object" in caplog.text and "with no commit (4, 5)" in caplog.text
+    statuses = [_stable(StatusReader(s, client, RUN).read()) for s in (storage, plain)]
+    assert statuses[0] == statuses[1] and statuses[0]["shards"]["committed"] == 3
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])

@@ -144,6 +144,11 @@ def test_local_storage_leaves_no_temporary_files(tmp_path) -> None:  # noqa: ANN
 def test_bad_keys_and_urls_are_refused(tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(ConfigError):
         LocalStorage(tmp_path).put_once("../escape", b"x")
+    (tmp_path / "root").mkdir()
+    (tmp_path / "outside.txt").write_bytes(b"x")
+    for prefix in ("../", "runs/../../", "/etc/", ".."):   # a listing stays inside the root too
+        with pytest.raises(ConfigError, match="invalid storage key"):
+            list(LocalStorage(tmp_path / "root").list(prefix))
     with pytest.raises(ConfigError):
         open_storage("gs://bucket/x")
     with pytest.raises(ConfigError):

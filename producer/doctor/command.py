@@ -41,10 +41,10 @@ from common.preflight import (
     check_disk,
     check_gpu_clean,
     check_redis,
-    check_storage,
     no_driver_result,
     visible_gpus,
 )
+from producer.doctor.storage import check_storage
 from producer.doctor.target import target_dir
 
 log = logging.getLogger(__name__)

@@ -69,8 +69,9 @@ class Views:
         """Runs with a run.json in storage (listed again at most every RUNS_TTL_S)."""
         at, ids = self._listed
         if time.monotonic() - at > RUNS_TTL_S or not ids:
-            ids = sorted({key.split("/")[1] for key in self.storage.list("runs/")
-                          if key.count("/") == 2 and key.endswith("/run.json")})
+            ids = sorted({found.run for key in self.storage.list("runs/")
+                          if (found := keys.parse(key)) is not None
+                          and found.kind is keys.KeyKind.RUN_CONFIG})
             self._listed = (time.monotonic(), ids)
         return ids
 
