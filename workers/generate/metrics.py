@@ -1,8 +1,10 @@
 """Prometheus metrics of a worker's own progress, for dashboards beside Flower.
 
-Set ``DFLASH_METRICS_PORT`` (0 = off) and scrape ``http://worker:PORT/metrics``: samples, tokens
+Set ``DFLASH_METRICS_PORT`` (0 = off) and scrape ``http://HOST:PORT/metrics``: samples, tokens
 and parts written per run, samples rejected by the gates, engine requests, shards committed, and
-the engine's requests in flight.
+the engine's requests in flight. The endpoint has no auth, so it listens on 127.0.0.1 unless
+``DFLASH_METRICS_HOST`` names another address (0.0.0.0 for a Prometheus on the same private
+network, as compose's).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ COMMITS = Counter("dflash_shards_committed", "Shards committed by this worker", 
 IN_FLIGHT = Gauge("dflash_engine_in_flight", "Engine requests in flight now")
 
 
-def serve(port: int, in_flight: Callable[[], float]) -> None:
-    """Expose the metrics on ``port``; ``in_flight`` is read at every scrape."""
+def serve(host: str, port: int, in_flight: Callable[[], float]) -> None:
+    """Expose the metrics on ``host:port``; ``in_flight`` is read at every scrape."""
     IN_FLIGHT.set_function(in_flight)
-    start_http_server(port, addr="0.0.0.0")
-    log.info("metrics on :%d/metrics", port)
+    start_http_server(port, addr=host)
+    log.info("metrics on %s:%d/metrics", host, port)
