@@ -148,6 +148,7 @@ def test_a_missing_or_placeholder_password_stops_redis_with_one_line(
     assert ("placeholder" in lines[0]) == bool(value), lines
 
 
+@pytest.mark.e2e
 def test_a_run_goes_end_to_end_with_every_process_on_its_own_user(
         acl_redis: AclRedis, tmp_path: Path, model_cache: Path) -> None:
     from common.drafter_store import read_ledger

@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 from producer.demo import free_port
 from tests.conftest import ROOT, wait_until
 
+pytestmark = pytest.mark.e2e
 ROLES = ("producer", "generate", "hidden", "train", "reader")
 ROOT_KEY, ROOT_SECRET = "standin-root", "root-secret-0123"
 
