@@ -15,7 +15,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,18 +26,22 @@ from tests.conftest import ROOT, Pipeline, wait_until
 
 START = ROOT / "docker" / "redis" / "start.sh"
 CONF = ROOT / "docker" / "redis" / "redis.conf"
-USERS = ("admin", "producer", "generate", "hidden", "train", "flower", "reader")
+USERS = ("default", "producer", "generate", "hidden", "train", "flower", "reader")
 
 
 def variable(user: str) -> str:
-    return "REDIS_PASSWORD" if user == "admin" else f"REDIS_{user.upper()}_PASSWORD"
+    return "REDIS_PASSWORD" if user == "default" else f"REDIS_{user.upper()}_PASSWORD"
 
 
 @dataclass
 class AclRedis:
-    port: int
+    """redis-server as compose starts it (start.sh, the stack's redis.conf), restartable on its
+    data directory."""
+
+    tmp: Path
     passwords: dict[str, str]
-    proc: subprocess.Popen[bytes]
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
 
     def url(self, user: str) -> str:
         return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
@@ -47,41 +51,62 @@ class AclRedis:
 
     def denials(self) -> list[dict]:
         """What Redis refused since it started (its ACL LOG)."""
-        return self.client("admin").acl_log(count=1000)
+        return self.client("default").acl_log(count=1000)
+
+    def start(self) -> None:
+        data, log = self.tmp / "redis", self.tmp / "redis.log"
+        data.mkdir(exist_ok=True)
+        env = {"PATH": os.environ["PATH"], "REDIS_CONF_OUT": str(self.tmp / "redis.conf"),
+               **{variable(u): p for u, p in self.passwords.items() if u != "flower"}}
+        (self.tmp / "flower.pw").write_text(self.passwords["flower"])   # as a compose secret
+        env["REDIS_FLOWER_PASSWORD_FILE"] = str(self.tmp / "flower.pw")
+        with open(log, "ab") as fh:
+            self.proc = subprocess.Popen(
+                ["sh", str(START), str(CONF), "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--appendfsync", "always"], cwd=data, env=env, stdout=fh,
+                stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert self.proc.poll() is None, log.read_text()
+            try:
+                return bool(self.client("default").ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_until(up, 20, "redis-server to accept connections")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture
 def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    passwords = {user: secrets.token_hex(12) for user in USERS}
-    port, data = free_port(), tmp_path / "redis"
-    data.mkdir()
-    env = {"PATH": os.environ["PATH"], "REDIS_CONF_OUT": str(tmp_path / "redis.conf"),
-           **{variable(u): p for u, p in passwords.items()}}
-    env.pop("REDIS_FLOWER_PASSWORD")   # a password file, as compose secrets give one
-    (tmp_path / "flower.pw").write_text(passwords["flower"])
-    env["REDIS_FLOWER_PASSWORD_FILE"] = str(tmp_path / "flower.pw")
-    log = tmp_path / "redis.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(["sh", str(START), str(CONF), "--port", str(port), "--bind",
-                                 "127.0.0.1", "--appendfsync", "always"],
-                                cwd=data, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    server = AclRedis(port, passwords, proc)
+    server = AclRedis(tmp_path, {user: secrets.token_hex(12) for user in USERS})
+    server.start()
+    yield server
+    server.stop()
 
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()
-        try:
-            return bool(server.client("admin").ping())
-        except redis.ConnectionError:
-            return False
 
-    try:
-        wait_until(up, 20, "redis-server to accept connections")
-        yield server
-    finally:
-        proc.kill()
-        proc.wait()
+def test_transactions_survive_a_restart(acl_redis: AclRedis) -> None:
+    """Redis replays its AOF as the default user and re-checks its permissions at each EXEC:
+    with that user disabled, every MULTI/EXEC (a shard's queued marker, kombu's acks) would be
+    dropped on restart (redis/redis#14541). The default user is the administrator instead."""
+    generate = acl_redis.client("generate")
+    pipe = generate.pipeline(transaction=True)
+    pipe.hset("dflash:r:generate:queued", "shard-000000", "queued 1.0")
+    pipe.sadd("dflash:runs", "r")
+    pipe.execute()
+    generate.set("dflash:r:paused", "x")
+    acl_redis.stop()   # kill -9: appendfsync always has written both
+    acl_redis.start()
+    reader = acl_redis.client("reader")
+    assert reader.hgetall("dflash:r:generate:queued") == {"shard-000000": "queued 1.0"}
+    assert reader.smembers("dflash:runs") == {"r"} and reader.get("dflash:r:paused") == "x"
+    assert "NOPERM" not in (acl_redis.tmp / "redis.log").read_text()
 
 
 def test_each_role_is_refused_what_it_may_not_do(acl_redis: AclRedis, tmp_path: Path) -> None:
@@ -97,7 +122,7 @@ def test_each_role_is_refused_what_it_may_not_do(acl_redis: AclRedis, tmp_path: 
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(acl_redis.url("reader").replace(
             acl_redis.passwords["reader"], "wrong")).ping()
-    admin = acl_redis.client("admin")
+    admin = acl_redis.client("default")
     admin.set("dflash:r:paused", "x")
     assert admin.config_get("appendonly") == {"appendonly": "yes"}
     assert admin.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
@@ -132,7 +157,7 @@ def test_each_role_is_refused_what_it_may_not_do(acl_redis: AclRedis, tmp_path: 
     assert refused("producer", "RPOP", "generate")   # it sends tasks, it never takes one
     assert acl_redis.client("producer").lpush("generate", "m")
     # Each refusal is in the ACL LOG, which the end-to-end test reads as "nothing refused".
-    assert {d["username"] for d in acl_redis.denials()} == set(USERS) - {"admin"}
+    assert {d["username"] for d in acl_redis.denials()} == set(USERS) - {"default"}
 
 
 @pytest.mark.parametrize("value", ["", "change-me-redis-train"])

@@ -3,7 +3,8 @@
 (docker/s3/setup.sh, run by /bin/sh with the stand-in's ``mc``) that creates one user per role
 from docs/policies with the key .env gives it. Each role's key may do what its policy says and
 is refused the rest; the root key alone administers; keys survive a restart of the server;
-a secret changed in .env and the job run again rotates it."""
+the job run again (every start) never takes a working key away, even for a moment; a secret
+changed in .env and the job run again rotates it."""
 
 from __future__ import annotations
 
@@ -143,6 +144,26 @@ def test_keys_survive_a_restart_and_rotate_with_the_next_run_of_the_job(
     standin.start()
     old = standin.s3("dflash-generate", "generate-secret-1")
     assert put(old, "runs/r2/generated/shard-000000/a") == "written"
+    # The job runs at every `up` (and `compose run`) while the workers work: their keys hold.
+    import threading
+
+    errors, stop = [], threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                old.list_objects_v2(Bucket="dflash", Prefix="pipeline/runs/")
+            except ClientError as exc:
+                errors.append(exc.response["Error"]["Code"])
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        assert standin.setup().returncode == 0
+    finally:
+        stop.set()
+        worker.join()
+    assert errors == []
     rotated = standin.setup(generate="generate-secret-2")
     assert rotated.returncode == 0, rotated.stderr
     assert put(old, "runs/r2/generated/shard-000000/b") == "SignatureDoesNotMatch"

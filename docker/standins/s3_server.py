@@ -156,13 +156,15 @@ class StandIn:
 
     def _chosen_key(self, environ: dict[str, Any], start_response: StartResponse
                     ) -> Iterable[bytes]:
-        """CreateAccessKey as moto authorizes and runs it, then the chosen id and secret."""
+        """CreateAccessKey as moto authorizes and runs it, then the chosen id and secret.
+
+        A user that holds the chosen id already keeps that key, with the chosen secret (the
+        bucket job runs at every start: its users' keys never vanish, even for a moment).
+        """
         key_id, secret = environ[CHOSEN_ID], environ.get(CHOSEN_SECRET, "")
         if len(key_id) < 3 or len(secret) < 8:
             return _error(start_response, "400 Bad Request",
                           "an access key has 3 characters or more, its secret 8 or more")
-        if _owner_of(key_id) is not None:
-            return _error(start_response, "409 Conflict", f"access key {key_id} is in use")
         reply: dict[str, Any] = {}
 
         def keep(status: str, headers: list[tuple[str, str]], *_: Any) -> None:
@@ -171,9 +173,17 @@ class StandIn:
         body = b"".join(self.app(environ, keep))
         made = re.search(rb"<AccessKeyId>([^<]+)</AccessKeyId>", body)
         if reply["status"].startswith("200") and b"CreateAccessKeyResponse" in body and made:
-            generated = made.group(1).decode()
-            key = _iam().access_keys[generated]
-            set_key(key, key_id, secret)
+            backend, generated = _iam(), made.group(1).decode()
+            key = backend.access_keys[generated]
+            owner = _owner_of(key_id)
+            if owner not in (None, key.user_name):
+                backend.delete_access_key(generated, key.user_name)
+                return _error(start_response, "409 Conflict", f"access key {key_id} is in use")
+            if owner is None:
+                set_key(key, key_id, secret)
+            else:
+                backend.access_keys[key_id].secret_access_key = secret
+                backend.delete_access_key(generated, key.user_name)
             body = body.replace(generated.encode(), key_id.encode())
             body = re.sub(rb"<SecretAccessKey>[^<]*</SecretAccessKey>",
                           b"<SecretAccessKey>" + secret.encode() + b"</SecretAccessKey>", body)
