@@ -135,6 +135,23 @@ def test_each_service_holds_its_own_roles_credentials_and_no_other(compose: dict
             assert not re.search(r"\$\{\w*(PASSWORD|SECRET)", text), (name, field)
 
 
+def test_flower_refuses_the_env_examples_placeholder_password(compose: dict) -> None:
+    """What Flower's container shell runs (compose turns $$ into $), with celery echoed."""
+    script = compose["services"]["flower"]["command"][2].replace("$$", "$")
+    script = script.replace("exec celery", "exec echo celery", 1)
+    for auth, code in (("admin:change-me-flower", 2), ("admin:s3cret", 0)):
+        done = subprocess.run(["sh", "-c", script], env={"FLOWER_BASIC_AUTH": auth,
+                                                         "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True)
+        assert done.returncode == code, done.stderr
+        if code:
+            assert done.stderr.splitlines() == [
+                "error: FLOWER_PASSWORD is still .env.example's placeholder: set a password "
+                "of your own in .env"] and done.stdout == ""
+        else:
+            assert done.stdout.split()[:4] == ["celery", "-A", "common.celery_app", "flower"]
+
+
 def test_only_the_sglang_workers_share_the_hosts_ipc(compose: dict) -> None:
     for name, service in compose["services"].items():
         assert (service.get("ipc") == "host") == name.startswith("generate-gpu"), name
