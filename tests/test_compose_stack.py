@@ -140,7 +140,8 @@ for key in sys.argv[1:]:
 
 
 def _env_of(info: dict[str, Any]) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in info["Config"]["Env"] or [])
+    """A container's environment (a name compose passes unset has no "=")."""
+    return dict(item.partition("=")[::2] for item in info["Config"]["Env"] or [])
 
 
 def _free_port() -> int:
