@@ -94,6 +94,8 @@ class WorkerSettings:
     retry_backoff_max: float = 60.0   # cap, in seconds, of the backoff between retries
     gpu: int = setting(0, zero_ok=True)
     metrics_port: int = setting(0, zero_ok=True)   # 0: no Prometheus endpoint
+    # The address the Prometheus endpoint listens on: loopback unless said otherwise (no auth).
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,12 @@ ready (Docker, Compose, dockerd, images; stand-ins where no image registry answe
 `cpu` profile is started, a run is enqueued by the producer service and finishes online, the
 generate worker is crashed (kill -9 of its main process) and brought back by its restart policy,
 Flower's and the dashboard's APIs are read behind their basic auth, and the stack is taken down
-and up on its volumes. Ports are published on 127.0.0.1 only; nothing is pulled from a registry
-(IMAGES=standin); the dockerd this test starts is the only one it stops."""
+and up on its volumes. Least privilege as the stack runs it (the S3 stand-in enforces IAM, Redis
+its ACL users): each service holds its own role's keys, Flower no S3 key, the root key only the
+S3 server and the bucket job, no secret is on a command line; the dashboard's keys are refused a
+write, each worker's S3 key a write into another stage's area. Ports are published on 127.0.0.1
+only; nothing is pulled from a registry (IMAGES=standin); the dockerd this test starts is the
+only one it stops."""
 
 from __future__ import annotations
 
@@ -56,6 +60,8 @@ class Stack:
                   "DFLASH_LEASE_TTL=15", "DFLASH_TRAIN_EVAL_STEPS=0",
                   "COMPOSE_PROFILES=cpu"]
         self.env_file.write_text("\n".join(lines) + "\n")
+        self.settings = dict(line.split("=", 1) for line in lines
+                             if line and not line.startswith("#"))
         self.env = {k: v for k, v in os.environ.items() if k in PASSED}
 
     def compose(self, *args: str, check: bool = True,
@@ -69,8 +75,11 @@ class Stack:
         return done
 
     def cli(self, *args: str) -> dict[str, Any]:
-        """`docker compose run --rm producer dflash-pipeline ...`, its last line as JSON."""
-        out = self.compose("run", "--rm", "-T", "producer", "dflash-pipeline", *args).stdout
+        """`docker compose run --rm producer dflash-pipeline ...`, its last line as JSON.
+        --no-deps: the stack is up; a plain `run` also runs the bucket job again first (it
+        converges, in a second with MinIO's mc, 10-20 s with the stand-in's on busy cores)."""
+        out = self.compose("run", "--rm", "--no-deps", "-T", "producer", "dflash-pipeline",
+                           *args).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     def status(self) -> dict[str, Any]:
@@ -94,8 +103,45 @@ class Stack:
         except urllib.error.HTTPError as exc:
             return exc.code, None
 
+    def inspect_all(self) -> dict[str, list[dict[str, Any]]]:
+        """``docker inspect`` of every container of the project (one-shots too), by service."""
+        ids = self.compose("ps", "-a", "-q").stdout.split()
+        out = subprocess.run(["docker", "inspect", *ids], env=self.env, capture_output=True,
+                             text=True, check=True).stdout
+        found: dict[str, list[dict[str, Any]]] = {}
+        for info in json.loads(out):
+            found.setdefault(info["Config"]["Labels"]["com.docker.compose.service"], []).append(
+                info)
+        return found
+
+    def put(self, service: str, *keys: str) -> dict[str, str]:
+        """Each key (under the storage's prefix) written once with ``service``'s own S3 key,
+        from inside its container: "written" or the error code S3 answered."""
+        out = self.compose("exec", "-T", service, "python", "-c", PUT, *keys).stdout
+        return dict(line.rsplit(" ", 1) for line in out.splitlines())
+
     def logs(self) -> str:
         return self.compose("logs", "--no-color", "--tail", "40", check=False).stdout[-12000:]
+
+
+PUT = """
+import os, sys
+import boto3
+from botocore.exceptions import ClientError
+bucket, prefix = os.environ["DFLASH_STORAGE"][5:].split("/", 1)
+s3 = boto3.client("s3")
+for key in sys.argv[1:]:
+    try:
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=b"x", IfNoneMatch="*")
+        print(key, "written")
+    except ClientError as exc:
+        print(key, exc.response["Error"]["Code"])
+"""
+
+
+def _env_of(info: dict[str, Any]) -> dict[str, str]:
+    """A container's environment (a name compose passes unset has no "=")."""
+    return dict(item.partition("=")[::2] for item in info["Config"]["Env"] or [])
 
 
 def _free_port() -> int:
@@ -203,13 +249,15 @@ def test_flower_and_the_dashboard_answer_behind_basic_auth(stack: Stack) -> None
 
 def test_down_and_up_keep_the_run_and_resume_writes_nothing(stack: Stack) -> None:
     wait_until(lambda: _finished(stack), 900, "the run to finish", interval=3)
+    # Under <prefix>/runs/: the listing the producer's policy allows (s3:prefix).
     listing = ["python", "-c", "import boto3, os; b, p = os.environ['DFLASH_STORAGE'][5:]"
                ".split('/', 1); s3 = boto3.client('s3'); print(sorted(o['Key'] for page in "
-               "s3.get_paginator('list_objects_v2').paginate(Bucket=b, Prefix=p) "
+               "s3.get_paginator('list_objects_v2').paginate(Bucket=b, Prefix=p + '/runs/') "
                "for o in page.get('Contents', [])))"]
 
     def objects() -> str:
-        return stack.compose("run", "--rm", "-T", "producer", *listing).stdout.strip()
+        return stack.compose("run", "--rm", "--no-deps", "-T", "producer",
+                             *listing).stdout.strip()
 
     before = objects()
     stack.compose("down")
@@ -220,3 +268,85 @@ def test_down_and_up_keep_the_run_and_resume_writes_nothing(stack: Stack) -> Non
     assert report["enqueued"] == 0 and report["downstream"] == 0, report
     assert not report["wrote_inputs"], report
     assert objects() == before
+
+
+def test_each_service_holds_its_own_roles_keys_and_no_secret_is_on_a_command_line(
+        stack: Stack) -> None:
+    """Flower holds no S3 key, the dashboard the reader's, each worker its stage's; the S3 root
+    key is in the S3 server and the bucket job alone; no password or secret of the env file is
+    in any container's command line (what ``docker inspect`` and ``docker top`` show)."""
+    wait_until(lambda: _finished(stack), 300, "the run to read as done")
+    given = {k: v for k, v in stack.settings.items() if "PASSWORD" in k or "SECRET" in k}
+    containers = stack.inspect_all()
+    assert {"redis", "minio", "createbuckets", "flower", "ui", "generate-cpu",
+            "train-cpu"} <= containers.keys()
+    for service, infos in containers.items():
+        for info in infos:
+            argv = json.dumps([info["Path"], info["Args"], info["Config"]["Cmd"],
+                               info["Config"]["Entrypoint"], info["Config"].get("Healthcheck")])
+            top = ""   # the processes' own command lines (Redis's after start.sh's exec)
+            if info["State"]["Running"]:   # a one-shot may have ended since: no processes
+                top = subprocess.run(["docker", "top", info["Id"], "-o", "args"], env=stack.env,
+                                     capture_output=True, text=True).stdout
+            leaked = [name for name, value in given.items() if value in argv + top]
+            assert not leaked, (service, leaked)
+            env = _env_of(info)
+            holds_root = given["MINIO_ROOT_PASSWORD"] in env.values()
+            assert holds_root == (service in ("minio", "createbuckets")), service
+    flower = _env_of(containers["flower"][0])
+    assert "AWS_ACCESS_KEY_ID" not in flower and "AWS_SECRET_ACCESS_KEY" not in flower
+    assert not set(given.values()) - {given["REDIS_FLOWER_PASSWORD"], given["FLOWER_PASSWORD"]} \
+        & set(flower.values())
+    for service, role in (("ui", "READER"), ("generate-cpu", "GENERATE"), ("train-cpu", "TRAIN")):
+        env = _env_of(containers[service][0])
+        assert env["AWS_ACCESS_KEY_ID"] == stack.settings[f"S3_{role}_KEY"], service
+        assert env["AWS_SECRET_ACCESS_KEY"] == stack.settings[f"S3_{role}_SECRET"], service
+        assert env["DFLASH_BROKER_URL"].startswith(f"redis://{role.lower()}:"), service
+    made = stack.compose("logs", "--no-color", "createbuckets").stdout
+    for role in ("producer", "generate", "hidden", "train", "reader"):
+        assert f"role {role}: user dflash-{role} with policy dflash-{role}" in made, made
+
+
+def test_the_dashboards_keys_are_refused_every_write(stack: Stack) -> None:
+    """The dashboard faces the network: its S3 key writes nothing, its Redis user changes
+    nothing, while it still reads the run."""
+    run = f"runs/{RUN}"
+    refused = stack.put("ui", f"{run}/reports/report.png", f"{run}/index/probe",
+                        f"{run}/generated/shard-000000/part-9999.jsonl.zst", "runs/other/run.json")
+    assert set(refused.values()) == {"AccessDenied"}, refused
+    script = ("import os, redis; r = redis.Redis.from_url(os.environ['DFLASH_BROKER_URL']); "
+              "print(r.llen('train'), r.exists('dflash:runs'));\n"
+              "for cmd in (('SET', 'dflash:x', '1'), ('LPUSH', 'generate', 'm'), "
+              "('DEL', 'dflash:runs'), ('FLUSHALL',)):\n"
+              "    try: r.execute_command(*cmd); print('allowed', cmd[0])\n"
+              "    except redis.exceptions.NoPermissionError: print('refused', cmd[0])")
+    out = stack.compose("exec", "-T", "ui", "python", "-c", script).stdout.split("\n")
+    assert out[0].split()[0].isdigit(), out   # it reads
+    assert out[1:5] == ["refused SET", "refused LPUSH", "refused DEL", "refused FLUSHALL"], out
+    assert stack.get("UI", f"/api/runs/{RUN}/status")[0] == 200
+
+
+def test_each_workers_key_is_refused_a_write_into_another_stages_area(stack: Stack) -> None:
+    run = f"runs/{RUN}"
+    generate = stack.put("generate-cpu", f"{run}/drafter/step-999999/_COMMIT.json",
+                         f"{run}/drafter/latest.json", f"{run}/hidden/shard-000000/_COMMIT.json",
+                         f"{run}/inputs/shard-999999.jsonl.zst", f"{run}/run.json")
+    assert set(generate.values()) == {"AccessDenied"}, generate
+    train = stack.put("train-cpu", f"{run}/generated/shard-000000/part-9999.jsonl.zst",
+                      f"{run}/generated/shard-999999/_COMMIT.json",
+                      f"{run}/rejected/shard-000000/part-9999.jsonl.zst",
+                      f"{run}/inputs/shard-999999.jsonl.zst", f"{run}/run.json")
+    assert set(train.values()) == {"AccessDenied"}, train
+
+
+def test_no_workers_key_reaches_another_stages_area_through_a_wildcard(stack: Stack) -> None:
+    """Issue 53, Why 3: in an IAM resource ``*`` matches ``/``, so a grant on ``runs/*/index/*``
+    or ``runs/*/drafter/*`` reaches into other areas; the policies' Deny statements keep each
+    key in its own (a forged checkpoint or commit would otherwise cost the run its training)."""
+    run = f"runs/{RUN}"
+    generate = stack.put("generate-cpu", f"{run}/drafter/index/step-000999/_COMMIT.json",
+                         f"{run}/hidden/index/x")
+    assert set(generate.values()) == {"AccessDenied"}, generate
+    train = stack.put("train-cpu", f"{run}/generated/shard-000001/drafter/_COMMIT.json",
+                      f"{run}/hidden/shard-000001/drafter/_COMMIT.json")
+    assert set(train.values()) == {"AccessDenied"}, train

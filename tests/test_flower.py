@@ -93,3 +93,9 @@ def test_flower_sees_worker_and_tasks_and_worker_exports_metrics(
     assert 4 <= sent <= 8   # two turns each, unless a rejected first turn stopped one
     assert f'dflash_engine_requests_total{{run="fl"}} {sent:.1f}' in text
     assert "dflash_engine_in_flight 0.0" in text
+    # No auth on that endpoint: it listens on loopback alone unless DFLASH_METRICS_HOST says so.
+    import psutil
+
+    listening = {c.laddr.ip for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == metrics_port}
+    assert listening == {"127.0.0.1"}, listening

@@ -24,7 +24,7 @@ from workers.devices import resolve_device
 # Every setting's section and variable, written out: a rename that changes a variable fails here.
 SETTINGS = {
     "broker": "BROKER_URL STORAGE VISIBILITY_TIMEOUT RESULT_EXPIRES SOFT_SHUTDOWN_TIMEOUT",
-    "worker": "LEASE_TTL MAX_DELIVERIES RETRY_BACKOFF_MAX GPU METRICS_PORT",
+    "worker": "LEASE_TTL MAX_DELIVERIES RETRY_BACKOFF_MAX GPU METRICS_PORT METRICS_HOST",
     "target": "MODEL CACHE_DIR",
     "generate": "PART_SAMPLES PART_SECONDS BATCH_SIZE ENGINE ENGINE_URL ENGINE_CMD ENGINE_ARGS MTP "
                 "ENGINE_PYTHON ENGINE_PORT TP MEM_FRACTION_STATIC MAX_IN_FLIGHT "

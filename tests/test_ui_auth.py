@@ -52,3 +52,15 @@ def test_any_host_with_auth_is_served(tmp_path: Path) -> None:
                     auth="admin:s3cret") as ui:
         assert ui.get("/api/runs", auth="")[0] == 401
         assert ui.get("/api/runs")[0] == 200
+
+
+def test_the_env_examples_placeholder_password_is_refused_with_one_line(tmp_path: Path) -> None:
+    """compose's .env copied from .env.example and never edited: the dashboard does not start,
+    on loopback either."""
+    for host in ("0.0.0.0", "127.0.0.1"):
+        result = _ui(tmp_path, "--host", host, "--port", str(free_port()),
+                     auth="admin:change-me-ui")
+        assert result.returncode == 1, result.stdout
+        assert result.stderr.strip().splitlines() == [
+            "error: DFLASH_UI_AUTH's password is still .env.example's placeholder "
+            "(change-me-...): set a password of your own (UI_PASSWORD in compose's .env)"]

@@ -34,12 +34,13 @@ def _load_engine(sender: object = None, **_: object) -> None:
     # out of the collector's sight, full collections stop walking it between requests.
     gc.freeze()
     context = get_generate_context()
-    port = context.worker.settings.metrics_port
+    settings = context.worker.settings
+    port, host = settings.metrics_port, settings.metrics_host
     if port:
         try:
-            metrics.serve(port, lambda: float(getattr(context.engine, "in_flight", 0)))
+            metrics.serve(host, port, lambda: float(getattr(context.engine, "in_flight", 0)))
         except OSError as exc:
-            raise SystemExit(f"cannot serve metrics on port {port}: {exc}") from exc
+            raise SystemExit(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
 
 @worker_ready.connect

@@ -1,7 +1,8 @@
 """``dflash-pipeline ui [--host 127.0.0.1] [--port 8700]``: serve the run dashboard.
 
 Basic auth from ``DFLASH_UI_AUTH=user:password`` (as Flower's); a host other than loopback is
-refused without it. Works with Redis down (the live figures read as unknown).
+refused without it, and a password that is still .env.example's placeholder always. Works with
+Redis down (the live figures read as unknown).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import click
 from common.cli import command_option
 from common.config import Settings, env_name
 from common.errors import ConfigError
+
+PLACEHOLDER = "change-me-"
+"""How .env.example's passwords begin: a dashboard is never served behind one."""
 
 
 def is_loopback(host: str) -> bool:
@@ -32,6 +36,10 @@ def check_auth(host: str, auth: str) -> None:
         user, sep, password = auth.partition(":")
         if not (user and sep and password):
             raise ConfigError(f"{env_name('ui_auth')} must be user:password")
+        if password.startswith(PLACEHOLDER):
+            raise ConfigError(f"{env_name('ui_auth')}'s password is still .env.example's "
+                              f"placeholder ({PLACEHOLDER}...): set a password of your own "
+                              "(UI_PASSWORD in compose's .env)")
     elif not is_loopback(host):
         raise ConfigError(f"refusing to serve the dashboard on {host} without auth: set "
                           f"{env_name('ui_auth')}=user:password, or use --host 127.0.0.1")

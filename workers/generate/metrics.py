@@ -1,9 +1,11 @@
 """Prometheus metrics of a worker's own progress, for dashboards beside Flower.
 
-Set ``DFLASH_METRICS_PORT`` (0 = off) and scrape ``http://worker:PORT/metrics``: samples, tokens
+Set ``DFLASH_METRICS_PORT`` (0 = off) and scrape ``http://HOST:PORT/metrics``: samples, tokens
 and parts written per run, samples rejected by the gates, engine requests, shards committed, the
 engine's requests in flight, and with speculative decoding its algorithm, verify steps and mean
-accept length.
+accept length. The endpoint has no auth, so it listens on 127.0.0.1 unless
+``DFLASH_METRICS_HOST`` names another address (0.0.0.0 for a Prometheus on the same private
+network, as compose's).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ ACCEPT_LENGTH = Gauge("dflash_spec_accept_length",
 ALGORITHM = Gauge("dflash_spec_algorithm", "The engine's speculative algorithm", ["algorithm"])
 
 
-def serve(port: int, in_flight: Callable[[], float]) -> None:
-    """Expose the metrics on ``port``; ``in_flight`` is read at every scrape."""
+def serve(host: str, port: int, in_flight: Callable[[], float]) -> None:
+    """Expose the metrics on ``host:port``; ``in_flight`` is read at every scrape."""
     IN_FLIGHT.set_function(in_flight)
-    start_http_server(port, addr="0.0.0.0")
-    log.info("metrics on :%d/metrics", port)
+    start_http_server(port, addr=host)
+    log.info("metrics on %s:%d/metrics", host, port)
