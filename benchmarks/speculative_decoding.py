@@ -102,12 +102,12 @@ def rollbacks(args: argparse.Namespace) -> None:
     from embedded.tinymodel import ensure_tiny_model
 
     settings = load_settings()
-    hybrid = args.hybrid or ensure_tiny_model(settings.cache_dir, "tiny-qwen3.5")
+    hybrid = args.hybrid or ensure_tiny_model(settings.target.cache_dir, "tiny-qwen3.5")
     print(f"{args.prompts} prompts, {args.max_new_tokens} new tokens, block {BLOCK}, best of "
           f"{args.repeats}, 1 thread; tok/s of the loop (x greedy decoding's)")
     print(f"{'target':>12} {'rollback':>10} {'greedy':>8}" + "".join(
         f" {f'{c}/{BLOCK - 1} right':>17}" for c in ACCURACIES))
-    rollback_rows("tiny-qwen3", ensure_tiny_model(settings.cache_dir), args, ["(crop)"])
+    rollback_rows("tiny-qwen3", ensure_tiny_model(settings.target.cache_dir), args, ["(crop)"])
     rollback_rows("tiny-qwen3.5", hybrid, args, list(ROLLBACKS))
 
 

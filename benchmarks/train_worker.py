@@ -93,10 +93,10 @@ def main() -> None:
         tokens = sum(len(r.input_ids) for r in rows)
         for round_ in range(args.rounds):
             run = f"bench-{round_}"
-            shards = write_run(storage, run, settings.model, rows, args.rows)
+            shards = write_run(storage, run, settings.target.model, rows, args.rows)
             ctx = WorkerContext(ctx_settings)
             session = get_session(ctx, RunConfig.from_json(
-                {"run": run, "model": settings.model, "input": "", "format": "prompt",
+                {"run": run, "model": settings.target.model, "input": "", "format": "prompt",
                  "prompt_field": None, "shard_size": args.rows, "limit": None,
                  "mode": "online"}))  # target and drafter loaded before the clock starts
             started = time.perf_counter()

@@ -48,10 +48,10 @@ STAGES = (GENERATE, HIDDEN, TRAIN)
 
 def celery_config(settings: Settings) -> dict[str, object]:
     """Celery settings: identical in every process, so no visibility timeout is shorter."""
-    transport = {"visibility_timeout": settings.visibility_timeout}
+    transport = {"visibility_timeout": settings.broker.visibility_timeout}
     return {
-        "broker_url": settings.broker_url,
-        "result_backend": settings.broker_url,
+        "broker_url": settings.broker.url,
+        "result_backend": settings.broker.url,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,
@@ -65,8 +65,8 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
-        "result_expires": settings.result_expires,
-        "worker_soft_shutdown_timeout": settings.soft_shutdown_timeout,
+        "result_expires": settings.broker.result_expires,
+        "worker_soft_shutdown_timeout": settings.broker.soft_shutdown_timeout,
         "worker_enable_soft_shutdown_on_idle": True,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "task_routes": {

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from common.config import Settings, env_name, load_settings, mask_url
+from common.config import FIELDS, env_name, load_settings, mask_url
 from common.errors import (
     ConfigError,
     DflashError,
@@ -43,7 +43,7 @@ def setup_logging(verbose: bool) -> None:
 def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
     """A click option for the setting ``name`` (a flat name): its variable and shown default come
     from :class:`common.config.Settings`; unset (None) means "as the settings say"."""
-    kw.setdefault("show_default", mask_url(str(getattr(Settings(), name))))
+    kw.setdefault("show_default", mask_url(str(FIELDS[name][1].default)))
     return click.option(*_decls(name, decls), default=None, envvar=env_name(name),
                         show_envvar=True, **kw)
 
@@ -112,7 +112,7 @@ def common_options(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(EXIT_FAILURE)
         except OSError as exc:
             click.echo(f"error: {exc} (broker {settings.masked_broker_url}, storage "
-                       f"{settings.storage})", err=True)
+                       f"{settings.broker.storage})", err=True)
             sys.exit(EXIT_FAILURE)
 
     return wrapper

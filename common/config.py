@@ -3,7 +3,7 @@
 Each field is declared once, in its section: its flat name is the section's prefix + the field's
 name (``hidden.device``: ``hidden_device``), its variable ``DFLASH_`` + the flat name in capitals
 (``DFLASH_HIDDEN_DEVICE``). CLI options for settings take their default and variable from here
-(:func:`common.cli.setting_option`); ``settings.hidden_device`` reads ``settings.hidden.device``.
+(:func:`common.cli.setting_option`); code reads a setting by section: ``settings.hidden.device``.
 
 Every process (producer CLI, workers, Flower) calls :func:`load_settings` once and passes the
 result down, so the broker URL, storage root and queue timeouts always agree across services.
@@ -194,8 +194,9 @@ FIELDS: dict[str, tuple[str, Field[Any]]] = {
 
 @dataclass(frozen=True, init=False, repr=False)
 class Settings:
-    """Process-wide settings in sections; ``settings.<flat name>`` reads its section's field,
-    and derived values are properties so they cannot drift."""
+    """Process-wide settings in sections, read by section (``settings.train.rows_per_step``);
+    derived values are properties so they cannot drift. Flat names (``train_rows_per_step``)
+    exist only to derive variable and option names, and as keywords here."""
 
     broker: BrokerSettings
     worker: WorkerSettings
@@ -215,20 +216,14 @@ class Settings:
         if values:
             raise TypeError(f"unknown settings: {', '.join(sorted(values))}")
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached when ``name`` is no section or property: a field's flat name.
-        if name not in FIELDS:
-            raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
-        section, f = FIELDS[name]
-        return getattr(getattr(self, section), f.name)
-
     def __repr__(self) -> str:
         shown = ", ".join(f"{flat}={self._shown(flat)!r}" for flat in FIELDS)
         return f"Settings({shown})"
 
     def _shown(self, name: str) -> str:
-        value = str(getattr(self, name))
-        return "***" if FIELDS[name][1].metadata.get("secret") and value else mask_url(value)
+        section, f = FIELDS[name]
+        value = str(getattr(getattr(self, section), f.name))
+        return "***" if f.metadata.get("secret") and value else mask_url(value)
 
     @property
     def masked_broker_url(self) -> str:

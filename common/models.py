@@ -17,11 +17,11 @@ def resolve_model_path(settings: Settings) -> Path:
     if settings.model_is_tiny:
         from embedded.tinymodel import ensure_tiny_model
 
-        return ensure_tiny_model(settings.cache_dir, settings.model)
-    path = Path(settings.model).expanduser()
+        return ensure_tiny_model(settings.target.cache_dir, settings.target.model)
+    path = Path(settings.target.model).expanduser()
     if not path.is_dir():
         raise ConfigError(
-            f"model {settings.model!r} is not a local directory; download it first "
+            f"model {settings.target.model!r} is not a local directory; download it first "
             "(the pipeline never fetches weights at run time)"
         )
     return path

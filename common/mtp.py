@@ -96,9 +96,9 @@ def target_shape(model_dir: Path) -> TargetShape | None:
 def engine_device(settings: Settings) -> str:
     """Where the engine runs: ``--device`` in the engine args, else SGLang's default, the GPU
     the worker owns (the CPU engine is ``cpu``)."""
-    if settings.engine != "sglang":
+    if settings.generate.engine != "sglang":
         return "cpu"
-    device = _value(_argv(settings.engine_args), "--device")
+    device = _value(_argv(settings.generate.engine_args), "--device")
     return (device or "cuda").lower()
 
 
@@ -120,12 +120,12 @@ def hybrid_spec_args(shape: TargetShape, engine_args: str | Sequence[str],
 
 
 def choose_mtp(settings: Settings, shape: TargetShape | None) -> MtpChoice:
-    """The worker's MTP decision from ``settings.mtp`` and the target's own files (``shape``:
-    its config.json; None where it has none, which states no head)."""
-    mode, device = settings.mtp, engine_device(settings)
-    user = [p for p in _argv(settings.engine_args) if p.startswith("--speculative-")]
+    """The worker's MTP decision from ``settings.generate.mtp`` and the target's own files
+    (``shape``: its config.json; None where it has none, which states no head)."""
+    mode, device = settings.generate.mtp, engine_device(settings)
+    user = [p for p in _argv(settings.generate.engine_args) if p.startswith("--speculative-")]
     if user:
-        algorithm = spec_settings(settings.engine_args).algorithm
+        algorithm = spec_settings(settings.generate.engine_args).algorithm
         return MtpChoice(mode, False, f"DFLASH_ENGINE_ARGS sets {user[0]} (the user's "
                                       "speculative flags win)", device, user_algorithm=algorithm)
     if mode == "off":
@@ -140,7 +140,7 @@ def choose_mtp(settings: Settings, shape: TargetShape | None) -> MtpChoice:
                          f"argmax even when sampling ({VERIFY_SOURCE}); --mtp on for greedy "
                          "runs", device)
     assert shape is not None   # _cannot: a head is stated
-    args = [*mtp_engine_args(shape), *hybrid_spec_args(shape, settings.engine_args)]
+    args = [*mtp_engine_args(shape), *hybrid_spec_args(shape, settings.generate.engine_args)]
     where = "the GPU" if device != "cpu" else "the CPU (greedy runs only)"
     why = "asked on" if mode == "on" else "the target states an MTP head"
     return MtpChoice(mode, True, f"{why}, SGLang on {where}: NEXTN, {MTP_STEPS} steps, "
@@ -152,12 +152,12 @@ def choose_mtp(settings: Settings, shape: TargetShape | None) -> MtpChoice:
 
 def _cannot(settings: Settings, shape: TargetShape | None) -> str | None:
     """Why this worker cannot generate through the MTP head, or None."""
-    if settings.engine != "sglang":
+    if settings.generate.engine != "sglang":
         return "the CPU engine has no speculative decoding (use --engine sglang)"
-    if settings.engine_url:
+    if settings.generate.engine_url:
         return ("the server at --engine-url runs with the flags it was started with (start it "
                 "with the NEXTN flags of `serve-command mtp`)")
-    if settings.engine_cmd and ENGINE_ARGS_FIELD not in settings.engine_cmd:
+    if settings.generate.engine_cmd and ENGINE_ARGS_FIELD not in settings.generate.engine_cmd:
         return f"--engine-cmd has no {ENGINE_ARGS_FIELD} field to pass the MTP flags"
     if shape is None or not shape.has_mtp:
         return NO_MTP_HEAD

@@ -79,13 +79,14 @@ def engine_command(settings: Settings, model_path: Path, mtp_args: Sequence[str]
     in the command and the engine args alike.
     """
     port = settings.engine_server_port if port is None else port
-    running = settings.max_in_flight if max_running_requests is None else max_running_requests
-    fields = {"port": port, "model": model_path, "gpu": settings.gpu, "tp": settings.tp}
-    extra = [*mtp_args, *(part.format(**fields) for part in shlex.split(settings.engine_args))]
-    if settings.engine_cmd:
+    generate = settings.generate
+    running = generate.max_in_flight if max_running_requests is None else max_running_requests
+    fields = {"port": port, "model": model_path, "gpu": settings.worker.gpu, "tp": generate.tp}
+    extra = [*mtp_args, *(part.format(**fields) for part in shlex.split(generate.engine_args))]
+    if generate.engine_cmd:
         flags = engine_flags(extra, running)
         argv: list[str] = []
-        for part in shlex.split(settings.engine_cmd):
+        for part in shlex.split(settings.generate.engine_cmd):
             if part == ENGINE_ARGS_FIELD:
                 argv += flags
             else:
@@ -93,9 +94,9 @@ def engine_command(settings: Settings, model_path: Path, mtp_args: Sequence[str]
         return argv
     # One builder for this line and the printed serving lines; its flags are held to the pinned
     # release's own names (tests/test_serving_lines.py).
-    return launch_argv(model_path, port=port, tp=settings.tp,
-                       mem_fraction_static=settings.mem_fraction_static, engine_args=extra,
-                       python=settings.engine_python or sys.executable,
+    return launch_argv(model_path, port=port, tp=settings.generate.tp,
+                       mem_fraction_static=settings.generate.mem_fraction_static, engine_args=extra,
+                       python=settings.generate.engine_python or sys.executable,
                        max_running_requests=running)
 
 

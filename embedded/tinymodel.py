@@ -5,9 +5,10 @@ hub. The first call trains a byte-level BPE tokenizer and a ~2M-parameter model 
 chat corpus (:mod:`embedded.tinycorpus`), then caches it::
 
     from embedded.tinymodel import ensure_tiny_model
-    path = ensure_tiny_model(settings.cache_dir)                    # tiny-qwen3 (dense)
-    path = ensure_tiny_model(settings.cache_dir, "tiny-qwen3.5")    # the hybrid (Qwen3.6 shape)
-    path = ensure_tiny_model(settings.cache_dir, "tiny-mimo")  # dense with an MTP head (MiMo)
+    cache = settings.target.cache_dir
+    path = ensure_tiny_model(cache)                    # tiny-qwen3 (dense)
+    path = ensure_tiny_model(cache, "tiny-qwen3.5")    # the hybrid (Qwen3.6 shape)
+    path = ensure_tiny_model(cache, "tiny-mimo")       # dense with an MTP head (MiMo)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,

@@ -115,8 +115,8 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
                                     "run's own")
         settings = replace(settings, engine_url=engine_url or "",
                            **{k: v for k, v in overrides.items() if v is not None})
-        if gpus < settings.tp:
-            raise OptionRefused(f"--gpus {gpus} holds no engine of --tp {settings.tp}")
+        if gpus < settings.generate.tp:
+            raise OptionRefused(f"--gpus {gpus} holds no engine of --tp {settings.generate.tp}")
         from producer.bench_run import bench_run
         from producer.projection import render_projection
 

@@ -147,12 +147,12 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
               seed: int = 0) -> tuple[list[BenchRow], Projection]:
     """The rows of every configuration and concurrency, and the run's projection; ``model``
     (else the run's own) is the target, ``gpu`` the first GPU of the engine (else all)."""
-    storage = open_storage(settings.storage)
+    storage = open_storage(settings.broker.storage)
     store = RunStore(storage, run)
     config, manifest = store.config(), store.manifest()
     if manifest is None:
         raise ConfigError(f"run {run!r} is still being enqueued: its size is not known yet")
-    if settings.engine != "sglang" and not settings.engine_url:
+    if settings.generate.engine != "sglang" and not settings.generate.engine_url:
         raise OptionRefused("bench --run measures SGLang: --engine sglang (or --engine-url)")
     model_path = resolve_model_path(replace(settings, model=model or config.model))
     from transformers import AutoTokenizer
@@ -163,11 +163,11 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
         raise ConfigError(f"{model_path}'s chat template is not the one run {run!r} froze")
     prompts = run_prompts(draw_rows(storage, run, num, seed), config, tokenizer,
                           stop_token_ids(model_path))
-    if settings.engine_url:
+    if settings.generate.engine_url:
         if modes is not None:
             raise OptionRefused("--mtp needs bench to start the engine; --engine-url's server "
                                 "is measured as it runs")
-        rows = _measure(settings.engine_url.rstrip("/"), None, prompts, levels)
+        rows = _measure(settings.generate.engine_url.rstrip("/"), None, prompts, levels)
     else:
         rows = []
         for mode, choice in configurations(settings, modes, target_shape(model_path),
@@ -176,13 +176,13 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
             port = free_port()
             argv = engine_command(settings, model_path, choice.args, port=port,
                                   max_running_requests=max(levels))
-            gpus_env = visible_devices(gpu, settings.tp) if gpu is not None else None
-            with launched(argv, f"http://127.0.0.1:{port}", settings.cache_dir / "engines",
-                          settings.engine_startup_timeout, gpus_env) as url:
+            gpus_env = visible_devices(gpu, settings.generate.tp) if gpu is not None else None
+            with launched(argv, f"http://127.0.0.1:{port}", settings.target.cache_dir / "engines",
+                          settings.generate.engine_startup_timeout, gpus_env) as url:
                 rows += _measure(url, mode, prompts, levels)
     done = committed(storage, run)
     remaining = max(manifest.rows - manifest.rejected - done[0], 0)
-    return rows, project(rows, remaining, done, prompts.turns, gpus, settings.tp)
+    return rows, project(rows, remaining, done, prompts.turns, gpus, settings.generate.tp)
 
 
 def _measure(url: str, mode: str | None, prompts: RunPrompts, levels: list[int]) -> list[BenchRow]:

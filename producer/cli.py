@@ -51,7 +51,7 @@ def enqueue(settings: Settings, dry_run: bool, show: int, model: str | None, as_
     )
     from producer.enqueue import enqueue_run
 
-    settings = load_settings(storage=settings.storage, broker_url=settings.broker_url,
+    settings = load_settings(storage=settings.broker.storage, broker_url=settings.broker.url,
                              model=model)
     config = build_run_config(settings, RunOptions.from_cli(values))
     if dry_run:  # no storage, no Redis: nothing is written anywhere
@@ -101,7 +101,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
                        + (", rejections so far accepted)" if accept_gates else ")"))
     report = resume_run(storage, app, client, run, force=force,
                         check_for=lambda c: context_check(settings, c),
-                        lease_ttl=settings.lease_ttl)
+                        lease_ttl=settings.worker.lease_ttl)
     print_enqueue_report(report, storage, as_json)
 
 

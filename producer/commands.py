@@ -54,7 +54,7 @@ def build_run_config(settings: Settings, options: RunOptions) -> RunConfig:
     sampling, sampling_sources = run_sampling(model_dir, options)
     template = chat_template_of(model_dir)
     if template is None:
-        raise ConfigError(f"model {settings.model!r} has no chat template")
+        raise ConfigError(f"model {settings.target.model!r} has no chat template")
     # eagle3 keeps its fixed layers; dflash freezes the ids resolved for this target, or the
     # drafter config's, and the drafter's shape with them (checked against the target here).
     target = TargetShape.from_dir(model_dir)
@@ -64,7 +64,7 @@ def build_run_config(settings: Settings, options: RunOptions) -> RunConfig:
 
         check_released_weights(drafter, target, layer_ids)
     return RunConfig(
-        **as_given(options), model=settings.model,
+        **as_given(options), model=settings.target.model,
         input=sources[0] if len(sources) == 1 else sources, sampling=sampling,
         gates=options.gates(), target_layers=len(layer_ids) if layer_ids else DEFAULT_K,
         target_layer_ids=layer_ids, chat_template_sha=template_sha(template),

@@ -288,7 +288,7 @@ def export_dataset_command(settings: Settings, run: str, out: str, fmt: str,
 
     options = ExportOptions(run=run, format=fmt, include_rejected=include_rejected,
                             shard_rows=shard_rows, split_heldout=split_heldout)
-    source, target = open_storage(settings.storage), open_storage(out)
+    source, target = open_storage(settings.broker.storage), open_storage(out)
     with Progress(transient=True, disable=as_json, console=Console(stderr=True)) as bar:
         task = bar.add_task(f"exporting {run}", total=None)
         report = export_dataset(source, target, options,

@@ -141,8 +141,9 @@ def run_demo(options: DemoOptions) -> int:
         url = f"redis://127.0.0.1:{port}/0"
         settings = load_settings(broker_url=url, storage=str(out_dir / "storage"),
                                  model=options.model)
-        env = dict(os.environ, DFLASH_BROKER_URL=url, DFLASH_STORAGE=settings.storage,
-                   DFLASH_CACHE_DIR=str(settings.cache_dir), DFLASH_MODEL=settings.model)
+        env = dict(os.environ, DFLASH_BROKER_URL=url, DFLASH_STORAGE=settings.broker.storage,
+                   DFLASH_CACHE_DIR=str(settings.target.cache_dir),
+                   DFLASH_MODEL=settings.target.model)
         online = not options.quick
         config = build_run_config(settings, RunOptions(
             run=run, input=(options.input_path,), shard_size=options.shard_size,
@@ -174,7 +175,7 @@ def run_demo(options: DemoOptions) -> int:
         from common.celery_app import make_app
         from common.storage import open_storage
 
-        storage, client = open_storage(settings.storage), redis.Redis.from_url(
+        storage, client = open_storage(settings.broker.storage), redis.Redis.from_url(
             url, decode_responses=True)
         started = time.monotonic()
         report = enqueue_run(storage, make_app(settings), client, config,
@@ -197,11 +198,12 @@ def run_demo(options: DemoOptions) -> int:
             return EXIT_FAILURE
         code = (finish_training(exe, env, out_dir, run, options.eval_prompts,
                                  options.eval_max_new_tokens) if online else EXIT_OK)
-    click.echo(f"results: {settings.storage}/runs/{run}/generated/  "
+    click.echo(f"results: {settings.broker.storage}/runs/{run}/generated/  "
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
-    click.echo(f"status:  DFLASH_STORAGE={settings.storage} dflash-pipeline status --run {run}")
-    click.echo(f"report:  DFLASH_STORAGE={settings.storage} dflash-pipeline report --run {run}")
-    click.echo(f"dashboard: DFLASH_STORAGE={settings.storage} dflash-pipeline ui  (then "
+    storage = settings.broker.storage
+    click.echo(f"status:  DFLASH_STORAGE={storage} dflash-pipeline status --run {run}")
+    click.echo(f"report:  DFLASH_STORAGE={storage} dflash-pipeline report --run {run}")
+    click.echo(f"dashboard: DFLASH_STORAGE={storage} dflash-pipeline ui  (then "
                f"http://127.0.0.1:8700/runs/{run})")
     click.echo(f"demo finished in {time.monotonic() - started:.0f}s after enqueue")
     return code

@@ -212,7 +212,7 @@ def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None
             if not keys.valid_run_id(run):
                 raise click.BadParameter(f"invalid run id {run!r}", param_hint="--run")
             settings = load_settings(storage=storage)
-            figures = read_run_figures(open_storage(settings.storage), run)
+            figures = read_run_figures(open_storage(settings.broker.storage), run)
             samples = _pick(samples, figures.samples, "samples", sources, "inputs manifest")
             mean_tokens = _pick(mean_tokens, figures.mean_tokens, "mean_tokens", sources,
                                 "generated commits")
@@ -223,7 +223,7 @@ def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None
                 raise ConfigError(f"run {run!r} does not say yet (no inputs manifest or no "
                                   f"committed generated shard); pass {' and '.join(missing)}")
             if hidden is None:
-                hidden, num_layers = model_dims(settings, figures.model or settings.model)
+                hidden, num_layers = model_dims(settings, figures.model or settings.target.model)
                 sources["hidden_size"] = f"model {figures.model}"
                 if layers is not None and layers > num_layers:
                     raise ConfigError(f"--layers {layers} exceeds the model's {num_layers}")

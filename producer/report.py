@@ -297,7 +297,7 @@ def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
             raise click.UsageError("--png and --no-png contradict each other")
         if not keys.valid_run_id(run):
             raise ConfigError(f"invalid run id {run!r}")
-        storage = open_storage(settings.storage)
+        storage = open_storage(settings.broker.storage)
         result = build_report(storage, run)
         if not no_png:
             data = render_png(result)

@@ -15,11 +15,11 @@ def open_services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any
     from common.celery_app import make_app
     from common.storage import open_storage
 
-    client = redis.Redis.from_url(settings.broker_url, decode_responses=True, socket_timeout=30)
+    client = redis.Redis.from_url(settings.broker.url, decode_responses=True, socket_timeout=30)
     if need_redis:
         try:
             client.ping()
         except redis.RedisError as exc:
             raise DflashError(f"cannot reach Redis at {settings.masked_broker_url}: {exc}") \
                 from exc
-    return open_storage(settings.storage), make_app(settings), client
+    return open_storage(settings.broker.storage), make_app(settings), client

@@ -13,7 +13,8 @@ def test_env_is_read_and_overrides_win() -> None:
     env = {"DFLASH_BROKER_URL": "redis://:pw@h:1/0", "DFLASH_LEASE_TTL": "7.5",
            "DFLASH_PART_SAMPLES": "3"}
     settings = load_settings(env, storage="/x")
-    assert settings.lease_ttl == 7.5 and settings.part_samples == 3 and settings.storage == "/x"
+    assert settings.worker.lease_ttl == 7.5 and settings.generate.part_samples == 3
+    assert settings.broker.storage == "/x"
 
 
 def test_bad_env_values_name_the_variable() -> None:

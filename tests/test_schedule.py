@@ -115,7 +115,7 @@ def test_an_explicit_total_steps_finishes_the_run_in_one_line(
             "1 of 3 with 8 row(s) of shard 1 and any later shards untrained; unset --total-steps "
             "to size the schedule from the data"]
     # A schedule made from the data is extended instead, and says so.
-    ctx.settings.train_total_steps = 0
+    ctx.settings.train.total_steps = 0
     data = _session(5, 5)
     assert not schedule_spent(ctx, data, config, 1, 8)
     assert data.trainer.schedule.total == 7 and not data.ledger.finished

@@ -131,9 +131,9 @@ def test_the_workers_own_engine_line_uses_known_flags(tmp_path: Path) -> None:
                              tp=2, mem_fraction_static="0.85", gpu=1)
     argv = server_command(settings, tmp_path)
     assert argv[argv.index("--tp-size") + 1] == "2" and "--tp" not in argv
-    assert argv[argv.index("--port") + 1] == str(settings.engine_port + 1)
+    assert argv[argv.index("--port") + 1] == str(settings.generate.engine_port + 1)
     assert argv[-10:-2] == mtp_engine_args(qwen36())
-    assert argv[-2:] == ["--max-running-requests", str(settings.max_in_flight)]
+    assert argv[-2:] == ["--max-running-requests", str(settings.generate.max_in_flight)]
     assert_known(argv)
 
 

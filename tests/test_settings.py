@@ -62,10 +62,10 @@ def test_every_command_option_derives_its_variable() -> None:
 def test_settings_read_by_section_and_by_flat_name() -> None:
     settings = load_settings({"DFLASH_HIDDEN_DEVICE": "cpu", "DFLASH_TRAIN_NODE_RANK": "0",
                               "DFLASH_TENSORBOARD_DIR": "/tb"}, model="m")
-    assert settings.hidden.device == settings.hidden_device == "cpu"
+    assert settings.hidden.device == settings.hidden.device == "cpu"
     assert settings.train.device == "auto", "train has its own device, not hidden's"
-    assert settings.train.tensorboard_dir == settings.tensorboard_dir == "/tb"
-    assert settings.target.model == settings.model == "m"
+    assert settings.train.tensorboard_dir == settings.train.tensorboard_dir == "/tb"
+    assert settings.target.model == settings.target.model == "m"
     moved = dataclasses.replace(settings, model="other", train_nnodes=2)
     assert (moved.model, moved.train.nnodes, moved.hidden.device) == ("other", 2, "cpu")
     assert Settings(train_nproc_per_node=8).train.nproc_per_node == 8

@@ -35,7 +35,7 @@ def _load_engine(sender: object = None, **_: object) -> None:
     gc.freeze()
     context = get_generate_context()
     settings = context.worker.settings
-    port, host = settings.metrics_port, settings.metrics_host
+    port, host = settings.worker.metrics_port, settings.worker.metrics_host
     if port:
         try:
             metrics.serve(host, port, lambda: float(getattr(context.engine, "in_flight", 0)))

@@ -24,12 +24,12 @@ class WorkerContext:
 
     @cached_property
     def storage(self) -> Storage:
-        return open_storage(self.settings.storage)
+        return open_storage(self.settings.broker.storage)
 
     @cached_property
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(
-            self.settings.broker_url, decode_responses=True, socket_timeout=30,
+            self.settings.broker.url, decode_responses=True, socket_timeout=30,
             health_check_interval=10, retry_on_timeout=True,
         )
 

@@ -56,13 +56,14 @@ def exec_worker(settings: Settings, launch: Launch, *, gpu: int | None, concurre
     ``overrides`` are settings fields given as options; the worker reads them from the
     environment like every other setting.
     """
-    given = {"storage": settings.storage, "broker_url": settings.broker_url, "gpu": gpu,
+    given = {"storage": settings.broker.storage, "broker_url": settings.broker.url, "gpu": gpu,
              **overrides}
     env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
     resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, launch.gpus(resolved))
-    check_write_access(settings.storage, launch.queue)   # a read-only key: one line, no parking
+    # A read-only key: one line now, no parking.
+    check_write_access(settings.broker.storage, launch.queue)
     launch.preflight(resolved)
     argv = worker_argv(launch, gpu=gpu, concurrency=concurrency,
                        name=name or launch.node(resolved), loglevel=loglevel)

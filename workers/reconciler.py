@@ -47,7 +47,7 @@ class Reconciler(threading.Thread):
 def start_reconciler(**_: Any) -> Reconciler:
     """Start this worker process's reconciler thread once Celery says ready (every stage)."""
     context = get_context()
-    thread = Reconciler(context.storage, context.redis, celery_app, context.settings.lease_ttl,
-                        context.stopping)
+    thread = Reconciler(context.storage, context.redis, celery_app,
+                        context.settings.worker.lease_ttl, context.stopping)
     thread.start()
     return thread

@@ -105,7 +105,7 @@ class Delivery:
         pipe.hset(self.keys.queued, self.field, marker(STARTED, time.time()))
         pipe.sadd(redis_keys.redis_runs(), self.task.run)
         attempts = int(pipe.execute()[0])
-        if attempts > self.ctx.settings.max_deliveries:
+        if attempts > self.ctx.settings.worker.max_deliveries:
             raise DeliveryCapReached(f"started {attempts - 1} times without committing "
                                      "(worker killed or lost each time)")
 
@@ -130,7 +130,7 @@ class Delivery:
         """Hold the lease (until the delivery ends) and show the shard running."""
         lease_key = self.spec.lease_key(self.task.run, self.task.shard)
         lease = self._held.enter_context(
-            Lease(self.ctx.redis, lease_key, self.owner, self.ctx.settings.lease_ttl))
+            Lease(self.ctx.redis, lease_key, self.owner, self.ctx.settings.worker.lease_ttl))
         self._start()
         self._claimed = True
         yield lease
@@ -245,7 +245,7 @@ def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
     except LeaseBusy as busy:
         log.info("%s: %s; retrying later", what, busy)
         delivery.give_back_attempt()  # waiting for a live owner is not the shard's failure
-        delivery.retry(celery_task, lease_wait(ctx.settings.lease_ttl))
+        delivery.retry(celery_task, lease_wait(ctx.settings.worker.lease_ttl))
     except LeaseLost as lost:
         log.warning("%s: %s; left to its new owner", what, lost)
         outcome = TaskOutcome.LOST
@@ -253,10 +253,10 @@ def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
         outcome = delivery.park(str(exc))
     except TRANSIENT as exc:
         attempts = delivery.attempts()
-        if attempts >= ctx.settings.max_deliveries:
+        if attempts >= ctx.settings.worker.max_deliveries:
             outcome = delivery.park(f"failed {attempts} times, last: {exc!r}")
         else:
-            delay = min(ctx.settings.retry_backoff_max, 2.0**attempts)
+            delay = min(ctx.settings.worker.retry_backoff_max, 2.0**attempts)
             log.warning("%s: attempt %d failed (%r); retry in %.0fs", what, attempts, exc, delay)
             delivery.retry(celery_task, delay)
     except Exception as exc:  # a bug or an OOM does not fix itself by retrying: park the shard

@@ -59,8 +59,9 @@ def check_model(settings: Settings) -> CheckResult:
     path, present = target_dir(settings)
     if settings.model_is_tiny and not present:
         return CheckResult("model", ok=True, warn=True,
-                           detail=f"{settings.model} is not cached in {settings.cache_dir}: "
-                                  "will be built on first use (1-3 min)",
+                           detail=f"{settings.target.model} is not cached in "
+                                  f"{settings.target.cache_dir}: will be built on first use "
+                                  "(1-3 min)",
                            fix="nothing to do; set DFLASH_CACHE_DIR to share one cache")
     return check_model_dir(path)
 
@@ -83,7 +84,7 @@ def serve_line(settings: Settings, drafter: Path) -> CheckResult:
     """The DFLASH launch line for a drafter that passed its checks (``serve-command dflash``)."""
     from producer.doctor.serve_command import build
 
-    line = build(settings, "dflash", drafter, settings.max_in_flight)
+    line = build(settings, "dflash", drafter, settings.generate.max_in_flight)
     return CheckResult("drafter serve line", ok=True, detail=line["command"],
                        fix=f"DFLASH_ENGINE_ARGS={shlex.quote(line['engine_args'])} makes a "
                            "generate worker (--engine sglang) start it")
@@ -91,7 +92,7 @@ def serve_line(settings: Settings, drafter: Path) -> CheckResult:
 
 def _gpu_host(settings: Settings) -> bool:
     """SGLang is configured here, or NVML sees a GPU."""
-    if settings.engine == "sglang":
+    if settings.generate.engine == "sglang":
         return True
     try:
         return bool(visible_gpus())
@@ -114,8 +115,8 @@ def check_mamba(settings: Settings, drafter: Path | None) -> list[CheckResult]:
             block = drafter_block_size(drafter)
         except ConfigError:
             block = None   # the drafter rows say what is wrong with it
-    row = check_mamba_cache(TargetShape.from_dir(path), settings.engine_args,
-                            settings.max_in_flight, block)
+    row = check_mamba_cache(TargetShape.from_dir(path), settings.generate.engine_args,
+                            settings.generate.max_in_flight, block)
     return [row] if row is not None else []
 
 
@@ -123,7 +124,7 @@ def check_engine_leftovers(settings: Settings) -> list[CheckResult]:
     """Engine servers that no live worker owns: each with the command that stops it."""
     from common.engine_leftovers import leftover_engines
 
-    found = leftover_engines(settings.cache_dir / "engines")
+    found = leftover_engines(settings.target.cache_dir / "engines")
     if not found:
         return [CheckResult("engine leftovers", ok=True,
                             detail="no engine server outlived its worker")]
@@ -194,17 +195,17 @@ def run_checks(settings: Settings, gpus: list[int] | None,
     from producer.doctor.kernels import check_linear_attention_kernels
 
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
-        ("redis", lambda: check_redis(settings.broker_url)),
-        ("storage", lambda: check_storage(settings.storage)),
+        ("redis", lambda: check_redis(settings.broker.url)),
+        ("storage", lambda: check_storage(settings.broker.storage)),
         ("model", lambda: check_model(settings)),
         ("sglang", check_sglang),
         ("nvml", check_nvml),
         ("gpu", lambda: check_gpus(gpus)),
-        ("disk (model cache)", lambda: check_disk("disk (model cache)", settings.cache_dir)),
+        ("disk (model cache)", lambda: check_disk("disk (model cache)", settings.target.cache_dir)),
     ]
     if not settings.storage_is_s3:
         checks.append(("disk (storage)", lambda: check_disk("disk (storage)",
-                                                           Path(settings.storage))))
+                                                           Path(settings.broker.storage))))
     checks.append(("engine leftovers", lambda: check_engine_leftovers(settings)))
     checks.append(("redis-server binary", check_redis_binary))
     if drafter is not None:

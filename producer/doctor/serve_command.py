@@ -70,8 +70,8 @@ def build(settings: Settings, kind: str, drafter: Path | None, max_running_reque
                               "directory)")
         engine_args = dflash_engine_args(drafter.resolve(), block_size=drafter_block_size(drafter),
                                          max_running_requests=max_running_requests)
-    argv = launch_argv(path, host=host, port=settings.engine_port, tp=settings.tp,
-                       mem_fraction_static=settings.mem_fraction_static,
+    argv = launch_argv(path, host=host, port=settings.generate.engine_port, tp=settings.generate.tp,
+                       mem_fraction_static=settings.generate.mem_fraction_static,
                        engine_args=engine_args, python="python")
     block = drafter_block_size(drafter) if drafter is not None else None
     mamba = check_mamba_cache(shape, shell_line(engine_args), max_running_requests, block)
@@ -103,8 +103,8 @@ def serve_command_command(common_options: Callable[[Callable[..., Any]], Callabl
         if model:
             settings = replace(settings, model=model)
         try:
-            result = build(settings, kind, drafter, max_running_requests or settings.max_in_flight,
-                           host)
+            result = build(settings, kind, drafter,
+                           max_running_requests or settings.generate.max_in_flight, host)
         except ConfigError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_FAILURE)

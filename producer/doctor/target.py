@@ -13,7 +13,7 @@ def target_dir(settings: Settings) -> tuple[Path, bool]:
     if settings.model_is_tiny:
         from embedded.tinyconsts import READY_MARKER, tiny_model_dir
 
-        path = tiny_model_dir(settings.cache_dir, settings.model)
+        path = tiny_model_dir(settings.target.cache_dir, settings.target.model)
         return path, (path / READY_MARKER).is_file()
-    path = Path(settings.model).expanduser()
+    path = Path(settings.target.model).expanduser()
     return path, path.is_dir()

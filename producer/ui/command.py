@@ -57,7 +57,7 @@ def ui_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]
     @common_options
     def ui(settings: Settings, host: str, port: int) -> None:
         """Serve the run dashboard: progress, throughput, ETA, engines, gates, training."""
-        check_auth(host, settings.ui_auth)
+        check_auth(host, settings.ui.auth)
         import redis
         from aiohttp import web
 
@@ -65,14 +65,14 @@ def ui_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]
         from producer.ui.server import make_app
         from producer.ui.views import Views
 
-        client = redis.Redis.from_url(settings.broker_url, decode_responses=True,
+        client = redis.Redis.from_url(settings.broker.url, decode_responses=True,
                                       socket_timeout=5, socket_connect_timeout=2)
-        views = Views(open_storage(settings.storage), client)
+        views = Views(open_storage(settings.broker.storage), client)
         shown = "localhost" if host in ("0.0.0.0", "::") else host
-        click.echo(f"dashboard: http://{shown}:{port}/  (storage {settings.storage}, broker "
+        click.echo(f"dashboard: http://{shown}:{port}/  (storage {settings.broker.storage}, broker "
                    f"{settings.masked_broker_url}"
-                   + (", basic auth on)" if settings.ui_auth else ", no auth)"))
-        web.run_app(make_app(views, settings.ui_auth), host=host, port=port, print=None,
+                   + (", basic auth on)" if settings.ui.auth else ", no auth)"))
+        web.run_app(make_app(views, settings.ui.auth), host=host, port=port, print=None,
                     access_log=None)
 
     return ui

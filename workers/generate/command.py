@@ -68,7 +68,7 @@ def worker_generate(settings: Settings, gpu: int | None, concurrency: int | None
                     name: str | None, loglevel: str, **overrides: Any) -> None:
     """Run a Celery worker on queue `generate` with its engine (CPU model or SGLang server)."""
     if concurrency is None:
-        engine = overrides.get("engine") or settings.engine
+        engine = overrides.get("engine") or settings.generate.engine
         concurrency = SGLANG_SHARDS if engine == "sglang" else 1
     exec_worker(settings, GENERATE, gpu=gpu, concurrency=concurrency, name=name,
                 loglevel=loglevel, overrides=overrides)

@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 
 def build_engine(settings: Settings) -> Engine:
     """The worker's engine: in-process CPU model, or an SGLang server (started or given)."""
-    model_path = resolve_model_path(settings)
-    if settings.engine not in ("cpu", "sglang"):
-        raise ConfigError(f"unknown engine {settings.engine!r}; choose cpu or sglang")
+    model_path, gen = resolve_model_path(settings), settings.generate
+    if gen.engine not in ("cpu", "sglang"):
+        raise ConfigError(f"unknown engine {gen.engine!r}; choose cpu or sglang")
     mtp = choose_mtp(settings, target_shape(model_path))   # logged once the worker is ready
-    if settings.engine == "cpu":
-        cpu = CpuEngine(model_path, batch_size=settings.batch_size)
+    if gen.engine == "cpu":
+        cpu = CpuEngine(model_path, batch_size=gen.batch_size)
         cpu.mtp = mtp
         return cpu
     from transformers import AutoTokenizer
@@ -40,15 +40,15 @@ def build_engine(settings: Settings) -> Engine:
     from workers.generate.engines.sglang import SglangEngine
 
     server = None
-    url = settings.engine_url
+    url = gen.engine_url
     if not url:
         url = f"http://127.0.0.1:{settings.engine_server_port}"
         server = EngineServer(server_command(settings, model_path, mtp.args), url,
-                              settings.cache_dir / "engines", settings.engine_startup_timeout,
-                              settings.engine_drain_timeout)
+                              settings.target.cache_dir / "engines", gen.engine_startup_timeout,
+                              gen.engine_drain_timeout)
         server.start()
-    return SglangEngine(url, AutoTokenizer.from_pretrained(model_path), settings.max_in_flight,
-                        settings.request_timeout, retry_window=settings.engine_startup_timeout,
+    return SglangEngine(url, AutoTokenizer.from_pretrained(model_path), gen.max_in_flight,
+                        gen.request_timeout, retry_window=gen.engine_startup_timeout,
                         stop_ids=stop_token_ids(model_path), server=server, mtp=mtp)
 
 
@@ -112,7 +112,7 @@ def announce_engine(context: WorkerContext, engine: Engine, worker: str | None =
     record.update(worker=worker, algorithm=getattr(engine, "algorithm", None))
     try:
         context.redis.hset(redis_keys.redis_engines(),
-                           f"{socket.gethostname()}:gpu{context.settings.gpu}",
+                           f"{socket.gethostname()}:gpu{context.settings.worker.gpu}",
                            json.dumps(record))
     except redis.RedisError as err:
         log.warning("engine location not published: %s", err)

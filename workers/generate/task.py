@@ -67,7 +67,8 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
                  task.run, task.shard, len(rows), len(rows) - len(todo), len(parts.known),
                  len(todo))
         progress = Progress(ctx, task, worker, monitor, gen.engine)
-        buffer = PartBuffer(parts, ctx.settings.part_samples, ctx.settings.part_seconds,
+        generate = ctx.settings.generate
+        buffer = PartBuffer(parts, generate.part_samples, generate.part_seconds,
                             before_write=monitor.claim_answers, on_write=progress.part_written,
                             worker=worker)
         job = Job(gen.engine, config.sampling, config.gates, task.shard, progress.counters,

@@ -53,8 +53,8 @@ def process_hidden(delivery: Delivery) -> TaskOutcome:
         rows = store.training_rows(task.shard)
         extractor = get_extractor(ctx, config)
         writer = HiddenShardWriter(storage, task.run, task.shard, extractor.meta,
-                                   part_bytes=ctx.settings.hidden_part_bytes)
-        batches, padding = length_batches(rows, max_tokens=ctx.settings.hidden_batch_tokens)
+                                   part_bytes=ctx.settings.hidden.part_bytes)
+        batches, padding = length_batches(rows, max_tokens=ctx.settings.hidden.batch_tokens)
         started = time.monotonic()
         for batch in batches:
             lease.check()
@@ -86,7 +86,7 @@ def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:
     frozen = tuple(config.target_layer_ids) if config.target_layer_ids else None
     wanted = ExtractorConfig(str(path), layout=config.layout, k=config.target_layers,
                              layer_ids=frozen if config.layout == "dflash" else None,
-                             device=ctx.settings.hidden_device)
+                             device=ctx.settings.hidden.device)
     with _extractor_lock:
         if wanted not in _extractors:
             _extractors[wanted] = HiddenExtractor(wanted)

@@ -56,7 +56,7 @@ def choose_step(settings: Settings, run: str,
 
     if step is not None:
         return step, "asked", None
-    best = best_step(open_storage(settings.storage), run)
+    best = best_step(open_storage(settings.broker.storage), run)
     return (best[0], "best-tau", best[1]) if best else (None, "newest", None)
 
 
@@ -79,7 +79,7 @@ def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDraft
     from common.storage import open_storage
     from workers.train.drafter.train import DrafterTrainer
 
-    storage = open_storage(settings.storage)
+    storage = open_storage(settings.broker.storage)
     config = RunStore(storage, run).config()
     check_checkpoint(storage, run, step)
     target = load_run_target(settings, config)
@@ -131,9 +131,10 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
     stored = json.loads((out / "config.json").read_text())["dtype"]
     # The serving line for this target, running the generate worker's concurrency (SGLang sizes
     # a hybrid's mamba state cache itself).
+    generate = settings.generate
     engine_args = dflash_engine_args(out.resolve(), block_size=loaded.trainer.drafter.config
-                                     .block_size, max_running_requests=settings.max_in_flight)
-    serve = launch_argv(loaded.target.path, port=settings.engine_port, tp=settings.tp,
+                                     .block_size, max_running_requests=generate.max_in_flight)
+    serve = launch_argv(loaded.target.path, port=generate.engine_port, tp=generate.tp,
                         engine_args=engine_args, python="python")
     return {"run": run, "step": loaded.step, "chosen": chosen_by, "tau": tau,
             "out": str(out), "dtype": stored,

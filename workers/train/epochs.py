@@ -53,13 +53,13 @@ def revise_schedule(ctx: WorkerContext, session: Session, store: RunStore, confi
                     why: str) -> None:
     """Bring the schedule's length to what the data now says (unless --total-steps set it)."""
     schedule, ledger = session.trainer.schedule, session.ledger
-    if ctx.settings.train_total_steps:
-        schedule.revise(ctx.settings.train_total_steps, session.steps)
+    if ctx.settings.train.total_steps:
+        schedule.revise(ctx.settings.train.total_steps, session.steps)
     else:
         manifest = store.manifest()
         shard_rows = manifest.shard_rows if manifest is not None else []
         before = schedule.total
-        total, basis = planned_total(ledger, config, shard_rows, ctx.settings.train_rows_per_step)
+        total, basis = planned_total(ledger, config, shard_rows, ctx.settings.train.rows_per_step)
         if schedule.revise(total, session.steps):
             loud = abs(schedule.total - before) > QUIET_REVISION * before or "exact" in basis
             log.log(logging.INFO if loud else logging.DEBUG,
@@ -76,7 +76,7 @@ def schedule_spent(ctx: WorkerContext, session: Session, config: RunConfig, shar
     schedule = session.trainer.schedule
     if session.steps < schedule.total:
         return False
-    if ctx.settings.train_total_steps:
+    if ctx.settings.train.total_steps:
         session.ledger.finished = Finish.TOTAL_STEPS
         log.warning("run %s: training finished at step %d, the end of the --total-steps "
                     "schedule, in epoch %d of %d with %d row(s) of shard %d and any later shards "
@@ -84,7 +84,7 @@ def schedule_spent(ctx: WorkerContext, session: Session, config: RunConfig, shar
                     config.run, session.steps, session.ledger.epoch + 1, config.epochs,
                     rows_left, shard)
         return True
-    extra = math.ceil(rows_left / ctx.settings.train_rows_per_step)
+    extra = math.ceil(rows_left / ctx.settings.train.rows_per_step)
     log.warning("run %s: the estimated schedule ended at step %d with %d row(s) of shard %d "
                 "left; extended by %d step(s)", config.run, session.steps, rows_left, shard,
                 extra)

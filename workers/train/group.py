@@ -11,8 +11,8 @@ from workers.launch import Launch
 
 def is_group(settings: Settings) -> bool:
     """Whether the train worker runs as a group of ranks; --fsdp needs one."""
-    group = settings.train_nproc_per_node > 1 or settings.train_nnodes > 1
-    if settings.train_parallel == "fsdp" and not group:
+    group = settings.train.nproc_per_node > 1 or settings.train.nnodes > 1
+    if settings.train.parallel == "fsdp" and not group:
         raise ConfigError("--fsdp shards the drafter over ranks: it needs --nproc-per-node or "
                           "--nnodes above 1")
     return group
@@ -20,24 +20,24 @@ def is_group(settings: Settings) -> bool:
 
 def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> list[str]:
     """torch's launcher starting the ranks of a data-parallel train worker, rank 0 the consumer."""
-    nodes, rank = settings.train_nnodes, settings.train_node_rank
+    nodes, rank = settings.train.nnodes, settings.train.node_rank
     if gpu is not None:
         raise ConfigError("--gpu names one GPU; a training group takes its GPUs from "
                           "CUDA_VISIBLE_DEVICES (one rank each)")
-    if nodes > 1 and not settings.train_rdzv_endpoint:
+    if nodes > 1 and not settings.train.rdzv_endpoint:
         raise ConfigError(f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT of node rank 0")
     if rank >= nodes:
         raise ConfigError(f"--node-rank {rank} is not below --nnodes {nodes}")
-    if settings.train_parallel not in ("ddp", "fsdp"):
-        raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train_parallel!r}: ddp or fsdp")
-    if settings.train_parallel == "fsdp" and settings.train_eval_steps:
+    if settings.train.parallel not in ("ddp", "fsdp"):
+        raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train.parallel!r}: ddp or fsdp")
+    if settings.train.parallel == "fsdp" and settings.train.eval_steps:
         # The eval decodes on rank 0 alone, and a sharded drafter needs every rank to run.
         raise ConfigError("--fsdp needs --eval-steps 0 (the acceptance-length eval runs on "
                           "rank 0 alone); measure with eval-drafter")
     where = (["--nnodes", str(nodes), "--node-rank", str(rank), "--rdzv-endpoint",
-              settings.train_rdzv_endpoint] if settings.train_rdzv_endpoint else ["--standalone"])
+              settings.train.rdzv_endpoint] if settings.train.rdzv_endpoint else ["--standalone"])
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-            str(settings.train_nproc_per_node), *where, "-m", "workers.train.ranks",
+            str(settings.train.nproc_per_node), *where, "-m", "workers.train.ranks",
             *celery_argv[3:]]
 
 
@@ -45,7 +45,7 @@ def group_node(settings: Settings) -> str | None:
     """A group's node name (one consumer for all its ranks); None: the launcher's own."""
     if not is_group(settings):
         return None
-    return f"train-x{settings.train_nproc_per_node}-node{settings.train_node_rank}@%h"
+    return f"train-x{settings.train.nproc_per_node}-node{settings.train.node_rank}@%h"
 
 
 def train_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> list[str]:

@@ -155,7 +155,7 @@ def init_group() -> Group:
     names: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(names, socket.gethostname(), group=control)
     _group = Group(dist.get_rank(), dist.get_world_size(), len(set(names)), control,
-                   load_settings().train_parallel == "fsdp")
+                   load_settings().train.parallel == "fsdp")
     log.info("rank %d of %d on %d host(s), backend %s%s", _group.rank, _group.world,
              _group.hosts, dist.get_backend(), ", FSDP2" if _group.sharded else "")
     return _group

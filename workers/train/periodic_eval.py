@@ -40,16 +40,16 @@ class PeriodicEval:
     def for_run(cls, ctx: WorkerContext, config: RunConfig, manifest: InputManifest | None,
                 target: Any, tokenizer: Any) -> PeriodicEval | None:
         settings = ctx.settings
-        if settings.train_eval_steps <= 0:
+        if settings.train.eval_steps <= 0:
             return None
         if manifest is None or not manifest.heldout:
             log.warning("run %s: no held-out split, so no acceptance-length eval while training",
                         config.run)
             return None
         prompts = heldout_prompts(ctx.storage, config, manifest, tokenizer,
-                                  settings.train_eval_prompts)
+                                  settings.train.eval_prompts)
         return cls(config.run, target, prompts, stop_ids(target, tokenizer),
-                   settings.train_eval_steps, settings.train_eval_max_new_tokens)
+                   settings.train.eval_steps, settings.train.eval_max_new_tokens)
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 and step != self.last_step

@@ -108,8 +108,8 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         ledger = Ledger()
         trainer = DrafterTrainer(drafter, TrainConfig(
             total_steps=first_total(ctx, config, ledger),
-            min_supervised_tokens=ctx.settings.train_min_supervised_tokens,
-            max_anchors=ctx.settings.train_max_anchors))
+            min_supervised_tokens=ctx.settings.train.min_supervised_tokens,
+            max_anchors=ctx.settings.train.max_anchors))
         log.info("run %s: new drafter %s%s", config.run, describe(drafter.config),
                  origin_phrase(origin))
     trainer = distribute(trainer, target, pad_id, config.run)
@@ -124,11 +124,11 @@ def first_total(ctx: WorkerContext, config: RunConfig, ledger: Ledger) -> int:
     """A new drafter's schedule length: --total-steps, else the data's first estimate."""
     from workers.train.plan import planned_total
 
-    if ctx.settings.train_total_steps:
-        return ctx.settings.train_total_steps
+    if ctx.settings.train.total_steps:
+        return ctx.settings.train.total_steps
     manifest = RunStore(ctx.storage, config.run).manifest()
     total, basis = planned_total(ledger, config, manifest.shard_rows if manifest else [],
-                                 ctx.settings.train_rows_per_step)
+                                 ctx.settings.train.rows_per_step)
     log.info("run %s: schedule of %d steps (%s)", config.run, total, basis)
     return total
 

@@ -75,7 +75,7 @@ def process_train(delivery: Delivery) -> TaskOutcome:
                      f"already trained in epoch {ledger.epoch + 1}")
             return TaskOutcome.ALREADY_COMMITTED
         rows = training_rows(ctx, store, session, task, online=config.mode == "online")
-        note_shard(ledger, task.shard, len(rows), ctx.settings.train_rows_per_step)
+        note_shard(ledger, task.shard, len(rows), ctx.settings.train.rows_per_step)
         revise_schedule(ctx, session, store, config, f"shard {task.shard} read")
         train_rows(ctx, lease, session, config, task, rows)
         finish_shard(ctx, session, store, config, task.shard)
@@ -85,7 +85,7 @@ def process_train(delivery: Delivery) -> TaskOutcome:
 def train_rows(ctx: WorkerContext, lease: Lease, session: Session, config: RunConfig,
                task: ShardTask, rows: list[TrainRow]) -> None:
     """The shard's steps from the first row its epoch has not trained; checkpoints between."""
-    size = ctx.settings.train_rows_per_step
+    size = ctx.settings.train.rows_per_step
     for first in range(session.ledger.rows_done(task.shard), len(rows), size):
         lease.check()
         if ctx.stopping.is_set():
@@ -94,7 +94,7 @@ def train_rows(ctx: WorkerContext, lease: Lease, session: Session, config: RunCo
             return
         estimate = train_step(ctx, session, config, rows[first:first + size], task)
         session.ledger.partial[str(task.shard)] = first + size
-        if session.steps - session.last_checkpoint >= ctx.settings.train_checkpoint_steps:
+        if session.steps - session.last_checkpoint >= ctx.settings.train.checkpoint_steps:
             checkpoint(ctx, session, estimate)
         elif session.evaluator is not None and session.evaluator.due(session.steps):
             evaluate_drafter(ctx, session, estimate)
@@ -193,7 +193,7 @@ def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: li
 
 def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None:
     """The metrics row: TensorBoard (when on) and the Redis record that ``status`` reads."""
-    log_step(ctx.settings.tensorboard_dir, run, record)
+    log_step(ctx.settings.train.tensorboard_dir, run, record)
     try:
         ctx.redis.hset(TRAIN.keys(run).metrics, mapping=record)
     except redis.RedisError as err:
