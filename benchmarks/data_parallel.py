@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
-from common.models import resolve_model_path  # noqa: E402
-from common.target import TargetShape  # noqa: E402
-from common.trainrows import TrainingRow  # noqa: E402
+from common.engine.models import resolve_model_path  # noqa: E402
+from common.engine.target import TargetShape  # noqa: E402
+from common.runs.trainrows import TrainingRow  # noqa: E402
 from workers.train import parallel  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402

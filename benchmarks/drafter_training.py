@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
-from common.models import resolve_model_path  # noqa: E402
+from common.engine.models import resolve_model_path  # noqa: E402
 from workers.train.drafter.blocks import pack_rows, sample_anchors, slot_weights  # noqa: E402
 from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import FeaturedRow, with_target_features  # noqa: E402

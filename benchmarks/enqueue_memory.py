@@ -72,7 +72,7 @@ def main() -> None:
                    DFLASH_STORAGE=str(work / "storage"))
         # Build (or find) the model first so the timing covers enqueue alone.
         subprocess.run([sys.executable, "-c", "from common.config import load_settings;"
-                        "from common.models import resolve_model_path;"
+                        "from common.engine.models import resolve_model_path;"
                         "resolve_model_path(load_settings())"], env=env, check=True, cwd=ROOT)
         out, err = work / "stdout", work / "stderr"
         try:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common import keys  # noqa: E402
-from common.records import RunConfig, ShardTask, dumps  # noqa: E402
+from common.runs.records import RunConfig, ShardTask, dumps  # noqa: E402
 from common.storage import LocalStorage  # noqa: E402
 from workers.generate.parts import ShardParts  # noqa: E402
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
-from common.trainrows import TrainingRow  # noqa: E402
+from common.runs.trainrows import TrainingRow  # noqa: E402
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
 
 

@@ -6,19 +6,19 @@ Run: ``.venv/bin/python benchmarks/mtp_speed.py [--small 4] [--large 256] [--rou
 [--tokens-per-sample 3900] [--accept-length 2.5]``.
 
 Each configuration's engine is started exactly as a generate worker starts it
-(:func:`common.serving.engine_command` with ``--engine-cmd "python -m embedded.simulator ...
-{engine_args}"`` and :func:`common.mtp.choose_mtp` on Qwen3.6-27B's shape: ``--mtp off``, then
-``--mtp on``: NEXTN, 3 steps, top-1, 4 tokens verified per step, the hybrid's mamba cache
-strategy, the running cap), under the worker's supervisor (:mod:`producer.bench_engine`). The
-simulator's default latency model: a 2 ms step plus 0.05 ms per token decoded or verified, 0.2
-ms per draft step, ``--accept-length`` tokens per verify step (SGLang's Qwen3.5 MTP reports
-2.5-3.5 on thinking traces). At a small batch the fixed part of a step dominates, so a step that
-verifies 4 tokens per request costs little more than one that decodes 1, and emits 2.5; at a
-large batch the verified tokens dominate and MTP loses. The hours are the projection
-``bench --run`` prints (:mod:`producer.projection`) with ``--tokens-per-sample`` output tokens a
-sample (default 3,900: the mean of benchmarks/seed_run.py's realistic counts) and one engine
-per GPU. A timing benchmark: here, never asserted in tests/ (tests/test_bench_run.py asserts
-only which configuration wins).
+(:func:`common.engine.serving.engine_command` with ``--engine-cmd "python -m
+embedded.simulator ... {engine_args}"`` and :func:`common.engine.mtp.choose_mtp` on Qwen3.6-27B's
+shape: ``--mtp off``, then ``--mtp on``: NEXTN, 3 steps, top-1, 4 tokens verified per step, the
+hybrid's mamba cache strategy, the running cap), under the worker's supervisor
+(:mod:`producer.bench_engine`). The simulator's default latency model: a 2 ms step plus 0.05 ms per
+token decoded or verified, 0.2 ms per draft step, ``--accept-length`` tokens per verify step
+(SGLang's Qwen3.5 MTP reports 2.5-3.5 on thinking traces). At a small batch the fixed part of a
+step dominates, so a step that verifies 4 tokens per request costs little more than one that
+decodes 1, and emits 2.5; at a large batch the verified tokens dominate and MTP loses. The hours
+are the projection ``bench --run`` prints (:mod:`producer.projection`) with ``--tokens-per-sample``
+output tokens a sample (default 3,900: the mean of benchmarks/seed_run.py's realistic counts) and
+one engine per GPU. A timing benchmark: here, never asserted in tests/ (tests/test_bench_run.py
+asserts only which configuration wins).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.config import load_settings  # noqa: E402
-from common.mtp import choose_mtp  # noqa: E402
-from common.serving import engine_command  # noqa: E402
-from common.target import TargetShape  # noqa: E402
+from common.engine.mtp import choose_mtp  # noqa: E402
+from common.engine.serving import engine_command  # noqa: E402
+from common.engine.target import TargetShape  # noqa: E402
 from producer.bench import BenchRow, measure, synthetic_bodies  # noqa: E402
 from producer.bench_engine import free_port, launched  # noqa: E402
 from producer.projection import SEED_SAMPLES, project  # noqa: E402

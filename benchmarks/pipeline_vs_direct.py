@@ -60,7 +60,7 @@ from benchmarks.bench_engines import (  # noqa: E402
     stop_engine,
 )
 from common.config import load_settings  # noqa: E402
-from common.models import resolve_model_path  # noqa: E402
+from common.engine.models import resolve_model_path  # noqa: E402
 from producer.demo import free_port, start_redis  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 Each is the earlier code, verbatim where it still fits: commits read one GET at a time and
 kept whole, every uncommitted part read in series, report and export reading in series. The
-monitor's old rebuild is still in the project (:mod:`common.monitor_parts`).
+monitor's old rebuild is still in the project (:mod:`common.gates.monitor_parts`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from common import keys
-from common.commit_cache import CommitDigest
-from common.partstats import SampleStat, part_stats
-from common.records import ShardCommit, decode_jsonl_zst
-from common.runstore import RunStore
+from common.gates.partstats import SampleStat, part_stats
+from common.runs.commit_cache import CommitDigest
+from common.runs.records import ShardCommit, decode_jsonl_zst
+from common.runs.store import RunStore
 from common.storage import Storage
 from producer.status import StatusReader
 from producer.ui.series import SeriesReader, _commit_entries

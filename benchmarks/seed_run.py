@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import keys
-from common.gates import GateConfig, answer_hash
-from common.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
+from common.gates.judge import GateConfig, answer_hash
+from common.runs.records import InputManifest, RunConfig, ShardTask, dumps, encode_jsonl_zst
 from common.storage import Storage
 from workers.generate.parts import ShardParts
 

@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.seed_run import RUN, Layout, write_run  # noqa: E402
-from common import keys, redis_keys  # noqa: E402
-from common.celery_app import GENERATE  # noqa: E402
+from common import keys  # noqa: E402
+from common.queue import redis_keys  # noqa: E402
+from common.queue.celery_app import GENERATE  # noqa: E402
 from common.storage import LocalStorage  # noqa: E402
 from producer.demo import free_port, start_redis  # noqa: E402
 

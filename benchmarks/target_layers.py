@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/target_layers.py [--model PATH] [--steps 200]
 [--prompts 8] [--max-new-tokens 128] [--strategies dflash full-attention after-full]
 [--export DIR]``.
 On the hybrid ``tiny-qwen3.5`` by default (8 layers, full attention at 3 and 7): for each
-``--target-layers`` strategy (:func:`common.layers.resolve_target_layers`) it trains a fresh
+``--target-layers`` strategy (:func:`common.drafter.layers.resolve_target_layers`) it trains a fresh
 drafter (same seed, same rows in the same order, the same number of steps) on demo rows of the
 target (MT-Bench prompts, seeded), then decodes held-out MT-Bench prompts with the speculative
 loop (checked lossless against greedy decoding) and prints, side by side, the layer ids, the
@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
-from common.layers import STRATEGIES, resolve_target_layers  # noqa: E402
-from common.target import TargetShape  # noqa: E402
+from common.drafter.layers import STRATEGIES, resolve_target_layers  # noqa: E402
+from common.engine.target import TargetShape  # noqa: E402
 from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402

@@ -28,8 +28,8 @@ from drafter_training import BareLoop  # noqa: E402
 
 from common import keys  # noqa: E402
 from common.config import load_settings  # noqa: E402
-from common.models import resolve_model_path  # noqa: E402
-from common.records import RunConfig, ShardCommit, ShardTask, dumps, encode_jsonl_zst  # noqa: E402
+from common.engine.models import resolve_model_path  # noqa: E402
+from common.runs.records import RunConfig, ShardCommit, ShardTask, dumps, encode_jsonl_zst  # noqa: E402
 from common.storage import LocalStorage  # noqa: E402
 from producer.demo import free_port, start_redis  # noqa: E402
 from workers.context import WorkerContext  # noqa: E402

@@ -26,7 +26,7 @@ from common.errors import (
 )
 from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH, EXIT_USAGE
 from common.options import OPTIONS
-from common.run_options import run_option_fields
+from common.runs.options import run_option_fields
 
 log = logging.getLogger("dflash")
 
@@ -60,7 +60,7 @@ def command_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[...,
 
 
 def run_click_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Every declared run option (:mod:`common.run_options`) as a click option, in order."""
+    """Every declared run option (:mod:`common.runs.options`) as a click option, in order."""
     for f in reversed(run_option_fields()):
         meta = f.metadata
         func = command_option(f.name, *meta["decls"], help=meta["help"], **meta["click"])(func)

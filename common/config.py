@@ -120,7 +120,8 @@ class GenerateSettings:
     engine_cmd: str = ""
     engine_args: str = ""
     # Generation through the target's own MTP head (SGLang's NEXTN): auto is on where the target
-    # states one and SGLang runs on a GPU (common/mtp.py says why, in the worker's start line).
+    # states one and SGLang runs on a GPU (common/engine/mtp.py says why, in the worker's start
+    # line).
     mtp: str = setting("auto", choices=MTP_MODES)
     # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
     # worker's own.

@@ -3,7 +3,7 @@ its ``DFLASH_*`` variable derived from its flat name (:func:`common.cli.command_
 
 These are read by click for the one command that takes them (a run id, a report flag), never by
 :func:`common.config.load_settings`; a run's own options (what ``enqueue`` freezes into run.json)
-are declared in :mod:`common.run_options`.
+are declared in :mod:`common.runs.options`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import Field, dataclass
 from typing import Any, ClassVar
 
 from common.config import section_fields
-from common.run_options import RunOptions
+from common.runs.options import RunOptions
 
 
 @dataclass(frozen=True)

@@ -315,7 +315,7 @@ def s3_client():  # noqa: ANN201
     import boto3
     from botocore.config import Config
 
-    # Readers fetch with a pool of up to 16 threads (common.commit_cache): one connection each.
+    # Readers fetch with a pool of up to 16 threads (common.runs.commit_cache): one connection each.
     config = Config(retries={"mode": "adaptive", "max_attempts": 10}, connect_timeout=10,
                     max_pool_connections=32)
     # A session of its own: boto3's default session caches the credentials it resolved first,

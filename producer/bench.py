@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from common.engine.speculative import VERIFY_CT, accept_length
 from common.errors import DflashError
-from common.speculative import VERIFY_CT, accept_length
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The engine ``bench --run`` starts, exactly as a generate worker does, for one configuration.
 
-The launch line is the worker's own (:func:`common.serving.engine_command`: ``--engine-cmd`` with
-its fields, or ``python -m sglang.launch_server`` with the MTP flags of :mod:`common.mtp`, the
-engine args and the running-request cap), on the GPUs ``--gpu``/``--tp`` name
-(``CUDA_VISIBLE_DEVICES``), under the worker's supervisor, so the engine's whole tree ends with
-the bench however the bench ends. It listens on a free port (a worker's engine may hold the
-usual one) and logs to ``DFLASH_CACHE_DIR/engines/bench-PORT.log``.
+The launch line is the worker's own (:func:`common.engine.serving.engine_command`:
+``--engine-cmd`` with its fields, or ``python -m sglang.launch_server`` with the MTP flags of
+:mod:`common.engine.mtp`, the engine args and the running-request cap), on the GPUs
+``--gpu``/``--tp`` name (``CUDA_VISIBLE_DEVICES``), under the worker's supervisor, so the engine's
+whole tree ends with the bench however the bench ends. It listens on a free port (a worker's engine
+may hold the usual one) and logs to ``DFLASH_CACHE_DIR/engines/bench-PORT.log``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.engine_leftovers import SUPERVISOR
+from common.engine.leftovers import SUPERVISOR
+from common.engine.serving import shown_argv
 from common.errors import EngineError
-from common.serving import shown_argv
 
 log = logging.getLogger(__name__)
 

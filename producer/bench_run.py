@@ -23,16 +23,16 @@ from typing import Any
 import aiohttp
 
 from common import keys
-from common.commit_cache import CommitDigest
 from common.config import Settings
+from common.engine.models import render_chat, resolve_model_path, stop_token_ids, template_sha
+from common.engine.mtp import MtpChoice, choose_mtp, lossless_refusal, target_shape
+from common.engine.serving import engine_command, sampling_params, visible_devices
+from common.engine.speculative import server_algorithm
 from common.errors import ConfigError, DflashError, EngineError, OptionRefused
-from common.models import render_chat, resolve_model_path, stop_token_ids, template_sha
-from common.mtp import MtpChoice, choose_mtp, lossless_refusal, target_shape
-from common.records import RunConfig, decode_jsonl_zst
-from common.run_index import RunIndex, shard_total
-from common.runstore import RunStore
-from common.serving import engine_command, sampling_params, visible_devices
-from common.speculative import server_algorithm
+from common.runs.commit_cache import CommitDigest
+from common.runs.index import RunIndex, shard_total
+from common.runs.records import RunConfig, decode_jsonl_zst
+from common.runs.store import RunStore
 from common.storage import Storage, open_storage
 from producer.bench import BenchRow, measure
 from producer.bench_engine import free_port, launched

@@ -17,7 +17,7 @@ from common.cli import command_option, common_options, run_click_options, settin
 from common.config import TINY_MODELS, Settings, load_settings
 from common.entry_points import COMMANDS, EntryPointGroup
 from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
-from common.run_options import RunOptions
+from common.runs.options import RunOptions
 from producer.services import open_services as _services
 
 
@@ -91,7 +91,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
     storage, app, client = _services(settings)
     config = read_run_config(storage, run)
     if config is not None:
-        from common.monitor import resume_gates
+        from common.gates.monitor import resume_gates
 
         lifted = resume_gates(client, storage, run, config.gates, accept=accept_gates,
                               max_reject_rate=max_reject_rate, pause_after=pause_after)

@@ -30,13 +30,13 @@ import click
 
 from common import keys
 from common.cli import command_option, common_options
-from common.commit_cache import fetch, read_commits
 from common.config import Settings
 from common.errors import ConfigError
 from common.faults import inject
-from common.records import ShardCommit, decode_jsonl_zst, dumps
-from common.runstore import RunStore
-from common.splits import is_heldout
+from common.runs.commit_cache import fetch, read_commits
+from common.runs.records import ShardCommit, decode_jsonl_zst, dumps
+from common.runs.splits import is_heldout
+from common.runs.store import RunStore
 from common.storage import Storage, open_storage
 from producer.export_formats import EXTENSIONS, FORMATS, FileWriter, rows_of
 

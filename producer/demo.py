@@ -30,8 +30,8 @@ import redis
 from common.config import load_settings
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK
-from common.records import RunState
-from common.run_options import RunOptions
+from common.runs.options import RunOptions
+from common.runs.records import RunState
 from producer.children import die_with_parent
 
 STARTUP_TIMEOUT_S = 30.0
@@ -160,7 +160,8 @@ def run_demo(options: DemoOptions) -> int:
             stack.callback(_stop, workers["trainer"])
         password = secrets.token_urlsafe(9)
         if options.flower:
-            proc = _spawn([sys.executable, "-m", "celery", "-A", "common.celery_app", "flower",
+            proc = _spawn([sys.executable, "-m", "celery", "-A", "common.queue.celery_app",
+                           "flower",
                            f"--port={options.flower_port}", "--address=127.0.0.1",
                            f"--basic-auth=dflash:{password}"], env, logs / "flower.log")
             stack.callback(_stop, proc)
@@ -172,7 +173,7 @@ def run_demo(options: DemoOptions) -> int:
             stack.callback(_stop, proc)
             click.echo(f"Dashboard: http://127.0.0.1:{options.ui_port}/runs/{run}  (user "
                        f"dflash, password {password})")
-        from common.celery_app import make_app
+        from common.queue.celery_app import make_app
         from common.storage import open_storage
 
         storage, client = open_storage(settings.broker.storage), redis.Redis.from_url(

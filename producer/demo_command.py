@@ -12,7 +12,7 @@ from common.errors import DflashError
 
 DEMO_EPOCHS = 3
 """More than one pass, as the recipes train, sized for two CPU cores (a run's default is
-:data:`common.epochs.RECIPE_EPOCHS`)."""
+:data:`common.runs.epochs.RECIPE_EPOCHS`)."""
 
 
 @click.command()

@@ -25,7 +25,7 @@ import click
 from common.config import env_name
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK
-from common.records import RunState
+from common.runs.records import RunState
 from producer.children import die_with_parent
 from producer.status import StatusReader
 

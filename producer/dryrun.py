@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.config import Settings
+from common.engine.models import render_chat, resolve_model_path
+from common.engine.target_sampling import sampling_line
 from common.inputs.intake import Intake, RowCheck
-from common.models import render_chat, resolve_model_path
-from common.records import RunConfig
-from common.target_sampling import sampling_line
+from common.runs.records import RunConfig
 from producer.enqueue import Tally
 
 ANSWER_PLACEHOLDER = "[the model's answer to turn {}]"

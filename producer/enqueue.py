@@ -16,16 +16,17 @@ from typing import Any
 import redis
 from celery import Celery
 
-from common import keys, redis_keys
-from common.celery_app import GENERATE
-from common.dispatch import publish_shard
+from common import keys
 from common.errors import BadRow
 from common.inputs.intake import Intake, Item, RowCheck
 from common.inputs.rows import IdRegistry
-from common.reconcile import Flags, reconcile
-from common.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
-from common.runstore import RunStore
-from common.splits import HeldoutPicker
+from common.queue import redis_keys
+from common.queue.celery_app import GENERATE
+from common.queue.dispatch import publish_shard
+from common.queue.reconcile import Flags, reconcile
+from common.runs.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
+from common.runs.splits import HeldoutPicker
+from common.runs.store import RunStore
 from common.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common.trainrows import training_rows, turns_of
+from common.runs.trainrows import training_rows, turns_of
 
 FORMATS = ("parquet", "specforge", "messages", "speculators")
 EXTENSIONS = {"parquet": "parquet", "specforge": "jsonl", "messages": "jsonl",

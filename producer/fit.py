@@ -3,7 +3,7 @@
 A conversation fits when its input messages, rendered with the chat template, plus
 ``min_answer_tokens`` for every assistant turn to generate stay within the model's context
 (``max_position_embeddings`` in its ``config.json``, under ``text_config`` for a multimodal
-checkpoint such as Qwen3.5/3.6; read by :class:`common.target.TargetShape`). Earlier answers
+checkpoint such as Qwen3.5/3.6; read by :class:`common.engine.target.TargetShape`). Earlier answers
 are not known yet, so this is a lower bound: a row rejected here would surely be truncated.
 Most rows are accepted by a byte count alone (a token covers at least one byte of text; the
 template adds a bounded overhead per message), so only long rows are tokenized, and never whole:
@@ -21,10 +21,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from common.engine.models import render_chat
+from common.engine.sampling import Sampling
+from common.engine.target import TargetShape
 from common.inputs.rows import uses_tools
-from common.models import render_chat
-from common.records import Sampling
-from common.target import TargetShape
 
 log = logging.getLogger(__name__)
 

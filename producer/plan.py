@@ -24,10 +24,10 @@ import click
 from common import keys
 from common.cli import command_option, setting_option
 from common.config import Settings, load_settings
+from common.engine.target import TargetShape
 from common.errors import ConfigError, DflashError
 from common.exit_codes import EXIT_FAILURE
 from common.storage import Storage, open_storage
-from common.target import TargetShape
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,9 @@ def read_run_figures(storage: Storage, run: str) -> RunFigures:
 
 
 def model_dims(settings: Settings, model: str) -> tuple[int, int]:
-    """(hidden size, decoder layers) of the model, as :class:`common.target.TargetShape` reads
-    them (``text_config`` when nested)."""
-    from common.models import resolve_model_path
+    """(hidden size, decoder layers) of the model, as :class:`common.engine.target.TargetShape`
+    reads them (``text_config`` when nested)."""
+    from common.engine.models import resolve_model_path
 
     settings = replace(settings, model=model)
     if settings.model_is_tiny:

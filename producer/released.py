@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.drafter_origin import DrafterOrigin
+from common.drafter.origin import DrafterOrigin
+from common.engine.target import TargetShape
 from common.errors import OptionRefused
-from common.run_options import DRAFTER_LAYERS
-from common.target import TargetShape
+from common.runs.options import DRAFTER_LAYERS
 from producer.doctor.drafter_check import check_tensors, safetensors_header
 
 # The target's own tensors a released file may carry (the drafter shares them; never loaded).

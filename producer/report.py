@@ -23,13 +23,13 @@ import click
 
 from common import keys
 from common.cli import command_option
-from common.commit_cache import fetch
 from common.config import Settings
 from common.errors import ConfigError, NotFound, StorageRefused
-from common.monitor import pause_from_storage
-from common.partstats import turn_counts
-from common.records import decode_jsonl_zst
-from common.runstore import RunStore
+from common.gates.monitor import pause_from_storage
+from common.gates.partstats import turn_counts
+from common.runs.commit_cache import fetch
+from common.runs.records import decode_jsonl_zst
+from common.runs.store import RunStore
 from common.storage import Storage, open_storage
 from producer.report_figure import bin_of, render_png
 
@@ -187,7 +187,7 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
 
 def drafter_history(storage: Storage, run: str) -> list[dict[str, Any]]:
     """Per checkpoint: step, loss, measured tau and the training estimate (online runs)."""
-    from common.drafter_store import metrics_history
+    from common.drafter.store import metrics_history
 
     def number(value: Any) -> float | None:
         return float(value) if value not in (None, "") else None

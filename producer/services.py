@@ -12,7 +12,7 @@ def open_services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any
     """Storage, Celery app and Redis client; fails early and clearly if Redis is needed but down."""
     import redis
 
-    from common.celery_app import make_app
+    from common.queue.celery_app import make_app
     from common.storage import open_storage
 
     client = redis.Redis.from_url(settings.broker.url, decode_responses=True, socket_timeout=30)

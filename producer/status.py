@@ -15,18 +15,19 @@ from typing import Any
 
 import redis
 
-from common import keys, redis_keys
-from common.celery_app import STAGES, TRAIN
-from common.commit_cache import CommitDigest, fetch
-from common.commit_set import CommitSet
+from common import keys
 from common.config import load_settings
-from common.drafter_origin import drafter_summary
-from common.monitor import pause_from_storage
-from common.reconcile import StageView, read_stage, waiting_messages
-from common.records import RunState, decode_jsonl_zst
-from common.run_index import RunIndex, shard_total
-from common.runstore import RunStore
-from common.speculative import by_worker
+from common.drafter.origin import drafter_summary
+from common.engine.speculative import by_worker
+from common.gates.monitor import pause_from_storage
+from common.queue import redis_keys
+from common.queue.celery_app import STAGES, TRAIN
+from common.queue.reconcile import StageView, read_stage, waiting_messages
+from common.runs.commit_cache import CommitDigest, fetch
+from common.runs.commit_set import CommitSet
+from common.runs.index import RunIndex, shard_total
+from common.runs.records import RunState, decode_jsonl_zst
+from common.runs.store import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
 
@@ -163,7 +164,7 @@ class StatusReader:
             done = self.hidden.update(total)
             return {"mode": "offline", "stage": "hidden", "committed": len(done),
                     "parked": parked}
-        from common.drafter_store import latest_metrics, read_ledger
+        from common.drafter.store import latest_metrics, read_ledger
 
         train = dict(live["train"]) if live is not None else {}
         if not train:   # Redis lost its record: the newest checkpoint's metrics

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 from embedded.tinymodel import ensure_tiny_model
 from workers.train import parallel
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token

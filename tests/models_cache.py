@@ -82,7 +82,7 @@ def cached_demo_rows(model_dir: Path, target: object, tokenizer: object, prompts
     import json
     from dataclasses import asdict
 
-    from common.trainrows import TrainingRow
+    from common.runs.trainrows import TrainingRow
     from workers.train.drafter.demo import demo_rows
 
     digest = hashlib.sha256(json.dumps([prompts, options], sort_keys=True).encode())

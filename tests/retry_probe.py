@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common.celery_app import app
-from common.records import ShardTask
+from common.queue.celery_app import app
+from common.runs.records import ShardTask
 from workers.retrying import retry_later
 
 PROBE = "tests.retry_probe"

@@ -54,7 +54,7 @@ def test_every_dflash_command_exists(compose: dict) -> None:
             assert result.exit_code == 0, f"{name}: {' '.join(argv)}: {result.output}"
             checked += 1
         elif argv[:1] == ["celery"]:
-            assert argv[1:3] == ["-A", "common.celery_app"], name
+            assert argv[1:3] == ["-A", "common.queue.celery_app"], name
             checked += 1
     assert checked >= 3
 
@@ -149,7 +149,7 @@ def test_flower_refuses_the_env_examples_placeholder_password(compose: dict) -> 
                 "error: FLOWER_PASSWORD is still .env.example's placeholder: set a password "
                 "of your own in .env"] and done.stdout == ""
         else:
-            assert done.stdout.split()[:4] == ["celery", "-A", "common.celery_app", "flower"]
+            assert done.stdout.split()[:4] == ["celery", "-A", "common.queue.celery_app", "flower"]
 
 
 def test_only_the_sglang_workers_share_the_hosts_ipc(compose: dict) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from common.config import load_settings, mask_url
 from common.errors import ConfigError, RunConfigMismatch
-from common.records import RunConfig, Sampling
+from common.runs.records import RunConfig, Sampling
 
 
 def test_env_is_read_and_overrides_win() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 from tests.tolerance import assert_close
 from workers.train.drafter.blocks import (
     IGNORE,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.target import TargetShape
+from common.engine.target import TargetShape
 from tests.conftest import TinyTarget
 from tests.tolerance import assert_close, differ
 from workers.train.drafter.export import export_drafter, hf_config, load_drafter
@@ -128,7 +128,7 @@ def test_sliding_decoding_equals_the_training_mask_and_the_cache(target) -> None
 
 
 def test_a_sliding_export_round_trips_and_starts_a_drafter(target, tmp_path: Path) -> None:  # noqa: ANN001
-    from common.drafter_origin import freeze_origin
+    from common.drafter.origin import freeze_origin
     from workers.train.drafter.origin import new_drafter
 
     model, mask_id = target
@@ -184,7 +184,7 @@ def test_training_a_sliding_drafter_and_resuming_from_its_export(
         target_model: TinyTarget, tmp_path: Path) -> None:
     """Train steps on real rows with sliding layers; a drafter started from the export has the
     export's loss on a batch, a fresh one of the same shape another."""
-    from common.drafter_origin import freeze_origin
+    from common.drafter.origin import freeze_origin
     from tests.conftest import MT_BENCH
     from tests.models_cache import cached_demo_rows
     from workers.train.drafter.demo import mt_bench_prompts

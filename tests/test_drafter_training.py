@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from common.engine.target import TargetShape
 from common.errors import NothingToTrain
-from common.target import TargetShape
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 from tests.conftest import MT_BENCH, TinyTarget
 from tests.models_cache import cached_demo_rows
 from tests.tolerance import assert_close, differ

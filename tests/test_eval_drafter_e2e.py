@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.drafter_store import committed_steps, read_ledger
-from common.records import InputManifest
+from common.drafter.store import committed_steps, read_ledger
+from common.runs.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import HYBRID, ROOT, Pipeline, wait_until
 from tests.test_generate_e2e import _commits, _mt_bench_rows, _write_jsonl

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from common.runs.trainrows import training_rows
 from common.storage import open_storage
-from common.trainrows import training_rows
 from tests.conftest import ROOT, Pipeline, wait_until
 from tests.test_generate_e2e import _commits, _committed_samples
 from tests.test_hidden_e2e import generated_run

@@ -44,7 +44,7 @@ def flower(pipeline: Pipeline) -> Iterator[str]:
     port = free_port()
     log = open(pipeline.log_dir / "flower.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "common.celery_app", "flower",
+        [sys.executable, "-m", "celery", "-A", "common.queue.celery_app", "flower",
          f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH}"],
         env=pipeline.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )

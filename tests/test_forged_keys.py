@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.commit_cache import RunListing
-from common.drafter_store import checkpoints, committed_steps, latest_step, read_ledger
-from common.runstore import RunStore
+from common.drafter.store import checkpoints, committed_steps, latest_step, read_ledger
+from common.runs.commit_cache import RunListing
+from common.runs.store import RunStore
 from common.storage import Storage, open_storage
 from tests.conftest import Pipeline, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
@@ -87,7 +87,7 @@ def test_forged_keys_change_nothing(pipeline: Pipeline, tmp_path: Path, backend:
 
     final = latest_step(storage, RUN)
     assert final is not None and before < final < 999
-    from common.drafter_store import load_checkpoint
+    from common.drafter.store import load_checkpoint
 
     state, ledger = load_checkpoint(storage, RUN)
     assert adam_steps(state) == {final} and sorted(ledger.done) == list(range(SHARDS))

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from common.gates import GateConfig, TokenInfo
-from common.records import Sampling
-from common.trainrows import training_rows
+from common.engine.sampling import Sampling
+from common.gates.judge import GateConfig, TokenInfo
+from common.runs.trainrows import training_rows
 from tests.conftest import HYBRID, ROOT, RedisServer, TinyTarget, running_simulator
 from workers.generate.engines.base import EngineLoop
 from workers.generate.regeneration import Job, ShardCounters, regenerate

@@ -10,8 +10,9 @@ import sys
 import boto3
 import pytest
 
-from common import keys, redis_keys
-from common.records import decode_jsonl_zst
+from common import keys
+from common.queue import redis_keys
+from common.runs.records import decode_jsonl_zst
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, RedisServer, TinyTarget, wait_until
 

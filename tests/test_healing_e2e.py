@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.celery_app import GENERATE, HIDDEN, TRAIN
-from common.drafter_store import read_ledger
-from common.records import decode_jsonl_zst
+from common.drafter.store import read_ledger
+from common.queue.celery_app import GENERATE, HIDDEN, TRAIN
+from common.runs.records import decode_jsonl_zst
 from common.storage import open_storage
 from tests.conftest import Pipeline, wait_until
 from tests.test_generate_e2e import (
@@ -112,7 +112,7 @@ def test_killed_hidden_worker_heals_without_resume(pipeline: Pipeline, tmp_path:
     wait_until(lambda: len(hidden_commits(storage, "hh")) == 2, 180, "both shards committed")
     print(f"\nhidden kill -9 -> both shards committed by the new worker: "
           f"{time.monotonic() - killed:.1f}s")
-    from common.hidden_store import iter_hidden_records
+    from common.hidden.store import iter_hidden_records
 
     records = [(r["sample_id"], r["turn"]) for r in iter_hidden_records(storage, "hh")]
     accepted = [s for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], "hh")
@@ -189,7 +189,7 @@ def test_unexpected_train_error_parks_and_the_train_task_has_a_delivery_cap(
 def test_redis_wipe_mid_run_does_not_pause_a_healthy_run(pipeline: Pipeline, tmp_path: Path,
                                                          model_cache: Path) -> None:
     """Rejections spread through the run (10%) must not crowd the rebuilt rolling window."""
-    from common.monitor import gate_events
+    from common.gates.monitor import gate_events
     from tests.test_quality_e2e import degenerate_engine
 
     src = tmp_path / "in.jsonl"

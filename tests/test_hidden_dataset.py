@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from common.hidden_dataset import HiddenStatesDataset
-from common.hidden_store import HiddenMeta, HiddenRecord, HiddenShardWriter, write_hidden_commit
+from common.hidden.dataset import HiddenStatesDataset
+from common.hidden.store import HiddenMeta, HiddenRecord, HiddenShardWriter, write_hidden_commit
 from common.storage import LocalStorage
 
 META = HiddenMeta(layout="dflash", layer_ids=(1, 2), hidden_size=4, num_layers=4)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from common import keys
-from common.hidden_store import iter_hidden_records
-from common.layers import layer_ids
-from common.runstore import RunStore
+from common.drafter.layers import layer_ids
+from common.engine.target import TargetShape
+from common.hidden.store import iter_hidden_records
+from common.runs.store import RunStore
 from common.storage import open_storage
-from common.target import TargetShape
 from tests.conftest import HYBRID, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 from tests.tolerance import assert_close

@@ -12,7 +12,7 @@ import torch
 
 from common import keys
 from common.errors import HiddenStateError
-from common.hidden_store import (
+from common.hidden.store import (
     HiddenShardWriter,
     check_record,
     committed_hidden_shards,
@@ -22,8 +22,8 @@ from common.hidden_store import (
     read_hidden_index,
     write_hidden_commit,
 )
+from common.runs.trainrows import TrainingRow
 from common.storage import LocalStorage
-from common.trainrows import TrainingRow
 from tests.conftest import TinyTarget
 from tests.tolerance import assert_close
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, check_finite, length_batches

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.target import TargetShape
+from common.engine.target import TargetShape
 from embedded.tinymodel import ensure_tiny_model
 from producer.doctor.drafter_check import check_drafter
 from tests.conftest import RedisServer

@@ -15,7 +15,7 @@ import pytest
 
 from common.inputs.intake import Intake
 from common.inputs.sources import expand_inputs
-from common.records import RunConfig
+from common.runs.records import RunConfig
 
 
 def user(text: str) -> dict[str, str]:

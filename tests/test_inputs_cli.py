@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.records import decode_jsonl_zst
+from common.runs.records import decode_jsonl_zst
 from common.storage import open_storage
 from tests.conftest import AWS_ENV, ROOT, RedisServer
 from tests.test_inputs import shards, write
@@ -169,7 +169,7 @@ def test_chat_template_kwargs_reach_every_render_and_are_frozen(env, tmp_path: P
                                                                 model_cache: Path) -> None:
     import shutil
 
-    from common.runstore import RunStore
+    from common.runs.store import RunStore
     from embedded.tinymodel import ensure_tiny_model
     from producer.fit import ContextCheck
 
@@ -211,7 +211,7 @@ def test_sampling_comes_from_the_targets_generation_config_and_flags_override(
         env, tmp_path: Path, model_cache: Path) -> None:
     import shutil
 
-    from common.runstore import RunStore
+    from common.runs.store import RunStore
     from embedded.tinymodel import ensure_tiny_model
 
     model = tmp_path / "target"
@@ -244,7 +244,7 @@ def test_sampling_comes_from_the_targets_generation_config_and_flags_override(
 
 def test_thinking_modes_are_frozen_and_max_new_tokens_comes_from_the_context(
         env, tmp_path: Path) -> None:
-    from common.runstore import RunStore
+    from common.runs.store import RunStore
 
     src = write(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"Question {i}?"}
                                         for i in range(40)])

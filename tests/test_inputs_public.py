@@ -236,7 +236,7 @@ def tiny(model_cache: Path) -> Path:
 def test_tool_turns_render_and_regenerate_on_the_tiny_model(target_model: TinyTarget) -> None:
     from transformers import AutoTokenizer
 
-    from common.gates import GateConfig
+    from common.gates.judge import GateConfig
     from tests.test_gates import generate
     from workers.generate.engines.cpu import CpuEngine
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common import key_layout, keys, redis_keys
+from common import key_layout, keys
 from common.errors import MalformedName
+from common.queue import redis_keys
 
 
 @pytest.mark.parametrize("shard", [0, 7, 999_999, 1_000_000, 12_345_678])

@@ -195,3 +195,19 @@ def test_the_launcher_names_no_stage() -> None:
     named = [node.value for node in ast.walk(ast.parse(MODULES["workers.launch"].read_text()))
              if isinstance(node, ast.Constant) and node.value in ("generate", "hidden", "train")]
     assert named == []
+
+
+# common/ keeps at its top what every part of it and of the tree uses; the rest lives in the
+# folder of what it owns (docs/concepts/architecture.md lists them).
+COMMON_ROOT = {"cli", "config", "options", "errors", "exit_codes", "entry_points", "storage",
+               "keys", "key_layout", "lifeline", "faults"}
+COMMON_FOLDERS = {"runs", "gates", "queue", "engine", "drafter", "hidden", "inputs"}
+
+
+def test_common_is_foldered_by_what_it_owns() -> None:
+    top = {m.split(".")[1] for m in MODULES if m.startswith("common.")}
+    assert top == COMMON_ROOT | COMMON_FOLDERS
+    for folder in COMMON_FOLDERS:
+        assert (ROOT / "common" / folder / "__init__.py").is_file(), folder
+    architecture = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
+    assert all(f"  {folder}/" in architecture for folder in COMMON_FOLDERS)

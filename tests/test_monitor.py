@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from common import keys, redis_keys
+from common import keys
 from common.errors import RunPaused
-from common.gates import GateConfig
-from common.monitor import pause_from_storage, resume_gates
-from common.partstats import SampleStat
-from common.records import ShardCommit, decode_jsonl_zst, dumps, encode_jsonl_zst
-from common.run_summary import shard_summary
+from common.gates.judge import GateConfig
+from common.gates.monitor import pause_from_storage, resume_gates
+from common.gates.partstats import SampleStat
+from common.queue import redis_keys
+from common.runs.records import ShardCommit, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.runs.summary import shard_summary
 from common.storage import LocalStorage
 from tests.conftest import RedisServer
 from workers.generate.monitor import RunMonitor, pause_reason

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from common.config import load_settings
+from common.engine.mtp import choose_mtp, hybrid_spec_args, lossless_refusal
+from common.engine.sampling import Sampling
+from common.engine.serving import engine_command, mamba_spec_states_per_request, mtp_engine_args
+from common.engine.speculative import by_worker, sample_totals, spec_figures
+from common.engine.target import TargetShape
 from common.errors import ConfigError, OptionRefused
-from common.mtp import choose_mtp, hybrid_spec_args, lossless_refusal
-from common.records import Sampling
-from common.serving import engine_command, mamba_spec_states_per_request, mtp_engine_args
-from common.speculative import by_worker, sample_totals, spec_figures
-from common.target import TargetShape
 from tests.conftest import ROOT
 from tests.test_serving_lines import DENSE, assert_known, qwen36
 from workers.generate.engines.base import GenRequest

@@ -13,7 +13,12 @@ import types
 import psutil
 import pytest
 
-from common.preflight import NoNvidiaDriver, check_gpu_clean, gpu_memory_used_mib, gpu_processes
+from common.engine.preflight import (
+    NoNvidiaDriver,
+    check_gpu_clean,
+    gpu_memory_used_mib,
+    gpu_processes,
+)
 from tests.conftest import wait_until
 
 

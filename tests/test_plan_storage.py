@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from common import keys
 from common.errors import ConfigError
-from common.records import InputManifest, RunConfig, ShardCommit, dumps
+from common.runs.records import InputManifest, RunConfig, ShardCommit, dumps
 from common.storage import LocalStorage
 from producer.cli import main
 from producer.plan import human_bytes, storage_plan

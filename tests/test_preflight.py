@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from common.preflight import (
+from common.engine.preflight import (
     check_disk,
 )
 from tests.conftest import wait_until

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from common.gates import GateConfig, TokenInfo, inspect_turn, judge
-from common.reasoning import opened_by_prompt, split_ids
-from common.records import Sampling
+from common.engine.sampling import Sampling
+from common.gates.judge import GateConfig, TokenInfo, inspect_turn, judge
+from common.gates.reasoning import opened_by_prompt, split_ids
 from tests.conftest import TinyTarget
 from workers.generate.regeneration import answer_message, render_prompt
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from common import keys, redis_keys
-from common.celery_app import GENERATE, HIDDEN, TRAIN, make_app
+from common import keys
 from common.config import load_settings
-from common.dispatch import RETRY, marker, publish_shard, queued_in
-from common.reconcile import Flags, reconcile
-from common.records import InputManifest, RunConfig, ShardCommit, dumps
-from common.redis_keys import lease_is_live
+from common.queue import redis_keys
+from common.queue.celery_app import GENERATE, HIDDEN, TRAIN, make_app
+from common.queue.dispatch import RETRY, marker, publish_shard, queued_in
+from common.queue.reconcile import Flags, reconcile
+from common.queue.redis_keys import lease_is_live
+from common.runs.records import InputManifest, RunConfig, ShardCommit, dumps
 from common.storage import open_storage
 from tests.conftest import RedisServer, wait_until
 from workers.lease import Lease

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from common import keys, redis_keys
-from common.celery_app import GENERATE, HIDDEN
-from common.dispatch import queued_in
+from common import keys
+from common.queue import redis_keys
+from common.queue.celery_app import GENERATE, HIDDEN
+from common.queue.dispatch import queued_in
 from common.storage import open_storage
 from tests.conftest import Pipeline, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
@@ -48,8 +49,8 @@ def consuming(pipeline: Pipeline, worker: str, queue: str, on: bool) -> None:
     """Stop or restart a live worker's consumer of ``queue`` (Celery's remote control)."""
     import socket
 
-    from common.celery_app import make_app
     from common.config import load_settings
+    from common.queue.celery_app import make_app
 
     app = make_app(load_settings(env=pipeline.env))
     node = f"{worker}@{socket.gethostname()}"
@@ -91,7 +92,7 @@ def lose_message(client, queue: str, run: str, shard: int) -> None:  # noqa: ANN
 
 
 def queued_in_one(raw: str) -> set[tuple[str, int]]:
-    from common.dispatch import _task_of
+    from common.queue.dispatch import _task_of
 
     task = _task_of(raw)
     return {(task.run, task.shard)} if task else set()
@@ -145,8 +146,8 @@ def test_a_storage_403_parks_the_shard_with_the_services_reason(pipeline: Pipeli
 def test_a_killed_trainer_s_shard_is_queued_again_within_two_lease_ttls(
         slow_lease: Pipeline, tmp_path: Path) -> None:
     pipeline = slow_lease
-    from common.celery_app import TRAIN
-    from common.drafter_store import read_ledger
+    from common.drafter.store import read_ledger
+    from common.queue.celery_app import TRAIN
     from tests.test_train_e2e import TRAIN_ENV
 
     ttl = float(pipeline.env["DFLASH_LEASE_TTL"])

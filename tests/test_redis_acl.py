@@ -176,7 +176,7 @@ def test_a_missing_or_placeholder_password_stops_redis_with_one_line(
 @pytest.mark.e2e
 def test_a_run_goes_end_to_end_with_every_process_on_its_own_user(
         acl_redis: AclRedis, tmp_path: Path, model_cache: Path) -> None:
-    from common.drafter_store import read_ledger
+    from common.drafter.store import read_ledger
     from common.storage import open_storage
     from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
     from tests.test_train_e2e import TRAIN_ENV
@@ -198,7 +198,7 @@ def test_a_run_goes_end_to_end_with_every_process_on_its_own_user(
         flower_log = tmp_path / "logs" / "flower.log"
         with open(flower_log, "wb") as fh:
             flower = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "common.celery_app", "flower",
+                [sys.executable, "-m", "celery", "-A", "common.queue.celery_app", "flower",
                  f"--port={flower_port}", "--address=127.0.0.1"],
                 env={**env, **as_user["flower"], "FLOWER_UNAUTHENTICATED_API": "true"},
                 cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from common.records import encode_jsonl_zst
+from common.runs.records import encode_jsonl_zst
 from common.storage import LocalStorage
 from producer.cli import main
 from producer.report import bin_of, build_report, token_stats

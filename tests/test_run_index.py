@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from common import keys
-from common.commit_set import CommitSet
-from common.monitor import rebuild
-from common.monitor_parts import rebuild_from_parts
-from common.records import InputManifest, ShardTask
-from common.run_index import DIGESTS, FIELDS, KINDS, SUMMARIES, RunIndex, write_chunk
-from common.runstore import RunStore
+from common.gates.monitor import rebuild
+from common.gates.monitor_parts import rebuild_from_parts
+from common.runs.commit_set import CommitSet
+from common.runs.index import DIGESTS, FIELDS, KINDS, SUMMARIES, RunIndex, write_chunk
+from common.runs.records import InputManifest, ShardTask
+from common.runs.store import RunStore
 from common.storage import LocalStorage, Storage, open_storage
 from producer.status import StatusReader
 from producer.ui.gate_source import stored_gates
@@ -128,7 +128,7 @@ def test_a_forged_index_object_adds_no_committed_shard(run, where, request, capl
                                                       monkeypatch) -> None:
     """Every writer's key may write the index: an object naming shards without a commit (well
     formed, its shards within the chunk) is a hint the listing disproves, whole."""
-    from common import run_index
+    from common.runs import index as run_index
 
     monkeypatch.setattr(run_index, "_IGNORED", set())   # warned once per process: afresh
     client, base = run

@@ -1,4 +1,4 @@
-"""A run's options are declared once (common/run_options.py): enqueue's click options, the
+"""A run's options are declared once (common/runs/options.py): enqueue's click options, the
 settings reference and run.json's schema come from that declaration, a default is written in
 one place, and a real run.json fits the generated schema."""
 
@@ -16,17 +16,17 @@ import click
 import jsonschema
 import pytest
 
-from common.records import RunConfig
-from common.run_options import DRAFTER_LAYERS, RunOptions
-from common.run_schema import run_json_schema
-from common.sampling import Sampling
+from common.engine.sampling import Sampling
+from common.runs.json_schema import run_json_schema
+from common.runs.options import DRAFTER_LAYERS, RunOptions
+from common.runs.records import RunConfig
 from producer.cli import main
 from tests.conftest import MT_BENCH, ROOT, TinyTarget
 
 PACKAGES = ("common", "producer", "workers", "embedded")
-DECLARATION = Path("common/run_options.py")
+DECLARATION = Path("common/runs/options.py")
 # The records whose defaults an option takes instead of restating them (sampling, gates).
-RECORDS = ("common/sampling.py", "common/gates.py")
+RECORDS = ("common/engine/sampling.py", "common/gates/judge.py")
 # Command flags of enqueue that are not run options: how it runs, not what the run is.
 COMMAND_FLAGS = {"dry_run", "show", "model", "as_json", "storage", "broker_url", "verbose"}
 UNSET = object()

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from common import keys, redis_keys
-from common.gates import GateConfig
-from common.monitor import rebuild, resume_gates
-from common.monitor_parts import rebuild_from_parts
-from common.records import InputManifest, RunConfig, ShardCommit, ShardTask, dumps
+from common import keys
+from common.gates.judge import GateConfig
+from common.gates.monitor import rebuild, resume_gates
+from common.gates.monitor_parts import rebuild_from_parts
+from common.queue import redis_keys
+from common.runs.records import InputManifest, RunConfig, ShardCommit, ShardTask, dumps
 from common.storage import LocalStorage
 from producer.status import StatusReader
 from producer.ui.series import SeriesReader, build_series
@@ -175,8 +176,8 @@ def test_status_and_series_are_the_same_from_summaries_as_from_parts(run) -> Non
     assert status["samples"]["in_progress"] == wiped["samples"]["in_progress"] == 13
     assert status["samples"]["done"] == wiped["samples"]["done"] == 3 * SHARD
 
-    from common.partstats import SampleStat, part_stats
-    from common.records import decode_jsonl_zst
+    from common.gates.partstats import SampleStat, part_stats
+    from common.runs.records import decode_jsonl_zst
 
     entries = []
     for shard in range(5):  # every part read, as the series did before commit summaries

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.drafter_store import Ledger
-from common.epochs import row_order, shard_order
-from common.records import RunConfig
+from common.drafter.store import Ledger
+from common.runs.epochs import row_order, shard_order
+from common.runs.records import RunConfig
 from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import lr_factor
 from workers.train.epochs import note_shard, patience_spent, schedule_spent

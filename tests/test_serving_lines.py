@@ -17,14 +17,14 @@ import pytest
 from click.testing import CliRunner
 
 from common.config import load_settings
-from common.serving import (
+from common.engine.serving import (
     dflash_engine_args,
     flags_of,
     launch_argv,
     mtp_engine_args,
     spec_settings,
 )
-from common.target import TargetShape
+from common.engine.target import TargetShape
 from producer.doctor.gpu_host import check_mamba_cache
 from tests.conftest import ROOT
 from tests.test_sglang_pin import pinned

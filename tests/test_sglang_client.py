@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
+from common.engine.sampling import Sampling
 from common.errors import EngineError, RequestRefused
-from common.records import Sampling
 from tests.conftest import free_port, running_simulator
 from tests.test_bench import simulator  # noqa: F401 - fixture
 from workers.generate.engines.base import GenRequest, ServerLimits, fit_request

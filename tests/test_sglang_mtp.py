@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from common.engine.sampling import Sampling
+from common.engine.serving import NEXTN, mtp_engine_args
+from common.engine.target import TargetShape
 from common.errors import EngineError
-from common.records import Sampling
-from common.serving import NEXTN, mtp_engine_args
-from common.target import TargetShape
 from embedded.tinyconsts import TINY_MIMO
 from tests.conftest import Pipeline, call_json, free_port
 from tests.sglang_real import engine_env, real_server, require_sglang
@@ -44,7 +44,7 @@ def mimo(model_cache: Path) -> Path:
 
 
 def mtp_flags(mimo: Path) -> list[str]:
-    """The NEXTN flags the product builds for the target (``common.serving``)."""
+    """The NEXTN flags the product builds for the target (``common.engine.serving``)."""
     return mtp_engine_args(TargetShape.from_dir(mimo))
 
 

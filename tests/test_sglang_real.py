@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from common import keys
-from common.records import Sampling
+from common.engine.sampling import Sampling
 from common.storage import open_storage
 from tests.conftest import (
     MAX_STRETCH,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from common.target import TargetShape
+from common.engine.target import TargetShape
 from embedded.tinymodel import ensure_tiny_model
 from tests.conftest import HYBRID, MT_BENCH, TARGETS
 from tests.models_cache import cached_demo_rows

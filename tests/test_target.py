@@ -1,11 +1,12 @@
-"""``common.target.TargetShape``: one reader of a target's settings, flat or under text_config."""
+"""``common.engine.target.TargetShape``: one reader of a target's settings, flat or under
+text_config."""
 
 from __future__ import annotations
 
 import pytest
 
+from common.engine.target import TargetShape
 from common.errors import ConfigError
-from common.target import TargetShape
 from tests.conftest import TinyTarget
 
 # Qwen3.6-27B's config.json, the fields that matter (its model card's figures).

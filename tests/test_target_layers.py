@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from common.drafter.layers import dflash_layer_ids, resolve_target_layers, spread
+from common.engine.target import TargetShape
 from common.errors import ConfigError, SchemaMismatch
-from common.layers import dflash_layer_ids, resolve_target_layers, spread
-from common.records import RunConfig
-from common.schema import RUN_SCHEMA
-from common.target import TargetShape
+from common.runs.records import RunConfig
+from common.runs.schema import RUN_SCHEMA
 
 
 def shape(layers: int, hybrid: bool) -> TargetShape:

@@ -21,7 +21,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.target import TargetShape
+from common.engine.target import TargetShape
 from embedded.tinymodel import READY_MARKER, TINY_MODEL_VERSION, ensure_tiny_model
 from tests.conftest import TinyTarget
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from common import keys
-from common.drafter_store import best_step, committed_steps, load_checkpoint, read_ledger
-from common.records import InputManifest
+from common.drafter.store import best_step, committed_steps, load_checkpoint, read_ledger
+from common.runs.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
@@ -133,7 +133,7 @@ def test_online_training_survives_kill9_and_exports(pipeline: Pipeline, tmp_path
 
 def pipeline_target(pipeline: Pipeline) -> Path:
     from common.config import load_settings
-    from common.models import resolve_model_path
+    from common.engine.models import resolve_model_path
 
     return resolve_model_path(load_settings(model=pipeline.env["DFLASH_MODEL"],
                                             cache_dir=pipeline.env["DFLASH_CACHE_DIR"]))
@@ -153,8 +153,8 @@ def check_init_drafter(pipeline: Pipeline, tmp_path: Path, export: Path, storage
     first, _ = load_checkpoint(storage, "on2", committed_steps(storage, "on2")[0])
     released = load_file(str(export / "model.safetensors"))
     # One step (lr at most 3e-4 in warm-up) from the released weights.
-    from common.drafter_origin import freeze_origin
-    from common.target import TargetShape
+    from common.drafter.origin import freeze_origin
+    from common.engine.target import TargetShape
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.origin import new_drafter
     from workers.train.drafter.target_loader import load_target

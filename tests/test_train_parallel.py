@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from common.drafter_store import committed_steps, load_checkpoint, read_ledger
+from common.drafter.store import committed_steps, load_checkpoint, read_ledger
 from common.storage import open_storage
 from tests import dp_probe
 from tests.conftest import ROOT, Pipeline, wait_until
@@ -204,7 +204,7 @@ def test_a_rank_s_own_failure_parks_the_shard_on_its_first_delivery(pipeline: Pi
                                                                     tmp_path: Path) -> None:
     """Not a lost group: the ranks agree on rank 1's OOM, stay in step, and the shard parks."""
     from common import keys
-    from common.celery_app import TRAIN
+    from common.queue.celery_app import TRAIN
     from tests.test_healing_e2e import OOM, parked, redis_client
 
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(4))

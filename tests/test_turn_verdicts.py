@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from common.gates import GateConfig
-from common.trainrows import training_rows
+from common.gates.judge import GateConfig
+from common.runs.trainrows import training_rows
 from tests.conftest import running_simulator
 from tests.test_gates import generate, mt_bench_rows
 

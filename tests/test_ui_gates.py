@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common import keys, redis_keys
-from common.gates import GateConfig
-from common.monitor import resume_gates
-from common.records import encode_jsonl_zst
+from common import keys
+from common.gates.judge import GateConfig
+from common.gates.monitor import resume_gates
+from common.queue import redis_keys
+from common.runs.records import encode_jsonl_zst
 from common.storage import LocalStorage
 from producer.ui.gate_source import GateSource, stored_gates
 from tests.conftest import RedisServer

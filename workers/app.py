@@ -10,8 +10,8 @@ import logging
 
 from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
 
-from common.celery_app import app
 from common.errors import DflashError
+from common.queue.celery_app import app
 from workers import reconciler  # noqa: F401 - starts with the worker
 from workers.context import get_context
 from workers.generate import metrics

@@ -11,7 +11,7 @@ import logging
 
 from celery.signals import worker_shutting_down
 
-from common.celery_app import app
+from common.queue.celery_app import app
 from workers import reconciler  # noqa: F401 - starts with the worker
 from workers.context import get_context
 from workers.hidden import task as hidden_task  # noqa: F401 - registers the task

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from common.config import Settings, env_name
-from common.serving import visible_devices
+from common.engine.serving import visible_devices
 from workers.access import check_write_access
 
 

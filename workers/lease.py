@@ -17,7 +17,7 @@ import redis
 from redis.exceptions import LockError
 
 from common.errors import LeaseBusy, LeaseLost
-from common.redis_keys import BEATS_PER_TTL, lease_token
+from common.queue.redis_keys import BEATS_PER_TTL, lease_token
 
 log = logging.getLogger(__name__)
 

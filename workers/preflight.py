@@ -12,7 +12,8 @@ running on the GPU and SGLang/torch segments in ``/dev/shm``. The next run of th
     ...
     kill_tree(proc.pid); pid_file.clear()              # on shutdown
 
-Tested by ``pytest tests/test_preflight.py``. The generic checks live in :mod:`common.preflight`.
+Tested by ``pytest tests/test_preflight.py``. The generic checks live in
+:mod:`common.engine.preflight`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from common.engine.preflight import CheckResult, check_gpu_clean
 from common.errors import EngineError
-from common.preflight import CheckResult, check_gpu_clean
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,10 @@
 """The worker side of the reconciler: every worker process offers to run the pass.
 
-Every half lease TTL each worker tries the reconciler lock (:func:`common.reconcile.reconcile`,
-non-blocking): the one that gets it runs the pass, the others skip it. A killed worker's shard
-(its lease expired), a lost hand-off or a lost message is so queued again within about two
-lease TTLs, whatever Celery's visibility timeout, as long as any worker of any stage lives.
+Every half lease TTL each worker tries the reconciler lock
+(:func:`common.queue.reconcile.reconcile`, non-blocking): the one that gets it runs the pass, the
+others skip it. A killed worker's shard (its lease expired), a lost hand-off or a lost message is
+so queued again within about two lease TTLs, whatever Celery's visibility timeout, as long as any
+worker of any stage lives.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from celery import Celery
 from celery.signals import worker_ready
 from kombu.exceptions import OperationalError
 
-from common.celery_app import app as celery_app
 from common.errors import DflashError
-from common.reconcile import reconcile
+from common.queue.celery_app import app as celery_app
+from common.queue.reconcile import reconcile
 from common.storage import Storage
 from workers.context import get_context
 

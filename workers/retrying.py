@@ -16,8 +16,8 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from common.celery_app import app
-from common.records import ShardTask
+from common.queue.celery_app import app
+from common.runs.records import ShardTask
 
 log = logging.getLogger(__name__)
 

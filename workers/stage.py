@@ -8,8 +8,9 @@ its work inside ``with delivery.claim() as lease:``::
     def hidden_shard(self, payload):
         return run_delivery(self, HIDDEN, payload, process_hidden)
 
-Every stage keeps the same Redis registries (:class:`common.redis_keys.StageKeys`), so ``status``,
-``resume`` and the reconciler (:mod:`common.reconcile`) treat generate, hidden and train alike.
+Every stage keeps the same Redis registries (:class:`common.queue.redis_keys.StageKeys`), so
+``status``, ``resume`` and the reconciler (:mod:`common.queue.reconcile`) treat generate, hidden
+and train alike.
 A delivery counts itself before it reads anything, so the delivery cap parks a shard whatever
 fails; the hand-off to the next stage is a step here, run after a commit and also when a
 redelivery finds the shard committed, before the lease is let go.
@@ -29,9 +30,7 @@ import redis
 from celery import Task
 from kombu.exceptions import OperationalError
 
-from common import keys, redis_keys
-from common.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec, app
-from common.dispatch import RETRY, STARTED, marker, publish_shard
+from common import keys
 from common.errors import (
     LeaseBusy,
     LeaseLost,
@@ -42,7 +41,10 @@ from common.errors import (
     TransientError,
 )
 from common.faults import inject
-from common.records import ShardTask, TaskOutcome, dumps
+from common.queue import redis_keys
+from common.queue.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec, app
+from common.queue.dispatch import RETRY, STARTED, marker, publish_shard
+from common.runs.records import ShardTask, TaskOutcome, dumps
 from workers.context import WorkerContext, get_context
 from workers.lease import Lease
 from workers.retrying import lease_wait, retry_later

@@ -57,7 +57,7 @@ def run_json_markdown() -> str:
     """run.json's fields as a table, and its whole JSON Schema, generated from the code."""
     import json
 
-    from common.run_schema import run_json_schema
+    from common.runs.json_schema import run_json_schema
 
     schema = run_json_schema()
     rows = ["| field | type | what fills it |", "|---|---|---|"]

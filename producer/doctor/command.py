@@ -33,9 +33,7 @@ import click
 
 from common.cli import setting_option
 from common.config import Settings
-from common.errors import ConfigError
-from common.exit_codes import EXIT_FAILURE
-from common.preflight import (
+from common.engine.preflight import (
     CheckResult,
     NoNvidiaDriver,
     check_disk,
@@ -44,6 +42,8 @@ from common.preflight import (
     no_driver_result,
     visible_gpus,
 )
+from common.errors import ConfigError
+from common.exit_codes import EXIT_FAILURE
 from producer.doctor.storage import check_storage
 from producer.doctor.target import target_dir
 
@@ -102,7 +102,7 @@ def _gpu_host(settings: Settings) -> bool:
 
 def check_mamba(settings: Settings, drafter: Path | None) -> list[CheckResult]:
     """On a GPU host serving a hybrid target with DFLASH: would the mamba cache cap it?"""
-    from common.target import TargetShape
+    from common.engine.target import TargetShape
     from producer.doctor.gpu_host import check_mamba_cache
     from producer.doctor.serve_command import drafter_block_size
 
@@ -122,7 +122,7 @@ def check_mamba(settings: Settings, drafter: Path | None) -> list[CheckResult]:
 
 def check_engine_leftovers(settings: Settings) -> list[CheckResult]:
     """Engine servers that no live worker owns: each with the command that stops it."""
-    from common.engine_leftovers import leftover_engines
+    from common.engine.leftovers import leftover_engines
 
     found = leftover_engines(settings.target.cache_dir / "engines")
     if not found:
@@ -140,7 +140,7 @@ def check_engine_leftovers(settings: Settings) -> list[CheckResult]:
 
 def check_model_dir(path: Path) -> CheckResult:
     """What a worker needs from a Hugging Face model directory, before it loads anything."""
-    from common.models import chat_template_of
+    from common.engine.models import chat_template_of
 
     if not path.is_dir():
         return CheckResult("model", ok=False, detail=f"{path} is not a directory",

@@ -5,8 +5,8 @@
         print(r.status, r.name, r.detail, r.fix)
 
 ``dflash-pipeline doctor --drafter DIR [--model TARGET]`` prints these rows. The target's
-settings come from :class:`common.target.TargetShape` (a Qwen3.5/3.6 checkpoint nests them under
-``text_config``). Only the two
+settings come from :class:`common.engine.target.TargetShape` (a Qwen3.5/3.6 checkpoint nests
+them under ``text_config``). Only the two
 ``config.json`` files and the safetensors headers are read (no weights, no torch), so a
 multi-GB export is checked in milliseconds. The tensor rules follow SGLang's DFlash loader
 (``sglang/srt/models/dflash.py``, release pinned in pyproject's ``gpu`` extra): it maps
@@ -22,9 +22,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from common.engine.preflight import CheckResult
+from common.engine.target import FULL_ATTENTION, TargetShape
 from common.errors import ConfigError
-from common.preflight import CheckResult
-from common.target import FULL_ATTENTION, TargetShape
 
 ARCHITECTURE = "DFlashDraftModel"
 _EXPORT_FIX = ("re-export with `dflash-pipeline export-drafter --run RUN --out DIR` "

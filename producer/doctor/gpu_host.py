@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from common.preflight import GIB, CheckResult, NoNvidiaDriver, no_driver_result, nvml_session
-from common.target import TargetShape
+from common.engine.preflight import GIB, CheckResult, NoNvidiaDriver, no_driver_result, nvml_session
+from common.engine.target import TargetShape
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def check_mamba_cache(shape: TargetShape, engine_args: str, concurrency: int,
     requests wanted (``--max-running-requests`` or the worker's in-flight cap) caps them. None
     when it does not apply: a dense target, or no speculative decoding and no drafter to serve.
     """
-    from common.serving import (
+    from common.engine.serving import (
         mamba_slots_per_request,
         mamba_spec_states_per_request,
         spec_settings,

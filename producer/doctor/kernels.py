@@ -15,7 +15,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from common.config import Settings
-from common.preflight import CheckResult
+from common.engine.preflight import CheckResult
 from producer.doctor.target import target_dir
 
 NAME = "linear-attention kernels"
@@ -45,7 +45,7 @@ def installed(module: str) -> bool:
 
 def check_linear_attention_kernels(settings: Settings) -> list[CheckResult]:
     """For a hybrid target: each kernel package's verdict here, a WARN on the torch fallback."""
-    from common.target import TargetShape
+    from common.engine.target import TargetShape
 
     path, present = target_dir(settings)
     if not present or not (path / "config.json").is_file():

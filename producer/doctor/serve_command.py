@@ -6,8 +6,9 @@
 
 Prints the ``python -m sglang.launch_server ...`` line and the ``DFLASH_ENGINE_ARGS`` value that
 makes a generate worker start the same engine. ``--json`` prints ``{"kind", "argv", "command",
-"engine_args", "warnings"}``. Built by :mod:`common.serving` from the target's ``config.json``
-(:class:`common.target.TargetShape`); nothing is launched and SGLang need not be installed.
+"engine_args", "warnings"}``. Built by :mod:`common.engine.serving` from the target's
+``config.json`` (:class:`common.engine.target.TargetShape`); nothing is launched and SGLang need
+not be installed.
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ def drafter_block_size(drafter: Path) -> int:
 def build(settings: Settings, kind: str, drafter: Path | None, max_running_requests: int,
           host: str = "127.0.0.1") -> dict[str, Any]:
     """The launch line of ``kind`` for the configured target, with doctor's mamba warning."""
-    from common.serving import (
+    from common.engine.serving import (
         dflash_engine_args,
         launch_argv,
         mtp_engine_args,
         shell_line,
     )
-    from common.target import TargetShape
+    from common.engine.target import TargetShape
     from producer.doctor.gpu_host import check_mamba_cache
     from producer.doctor.target import target_dir
 

@@ -14,8 +14,8 @@ import os
 import uuid
 
 from common import keys
+from common.engine.preflight import CheckResult
 from common.errors import DflashError, StorageRefused
-from common.preflight import CheckResult
 from common.storage import LocalStorage, S3Storage, Storage, open_storage
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import keys
-from common.commit_cache import CommitDigest, fetch
 from common.errors import NotFound
-from common.partstats import SampleStat, part_stats
-from common.records import decode_jsonl_zst
-from common.run_index import RunIndex, manifest_shards, shard_total
+from common.gates.partstats import SampleStat, part_stats
+from common.runs.commit_cache import CommitDigest, fetch
+from common.runs.index import RunIndex, manifest_shards, shard_total
+from common.runs.records import decode_jsonl_zst
 from common.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -15,11 +15,12 @@ from typing import Any
 
 import redis
 
-from common import keys, redis_keys
+from common import keys
 from common.errors import NotFound, RunNotFound
-from common.records import RunConfig
-from common.run_index import RunIndex
-from common.runstore import RunStore
+from common.queue import redis_keys
+from common.runs.index import RunIndex
+from common.runs.records import RunConfig
+from common.runs.store import RunStore
 from common.storage import Storage
 from producer.report import token_stats
 from producer.status import StatusReader

@@ -8,8 +8,8 @@ import click
 
 from common.cli import command_option, common_options, setting_option
 from common.config import MTP_MODES, Settings
-from common.models import resolve_model_path
-from common.mtp import choose_mtp, target_shape
+from common.engine.models import resolve_model_path
+from common.engine.mtp import choose_mtp, target_shape
 from workers.launch import Launch, exec_worker
 from workers.worker_cli import gpu_option, node_options
 

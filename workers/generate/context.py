@@ -11,12 +11,12 @@ from functools import cached_property
 
 import redis
 
-from common import redis_keys
 from common.config import Settings
+from common.engine.models import resolve_model_path, stop_token_ids
+from common.engine.mtp import choose_mtp, target_shape
 from common.errors import ConfigError
-from common.gates import TokenInfo
-from common.models import resolve_model_path, stop_token_ids
-from common.mtp import choose_mtp, target_shape
+from common.gates.judge import TokenInfo
+from common.queue import redis_keys
 from workers.context import WorkerContext, get_context
 from workers.generate.engines.base import Engine, EngineLoop
 from workers.generate.engines.cpu import CpuEngine

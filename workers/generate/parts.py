@@ -18,11 +18,11 @@ from typing import Any
 
 from common import keys
 from common.errors import StorageError
-from common.partstats import SampleStat, part_stats, written_stamp
-from common.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
-from common.run_index_extend import index_after_commit
-from common.run_summary import shard_summary
-from common.runstore import RunStore
+from common.gates.partstats import SampleStat, part_stats, written_stamp
+from common.runs.index_extend import index_after_commit
+from common.runs.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.runs.store import RunStore
+from common.runs.summary import shard_summary
 from common.storage import Storage
 
 log = logging.getLogger(__name__)

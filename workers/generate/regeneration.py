@@ -19,8 +19,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.engine.models import render_chat
+from common.engine.sampling import Sampling
 from common.errors import EngineRefusesAll, RequestRefused
-from common.gates import (
+from common.gates.judge import (
     GateConfig,
     Reason,
     TokenInfo,
@@ -29,9 +31,7 @@ from common.gates import (
     inspect_turn,
     judge,
 )
-from common.models import render_chat
-from common.reasoning import split_ids
-from common.records import Sampling
+from common.gates.reasoning import split_ids
 from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
 # A shard parks (instead of storing every sample as rejected) when this many of its first
@@ -69,7 +69,7 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
 
 def answer_message(tokenizer: Any, tokens: TokenInfo, prompt_ids: list[int],
                    output_ids: list[int]) -> dict[str, Any]:
-    """The assistant message of a reply, split on its token ids (:mod:`common.reasoning`)."""
+    """The assistant message of a reply, split on its token ids (:mod:`common.gates.reasoning`)."""
     def text(ids: list[int]) -> str:
         decoded = _decode(tokenizer, ids)
         for token in tokens.special_texts:
@@ -90,7 +90,7 @@ def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "latency_s": round(result.latency_s, 4),
     }
-    if result.speculative:   # the engine's spec_* figures (common.speculative), as given
+    if result.speculative:   # the engine's spec_* figures (common.engine.speculative), as given
         turn["speculative"] = result.speculative
     return turn
 

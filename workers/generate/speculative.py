@@ -1,7 +1,7 @@
 """The generate worker's side of speculative decoding (MTP): lossless or refused, and seen.
 
 A shard of a run whose sampling the engine's verify would change (MTP on the CPU at
-temperature > 0: :func:`common.mtp.lossless_refusal`) is parked with that reason before any
+temperature > 0: :func:`common.engine.mtp.lossless_refusal`) is parked with that reason before any
 request is sent. Each written part adds its turns' verify steps and tokens to the run's Redis
 figures under this worker's name (``status`` shows algorithm and mean accept length) and to the
 worker's Prometheus metrics.
@@ -16,11 +16,11 @@ from typing import Any
 
 import redis
 
-from common import redis_keys
+from common.engine.mtp import lossless_refusal
+from common.engine.sampling import Sampling
+from common.engine.speculative import ALGORITHM, STEPS, TOKENS, field, sample_totals
 from common.errors import ConfigError
-from common.mtp import lossless_refusal
-from common.records import Sampling
-from common.speculative import ALGORITHM, STEPS, TOKENS, field, sample_totals
+from common.queue import redis_keys
 from workers.generate import metrics
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,13 @@ from typing import Any
 import redis
 from celery import Task
 
-from common import keys, redis_keys
-from common.celery_app import TASK_GENERATE, app
+from common import keys
+from common.engine.models import template_sha
 from common.errors import ConfigError, RunPaused, ShuttingDown
-from common.models import template_sha
-from common.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
-from common.runstore import RunStore
+from common.queue import redis_keys
+from common.queue.celery_app import TASK_GENERATE, app
+from common.runs.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
+from common.runs.store import RunStore
 from workers.context import WorkerContext
 from workers.generate import metrics, speculative
 from workers.generate.context import GenerateContext, get_generate_context

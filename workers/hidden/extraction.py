@@ -8,7 +8,7 @@
 
 The model is loaded once (bf16 on CUDA, float32 on CPU). Each batch is right-padded with an
 attention mask, run once with ``output_hidden_states=True`` and cut back to each row's real
-length. Records carry the compute dtype; :class:`common.hidden_store.HiddenShardWriter` stores
+length. Records carry the compute dtype; :class:`common.hidden.store.HiddenShardWriter` stores
 them as bf16. Bad output (NaN/Inf, wrong shapes, token ids that are not the row's) raises
 :class:`common.errors.HiddenStateError` naming the rows.
 """
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from common.drafter.layers import Layout, layer_ids
+from common.engine.target import TargetShape
 from common.errors import HiddenStateError
-from common.hidden_store import HiddenMeta, HiddenRecord, check_record
-from common.layers import Layout, layer_ids
-from common.target import TargetShape
-from common.trainrows import TrainingRow
+from common.hidden.store import HiddenMeta, HiddenRecord, check_record
+from common.runs.trainrows import TrainingRow
 from workers.devices import resolve_device
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ from typing import Any
 from celery import Task
 
 from common import keys
-from common.celery_app import TASK_HIDDEN, app
 from common.errors import ShuttingDown
 from common.faults import inject
-from common.hidden_store import HiddenShardWriter, write_hidden_commit
-from common.records import RunConfig, TaskOutcome
-from common.runstore import RunStore
+from common.hidden.store import HiddenShardWriter, write_hidden_commit
+from common.queue.celery_app import TASK_HIDDEN, app
+from common.runs.records import RunConfig, TaskOutcome
+from common.runs.store import RunStore
 from workers.context import WorkerContext
 from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches
 from workers.stage import HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
@@ -80,7 +80,7 @@ def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:
     """The target, loaded once per process (per run layout) and shared by its shards."""
     from dataclasses import replace
 
-    from common.models import resolve_model_path
+    from common.engine.models import resolve_model_path
 
     path = resolve_model_path(replace(ctx.settings, model=config.model))
     frozen = tuple(config.target_layer_ids) if config.target_layer_ids else None

@@ -51,7 +51,7 @@ def choose_step(settings: Settings, run: str,
                 step: int | None) -> tuple[int | None, str, float | None]:
     """The step to export: ``step`` as asked, else the best-evaluated, else the newest; with
     how it was chosen and its measured tau (None when unmeasured)."""
-    from common.drafter_store import best_step
+    from common.drafter.store import best_step
     from common.storage import open_storage
 
     if step is not None:
@@ -62,7 +62,7 @@ def choose_step(settings: Settings, run: str,
 
 def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
     """``NotFound`` unless the run has a checkpoint (at ``step``); cheap: no torch, no model."""
-    from common.drafter_store import committed_steps
+    from common.drafter.store import committed_steps
 
     steps = committed_steps(storage, run)
     if not steps:
@@ -74,8 +74,8 @@ def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
 
 def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDrafter:
     """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
-    from common.drafter_store import load_checkpoint
-    from common.runstore import RunStore
+    from common.drafter.store import load_checkpoint
+    from common.runs.store import RunStore
     from common.storage import open_storage
     from workers.train.drafter.train import DrafterTrainer
 
@@ -107,7 +107,7 @@ class RunDrafter:
 
 
 def load_run_target(settings: Settings, config: Any) -> RunTarget:
-    from common.models import resolve_model_path
+    from common.engine.models import resolve_model_path
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.target_loader import load_target
 
@@ -120,8 +120,8 @@ def load_run_target(settings: Settings, config: Any) -> RunTarget:
 def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
                               dtype: str = "auto") -> dict[str, Any]:
     """Load a drafter checkpoint on the run's target and write the HF-style export."""
-    from common.drafter_origin import drafter_summary
-    from common.serving import dflash_engine_args, launch_argv, shell_line
+    from common.drafter.origin import drafter_summary
+    from common.engine.serving import dflash_engine_args, launch_argv, shell_line
     from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
 
     step, chosen_by, tau = choose_step(settings, run, step)

@@ -20,12 +20,12 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
-from common.celery_app import TRAIN, app
-from common.dispatch import publish_shard
-from common.drafter_store import Ledger
-from common.epochs import Finish, shard_order
-from common.records import RunConfig
-from common.runstore import RunStore
+from common.drafter.store import Ledger
+from common.queue.celery_app import TRAIN, app
+from common.queue.dispatch import publish_shard
+from common.runs.epochs import Finish, shard_order
+from common.runs.records import RunConfig
+from common.runs.store import RunStore
 from workers.context import WorkerContext
 from workers.train.plan import planned_total
 

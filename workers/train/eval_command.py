@@ -76,7 +76,7 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
              prompts_path: str | None, num: int, max_new_tokens: int,
              block_size: int | None) -> dict[str, Any]:
     """Load, pick prompts, decode; the ``--json`` object."""
-    from common.runstore import RunStore
+    from common.runs.store import RunStore
     from common.storage import open_storage
     from workers.train.commands import check_checkpoint
     from workers.train.drafter.export_files import check_export_dir

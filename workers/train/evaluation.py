@@ -22,9 +22,9 @@ from typing import Any
 from torch import nn
 
 from common import keys
+from common.engine.models import render_chat
 from common.faults import inject
-from common.models import render_chat
-from common.records import InputManifest, RunConfig, Sampling, decode_jsonl_zst
+from common.runs.records import InputManifest, RunConfig, Sampling, decode_jsonl_zst
 from common.storage import Storage
 from workers.train.drafter.specdec import (
     AcceptanceStats,

@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from common.config import load_settings
 from common.errors import GroupLost, NothingToTrain, RankFailed
 from common.faults import inject
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 from workers.train.drafter.blocks import pack_rows, sample_anchors
 from workers.train.drafter.features import FeaturedRow, with_target_features
 from workers.train.drafter.schedule import Schedule

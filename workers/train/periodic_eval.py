@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.records import InputManifest, RunConfig
+from common.runs.records import InputManifest, RunConfig
 from workers.context import WorkerContext
 from workers.train.evaluation import EvalPrompt, evaluate, heldout_prompts, stop_ids
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from common.drafter_store import Ledger
-from common.records import RunConfig
+from common.drafter.store import Ledger
+from common.runs.records import RunConfig
 
 
 def planned_total(ledger: Ledger, config: RunConfig, shard_rows: list[int],

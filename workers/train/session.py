@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from common.config import env_name
-from common.drafter_store import Ledger, latest_step, load_checkpoint
-from common.records import RunConfig
-from common.runstore import RunStore
+from common.drafter.store import Ledger, latest_step, load_checkpoint
+from common.runs.records import RunConfig
+from common.runs.store import RunStore
 from workers.context import WorkerContext, get_context
 from workers.devices import resolve_device
 from workers.train.parallel import distribute
@@ -76,7 +76,7 @@ def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
 
 def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     """The run's session built from storage: the newest checkpoint, or a new drafter."""
-    from common.models import resolve_model_path
+    from common.engine.models import resolve_model_path
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.origin import (
         check_same_shape,

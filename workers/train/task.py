@@ -24,14 +24,14 @@ import torch
 from celery import Task
 
 from common import keys
-from common.celery_app import TASK_TRAIN, app
-from common.drafter_store import save_checkpoint
-from common.epochs import row_order
+from common.drafter.store import save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
-from common.records import RunConfig, ShardTask, TaskOutcome
-from common.runstore import RunStore
-from common.trainrows import TrainingRow
+from common.queue.celery_app import TASK_TRAIN, app
+from common.runs.epochs import row_order
+from common.runs.records import RunConfig, ShardTask, TaskOutcome
+from common.runs.store import RunStore
+from common.runs.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.lease import Lease
 from workers.stage import TRAIN, Delivery, run_delivery
@@ -146,7 +146,7 @@ def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: S
 
 def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[TrainRow]:
     """Offline runs: the rows with the features the hidden-state stage stored (same order)."""
-    from common.hidden_store import iter_hidden_records, read_hidden_commit
+    from common.hidden.store import iter_hidden_records, read_hidden_commit
     from workers.train.drafter.features import FeaturedRow
 
     index = read_hidden_commit(ctx.storage, task.run, task.shard)

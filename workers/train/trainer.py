@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 
 if TYPE_CHECKING:
     from workers.train.drafter.features import FeaturedRow

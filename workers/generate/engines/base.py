@@ -13,9 +13,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from common.engine.sampling import Sampling
 from common.errors import RequestRefused
-from common.gates import Reason
-from common.records import Sampling
+from common.gates.judge import Reason
 
 T = TypeVar("T")
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.config import Settings
+from common.engine.serving import engine_command, shown_argv
 from common.errors import EngineError
-from common.serving import engine_command, shown_argv
 from workers.generate.engines.supervisor import SUPERVISOR_MODULE
 from workers.preflight import (
     EnginePidFile,
@@ -42,8 +42,9 @@ _RESTART_BACKOFF_MAX_S = 60.0
 
 def server_command(settings: Settings, model_path: Path,
                    mtp_args: Sequence[str] = ()) -> list[str]:
-    """The launch command (:func:`common.serving.engine_command`, shared with ``bench --run``);
-    ``{port}``, ``{model}``, ``{gpu}``, ``{tp}`` and ``{engine_args}`` are filled in."""
+    """The launch command (:func:`common.engine.serving.engine_command`, shared with
+    ``bench --run``); ``{port}``, ``{model}``, ``{gpu}``, ``{tp}`` and ``{engine_args}`` are filled
+    in."""
     return engine_command(settings, model_path, mtp_args)
 
 

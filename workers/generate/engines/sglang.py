@@ -19,11 +19,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from common.engine.mtp import MtpChoice
+from common.engine.serving import sampling_params
+from common.engine.speculative import server_algorithm, spec_figures
 from common.errors import EngineError, RequestRefused
-from common.gates import Reason
-from common.mtp import MtpChoice
-from common.serving import sampling_params
-from common.speculative import server_algorithm, spec_figures
+from common.gates.judge import Reason
 from workers.generate.engines.base import GenRequest, GenResult, ServerLimits, fit_request
 
 log = logging.getLogger(__name__)

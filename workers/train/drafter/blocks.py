@@ -4,7 +4,7 @@ A block is ``[anchor token, MASK x (B-1)]`` placed at positions ``anchor .. anch
 ``k`` is trained to predict ``input_ids[anchor + k]`` (no shift), for ``k = 1..B-1``. Slot 0 is
 the given anchor and is never a label. Labels past the end of the row, or on positions outside
 the loss mask (as SpecForge does; a no-op when the supervised span is a suffix, as in
-:mod:`common.trainrows`), are ignored. Slot ``k`` weighs ``exp(-(k-1)/gamma)``.
+:mod:`common.runs.trainrows`), are ignored. Slot ``k`` weighs ``exp(-(k-1)/gamma)``.
 
     anchors = sample_anchors(loss_mask, max_anchors=512, generator=g)
     labels, valid = block_labels(input_ids, loss_mask, anchors, block_size=16)
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 
 IGNORE = -100
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from transformers import Qwen3Config
 
-from common.layers import dflash_layer_ids
-from common.run_options import DRAFTER_LAYERS
-from common.target import TargetShape
+from common.drafter.layers import dflash_layer_ids
+from common.engine.target import TargetShape
+from common.runs.options import DRAFTER_LAYERS
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
 
 Prompts get the chat template with thinking on; replies are sampled with the model's generation
 config (seeded), cut after the first end-of-turn token, and become ``TrainingRow``s with the
-loss mask on the reply, exactly as :mod:`common.trainrows` builds them from generated samples.
+loss mask on the reply, exactly as :mod:`common.runs.trainrows` builds them from generated samples.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 
 
 def mt_bench_prompts(path: str | Path, limit: int) -> list[str]:

@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from common.engine.target import TargetShape
 from common.errors import DrafterMismatch
-from common.target import TargetShape
 from workers.train.drafter.export_files import CONFIG_FILE, WEIGHTS_FILE, check_export_dir
 from workers.train.drafter.model import SLIDING, DFlashConfig, DFlashDraftModel
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from common.trainrows import TrainingRow
+from common.runs.trainrows import TrainingRow
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
-from common.run_options import DRAFTER_LAYERS
+from common.runs.options import DRAFTER_LAYERS
 from workers.train.drafter.config import (  # noqa: F401 - the drafter's shape, re-exported
     FULL,
     LAYER_TYPES,

@@ -1,6 +1,6 @@
 """A run's new drafter, shaped as its run.json says: the target's own shape (the default), a
 published shape (``--drafter-config``), or a released drafter's weights and shape
-(``--init-drafter``), all frozen at enqueue (:mod:`common.drafter_origin`).
+(``--init-drafter``), all frozen at enqueue (:mod:`common.drafter.origin`).
 
     drafter = new_drafter(target, mask_id, layers, config.drafter)   # on the target's device
 
@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.drafter_origin import DrafterOrigin, OriginKind, describe_origin, verify_weights
-from common.records import RunConfig
-from common.target import TargetShape
+from common.drafter.origin import DrafterOrigin, OriginKind, describe_origin, verify_weights
+from common.engine.target import TargetShape
+from common.runs.records import RunConfig
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
 from workers.train.drafter.shape import DrafterShapeError, differences, shaped_config
 

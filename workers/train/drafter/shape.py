@@ -1,6 +1,6 @@
 """A drafter's shape from a published DFlash ``config.json`` (``--drafter-config``), applied.
 
-The file is read and checked, torch-free, by :mod:`common.drafter_shape` (enqueue checks it
+The file is read and checked, torch-free, by :mod:`common.drafter.shape` (enqueue checks it
 there too); here its fields are applied to the drafter the target alone gives.
 
     overrides = read_shape("qwen3.5-27b-dflash.json")            # checked, target-free
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from common.drafter_shape import (  # noqa: F401 - re-exported: the trainer's one import
+from common.drafter.shape import (  # noqa: F401 - re-exported: the trainer's one import
     DrafterShapeError,
     check_target,
     checked_shape,
     read_shape,
 )
-from common.target import TargetShape
+from common.engine.target import TargetShape
 from workers.train.drafter.model import DFlashConfig
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from common.target import TargetShape
+from common.engine.target import TargetShape
 
 ROLLBACKS = ("replay", "refeed", "per-token")
 DEFAULT_ROLLBACK = "replay"

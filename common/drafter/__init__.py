@@ -1,0 +1,1 @@
+"""The drafter as a run records it: its frozen shape and origin, target layers, checkpoints."""

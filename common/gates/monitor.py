@@ -1,0 +1,196 @@
+"""The quality gates' shared state: what the live monitor keeps in Redis and storage.
+
+Generate workers count each part they write into Redis (:func:`count_samples`) and pause the
+run when too many samples are rejected (the live gate: :mod:`workers.generate.monitor`). Pause
+and resume decisions are also written to storage (``runs/<run>/gates/``), which ``status`` and
+``report`` read (:func:`pause_from_storage`); ``dflash-pipeline resume --run RUN --accept-gates``
+(or new thresholds) lifts a pause (:func:`resume_gates`). When Redis lost the state, one process
+rebuilds it from the commits' summaries (and the parts of uncommitted shards:
+:mod:`common.gates.monitor_rebuild`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from common import keys
+from common.errors import RunPaused
+from common.gates.judge import GateConfig
+from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
+from common.queue import redis_keys
+from common.runs.records import dumps
+from common.storage import Storage
+
+log = logging.getLogger(__name__)
+
+EXAMPLES = 3
+REBUILD_WAIT_S = 600.0
+Samples = list[dict[str, Any]]
+
+
+def stamp() -> str:
+    """A key suffix that sorts chronologically (to the microsecond) and never collides."""
+    now = time.time()
+    return (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}"
+            f"-{uuid.uuid4().hex[:6]}")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The pause thresholds in force: run.json's, or the latest set by ``resume``."""
+
+    max_reject_rate: float
+    pause_after: int
+
+
+class GateState:
+    """One run's shared quality state (Redis, rebuilt from storage if lost); cheap to create."""
+
+    def __init__(self, client: redis.Redis, storage: Storage, run: str, gates: GateConfig) -> None:
+        self.client, self.storage, self.run, self.gates = client, storage, run, gates
+
+    def thresholds(self) -> Thresholds:
+        rate, after = self.client.hmget(redis_keys.redis_gates(self.run), "max_reject_rate",
+                                        "pause_after")
+        return Thresholds(float(rate) if rate is not None else self.gates.max_reject_rate,
+                          int(after) if after is not None else self.gates.pause_after)
+
+    def paused(self) -> dict[str, Any] | None:
+        raw = self.client.get(redis_keys.redis_paused(self.run))
+        return json.loads(raw) if raw else None
+
+    def ensure_ready(self) -> None:
+        """Rebuild the shared state from storage if Redis lost it (one worker does it)."""
+        if self.client.hexists(redis_keys.redis_gates(self.run), "ready"):
+            return
+        lock = redis_keys.redis_gate_rebuild(self.run)
+        if self.client.set(lock, "1", nx=True, ex=int(REBUILD_WAIT_S)):
+            try:  # the lock is renewed as the rebuild goes, so no second worker starts one
+                rebuild(self.client, self.storage, self.run, self.gates,
+                        lambda: self.client.expire(lock, int(REBUILD_WAIT_S)))
+            finally:
+                self.client.delete(lock)
+            return
+        while not self.client.hexists(redis_keys.redis_gates(self.run), "ready"):
+            if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
+                return self.ensure_ready()
+            time.sleep(0.2)
+
+
+def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
+    """Queue the counter updates of ``samples`` on a Redis pipeline: conversations, turns and
+    thinking modes; a conversation with a rejected turn is a 1 in the rolling window."""
+    if not samples:
+        return
+    gates, hist = redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run)
+    rejected = [s for s in samples if not s["quality"]["passed"]]
+    marked = [s for s in samples if flagged(s["quality"])]
+    turns = [turn_counts(s["quality"]) for s in samples]
+    pipe.hincrby(gates, "checked", len(samples))
+    pipe.hincrby(gates, "since", len(samples))
+    pipe.hincrby(gates, "rejected", len(rejected))
+    pipe.hincrby(gates, "turns", sum(t[0] for t in turns))
+    pipe.hincrby(gates, "turns_rejected", sum(t[1] for t in turns))
+    pipe.hincrby(gates, "thinking_off", sum(s["quality"].get("thinking") is False
+                                            for s in samples))
+    for reason, count in Counter(r for s in marked
+                                 for r in flagged_reasons(s["quality"])).items():
+        pipe.hincrby(gates, f"reason:{reason}", count)
+    for tokens, count in Counter(t for s in samples
+                                 for t in s["quality"]["supervised_tokens"]).items():
+        pipe.hincrby(hist, str(tokens), count)
+    pipe.lpush(redis_keys.redis_gate_window(run), *("1" if flagged(s["quality"]) else "0"
+                                              for s in samples))
+    pipe.ltrim(redis_keys.redis_gate_window(run), 0, window - 1)
+    for sample in marked:
+        for reason in flagged_reasons(sample["quality"]):
+            name = redis_keys.redis_gate_examples(run, reason)
+            pipe.lpush(name, json.dumps(example(sample)))
+            pipe.ltrim(name, 0, EXAMPLES - 1)
+
+
+def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
+    """Pause and resume records in chronological order, as (kind, record)."""
+    events = []
+    names = {key: key.rsplit("/", 1)[-1].split("-", 1) for key in
+             storage.list(keys.gates_prefix(run))
+             if (found := keys.parse(key)) is not None and found.kind is keys.KeyKind.GATE}
+    for key in sorted(names, key=lambda k: names[k][-1]):
+        if names[key][0] in ("pause", "resume"):
+            events.append((names[key][0], json.loads(storage.get(key))))
+    return events
+
+
+def pause_from_storage(storage: Storage, run: str) -> dict[str, Any] | None:
+    """The pause in force according to storage: the latest event, if it is a pause."""
+    events = gate_events(storage, run)
+    return events[-1][1] if events and events[-1][0] == "pause" else None
+
+
+def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,
+            heartbeat: Callable[[], None] = lambda: None) -> None:
+    """Recompute the monitor's Redis state from commit summaries and uncommitted parts."""
+    from common.gates.monitor_rebuild import rebuild_from_summaries
+
+    events, last, size, accepted_at = resume_state(storage, run, gates)
+    rebuild_from_summaries(client, storage, run, size=size, accepted_at=accepted_at,
+                           last_resume=last, heartbeat=heartbeat,
+                           pause=events[-1][1] if events and events[-1][0] == "pause" else None)
+
+
+def resume_state(storage: Storage, run: str, gates: GateConfig) -> tuple[
+        list[tuple[str, dict[str, Any]]], dict[str, Any], int, int]:
+    """Gate events, the last resume, the window size and the count at the last acceptance."""
+    events = gate_events(storage, run)
+    resumes = [record for kind, record in events if kind == "resume"]
+    last = resumes[-1] if resumes else {}
+    size = int(last.get("pause_after") or gates.pause_after)
+    accepted_at = max((int(r.get("checked", 0)) for r in resumes if r.get("accepted")), default=0)
+    return events, last, size, accepted_at
+
+
+def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateConfig, *,
+                 accept: bool, max_reject_rate: float | None = None,
+                 pause_after: int | None = None) -> dict[str, Any] | None:
+    """Lift a pause (``accept``: count the rejections so far as accepted) or set new thresholds.
+
+    Raises :class:`RunPaused` if the run is paused and neither was asked for.
+    """
+    monitor = GateState(client, storage, run, gates)
+    monitor.ensure_ready()
+    pause = monitor.paused()
+    changed = max_reject_rate is not None or pause_after is not None
+    if pause and not accept and not changed:
+        raise RunPaused(f"run {run} is paused by its quality gates: {pause['reason']}. Look at "
+                        f"`dflash-pipeline report --run {run}`, then resume with --accept-gates "
+                        "or new thresholds (--max-reject-rate, --pause-after)")
+    if not pause and not accept and not changed:
+        return None
+    limits = monitor.thresholds()
+    checked = int(client.hget(redis_keys.redis_gates(run), "checked") or 0)
+    record = {"accepted": accept, "at": time.time(), "checked": checked,
+              "max_reject_rate": max_reject_rate if max_reject_rate is not None
+              else limits.max_reject_rate,
+              "pause_after": pause_after or limits.pause_after,
+              "lifted": pause["reason"] if pause else None}
+    storage.put_once(keys.gate_event(run, "resume", stamp()), dumps(record))
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(redis_keys.redis_gates(run), mapping={"max_reject_rate": record["max_reject_rate"],
+                                              "pause_after": record["pause_after"]})
+    if accept:
+        pipe.hset(redis_keys.redis_gates(run), "since", 0)
+        pipe.delete(redis_keys.redis_gate_window(run))
+    pipe.delete(redis_keys.redis_paused(run))
+    pipe.execute()
+    log.info("run %s: gates resumed (accept=%s, max_reject_rate=%s, pause_after=%s)", run, accept,
+             record["max_reject_rate"], record["pause_after"])
+    return record

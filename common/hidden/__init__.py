@@ -1,0 +1,1 @@
+"""Stored target hidden states (offline runs): safetensors parts, commits, a dataset reader."""

@@ -1,0 +1,330 @@
+"""Hidden-state shards in storage: safetensors parts, a per-shard index, the commit, a reader.
+
+Writing (the hidden task, after the generated shard's commit)::
+
+    index = read_hidden_index(storage, run, shard)       # a finished earlier attempt wins
+    if index is None:
+        writer = HiddenShardWriter(storage, run, shard, extractor.meta)
+        for batch in batches:
+            writer.add(extractor.extract(batch))
+        index = writer.finish()                           # parts, then index.json (put-once)
+    write_hidden_commit(storage, run, shard, index)       # last; an existing commit wins
+
+Reading (offline training)::
+
+    for record in iter_hidden_records(storage, run):
+        record["hidden_states"]                           # bf16 [T, K*H]
+
+A part holds many records concatenated on the token axis: ``input_ids`` int32 [N], ``loss_mask``
+uint8 [N], ``hidden_states`` [N, K*H], ``last_hidden_states`` [N, H] (EAGLE-3 only) and
+``offsets`` int64 [R+1] (record i is rows ``offsets[i]:offsets[i+1]``); its sample ids and turns
+are in the safetensors metadata and in the index. Only parts listed by a ``_COMMIT.json`` are
+ever read, so parts left by a killed attempt are harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from common import keys
+from common.errors import HiddenStateError, NotFound
+from common.runs.records import dumps
+from common.runs.schema import COMMIT_SCHEMA, check_schema
+from common.storage import Storage
+
+log = logging.getLogger(__name__)
+
+FORMAT = "dflash-hidden/1"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_PART_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class HiddenMeta:
+    """What a shard's hidden states are: layout, target layers and feature width."""
+
+    layout: str
+    layer_ids: tuple[int, ...]
+    hidden_size: int
+    num_layers: int
+    model: str = ""
+
+    @property
+    def width(self) -> int:
+        return len(self.layer_ids) * self.hidden_size
+
+    @property
+    def has_last(self) -> bool:
+        """EAGLE-3 keeps the last layer's state (HF ``hidden_states[-1]``) separately."""
+        return self.layout == "eagle3"
+
+
+@dataclass(frozen=True)
+class HiddenRecord:
+    """One training row's target features, sliced to its real length T."""
+
+    sample_id: str
+    turn: int
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    hidden_states: torch.Tensor
+    last_hidden_states: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class HiddenPart:
+    """One safetensors part: its key and the records it holds, in order."""
+
+    key: str
+    sample_ids: list[str]
+    turns: list[int]
+    tokens: list[int]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class HiddenIndex:
+    """``index.json`` of a shard (and the body of its ``_COMMIT.json``)."""
+
+    run: str
+    shard: int
+    layout: str
+    layer_ids: list[int]
+    hidden_size: int
+    num_layers: int
+    dtype: str
+    model: str
+    parts: list[HiddenPart] = field(default_factory=list)
+    format: str = FORMAT
+    schema: int = COMMIT_SCHEMA
+
+    @property
+    def records(self) -> int:
+        return sum(len(p.sample_ids) for p in self.parts)
+
+    @property
+    def tokens(self) -> int:
+        return sum(sum(p.tokens) for p in self.parts)
+
+    @property
+    def record_ids(self) -> list[tuple[str, int]]:
+        return [(s, t) for p in self.parts for s, t in zip(p.sample_ids, p.turns, strict=True)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "records": self.records, "tokens": self.tokens}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HiddenIndex:
+        check_schema(f"runs/{data.get('run')}/hidden/shard {data.get('shard')} index", data,
+                     COMMIT_SCHEMA)
+        parts = [HiddenPart(**p) for p in data["parts"]]
+        names = ("run", "shard", "layout", "layer_ids", "hidden_size", "num_layers", "dtype",
+                 "model", "format", "schema")
+        return cls(**{n: data[n] for n in names}, parts=parts)
+
+
+def check_record(record: HiddenRecord, meta: HiddenMeta, finite: bool = True) -> None:
+    """Raise :class:`HiddenStateError` unless the record's shapes (and values) are usable."""
+    where = f"record {record.sample_id!r} turn {record.turn}"
+    t = record.tokens
+    if record.input_ids.dim() != 1 or t == 0:
+        raise HiddenStateError(f"{where}: input_ids must be a non-empty 1-D tensor")
+    expected = {"loss_mask": (t,), "hidden_states": (t, meta.width)}
+    if meta.has_last:
+        expected["last_hidden_states"] = (t, meta.hidden_size)
+    elif record.last_hidden_states is not None:
+        raise HiddenStateError(f"{where}: last_hidden_states given for layout {meta.layout}")
+    for name, shape in expected.items():
+        tensor = getattr(record, name)
+        if tensor is None or tuple(tensor.shape) != shape:
+            got = None if tensor is None else tuple(tensor.shape)
+            raise HiddenStateError(f"{where}: {name} has shape {got}, expected {shape}")
+    if finite:
+        for name in ("hidden_states", "last_hidden_states"):
+            tensor = getattr(record, name)
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                raise HiddenStateError(f"{where}: {name} contains NaN or Inf")
+
+
+def encode_part(records: list[HiddenRecord], meta: HiddenMeta, dtype: str = "bf16") -> bytes:
+    """Concatenate records on the token axis into one safetensors blob."""
+    lengths = [r.tokens for r in records]
+    offsets = torch.zeros(len(records) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    tensors = {
+        "input_ids": torch.cat([r.input_ids.to(torch.int32) for r in records]),
+        "loss_mask": torch.cat([r.loss_mask.to(torch.uint8) for r in records]),
+        "hidden_states": torch.cat([r.hidden_states.to(DTYPES[dtype]) for r in records]),
+        "offsets": offsets,
+    }
+    if meta.has_last:
+        tensors["last_hidden_states"] = torch.cat(
+            [r.last_hidden_states.to(DTYPES[dtype]) for r in records])  # type: ignore[union-attr]
+    metadata = {
+        "format": FORMAT, "layout": meta.layout, "layer_ids": json.dumps(list(meta.layer_ids)),
+        "hidden_size": str(meta.hidden_size), "dtype": dtype,
+        "sample_ids": json.dumps([r.sample_id for r in records]),
+        "turns": json.dumps([r.turn for r in records]),
+    }
+    return st_save(tensors, metadata=metadata)
+
+
+def decode_part(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A part's tensors and its safetensors metadata."""
+    size = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8 : 8 + size]).get("__metadata__", {})
+    return st_load(data), metadata
+
+
+class HiddenShardWriter:
+    """Buffers records and writes them as put-once parts of about ``part_bytes`` each."""
+
+    def __init__(self, storage: Storage, run: str, shard: int, meta: HiddenMeta, *,
+                 dtype: str = "bf16", part_bytes: int = DEFAULT_PART_BYTES) -> None:
+        if dtype not in DTYPES:
+            raise HiddenStateError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        self.storage, self.run, self.shard, self.meta = storage, run, shard, meta
+        self.dtype, self.part_bytes = dtype, part_bytes
+        self.parts: list[HiddenPart] = []
+        self._pending: list[HiddenRecord] = []
+        self._pending_bytes = 0
+        self._seen: set[tuple[str, int]] = set()
+        # Start after any part an earlier attempt left, so no upload is wasted on a collision.
+        numbers = [keys.part_number(k, ".safetensors")
+                   for k in storage.list(keys.hidden_shard_prefix(run, shard))]
+        self._next = max((n for n in numbers if n is not None), default=-1) + 1
+
+    def _record_bytes(self, record: HiddenRecord) -> int:
+        per_token = self.meta.width + (self.meta.hidden_size if self.meta.has_last else 0)
+        return record.tokens * (per_token * DTYPES[self.dtype].itemsize + 5)
+
+    def add(self, records: Iterable[HiddenRecord]) -> None:
+        """Check and buffer records; a duplicate (sample id, turn) is dropped, first one wins."""
+        for record in records:
+            check_record(record, self.meta, finite=False)
+            if (record.sample_id, record.turn) in self._seen:
+                log.warning("run %s shard %d: duplicate record %s turn %d dropped", self.run,
+                            self.shard, record.sample_id, record.turn)
+                continue
+            self._seen.add((record.sample_id, record.turn))
+            self._pending.append(record)
+            self._pending_bytes += self._record_bytes(record)
+            if self._pending_bytes >= self.part_bytes:
+                self.flush()
+
+    def flush(self) -> HiddenPart | None:
+        """Write the buffered records as the next free part number."""
+        if not self._pending:
+            return None
+        data = encode_part(self._pending, self.meta, self.dtype)
+        while True:
+            key = keys.hidden_part(self.run, self.shard, self._next)
+            self._next += 1
+            if self.storage.put_once(key, data):
+                break
+            log.warning("run %s shard %d: %s exists, trying the next number", self.run,
+                        self.shard, key)
+        part = HiddenPart(key=key, sample_ids=[r.sample_id for r in self._pending],
+                          turns=[r.turn for r in self._pending],
+                          tokens=[r.tokens for r in self._pending], bytes=len(data))
+        self.parts.append(part)
+        self._pending, self._pending_bytes = [], 0
+        return part
+
+    def finish(self) -> HiddenIndex:
+        """Flush and write ``index.json`` once; an index written by another attempt wins."""
+        self.flush()
+        meta = self.meta
+        index = HiddenIndex(run=self.run, shard=self.shard, layout=meta.layout,
+                            layer_ids=list(meta.layer_ids), hidden_size=meta.hidden_size,
+                            num_layers=meta.num_layers, dtype=self.dtype, model=meta.model,
+                            parts=list(self.parts))
+        if self.storage.put_once(keys.hidden_index(self.run, self.shard), dumps(index.to_json())):
+            return index
+        log.info("run %s shard %d: index already written by another attempt", self.run,
+                 self.shard)
+        existing = read_hidden_index(self.storage, self.run, self.shard)
+        assert existing is not None  # put_once said it exists
+        return existing
+
+
+def _read_index(storage: Storage, key: str) -> HiddenIndex | None:
+    try:
+        return HiddenIndex.from_json(json.loads(storage.get(key)))
+    except NotFound:
+        return None
+
+
+def read_hidden_index(storage: Storage, run: str, shard: int) -> HiddenIndex | None:
+    """The shard's ``index.json``, or None before an attempt finished writing parts."""
+    return _read_index(storage, keys.hidden_index(run, shard))
+
+
+def read_hidden_commit(storage: Storage, run: str, shard: int) -> HiddenIndex | None:
+    """The index recorded in the shard's ``_COMMIT.json``, or None if not committed."""
+    return _read_index(storage, keys.hidden_commit(run, shard))
+
+
+def write_hidden_commit(storage: Storage, run: str, shard: int, index: HiddenIndex,
+                        worker: str = "") -> HiddenIndex:
+    """Write the shard's commit (parts + record ids) once; returns the commit that stands."""
+    if (index.run, index.shard) != (run, shard):
+        raise HiddenStateError(f"index of {index.run}/{index.shard} given for {run}/{shard}")
+    body = {**index.to_json(), "committed_at": time.time(), "worker": worker}
+    if storage.put_once(keys.hidden_commit(run, shard), dumps(body)):
+        return index
+    log.info("run %s shard %d: hidden states already committed", run, shard)
+    existing = read_hidden_commit(storage, run, shard)
+    assert existing is not None  # put_once said it exists
+    return existing
+
+
+def committed_hidden_shards(storage: Storage, run: str) -> list[int]:
+    """Shard numbers that have a hidden-state ``_COMMIT.json``."""
+    from common.runs.store import RunStore
+
+    return sorted(RunStore(storage, run).committed("hidden"))
+
+
+def iter_hidden_records(storage: Storage, run: str,
+                        shards: Iterable[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Every committed record as a dict of tensors (views into its part), shard by shard."""
+    chosen = committed_hidden_shards(storage, run) if shards is None else sorted(set(shards))
+    for shard in chosen:
+        index = read_hidden_commit(storage, run, shard)
+        if index is None:
+            log.info("run %s shard %d: no hidden-state commit, skipped", run, shard)
+            continue
+        for part in index.parts:
+            yield from _part_records(storage, shard, part)
+
+
+def _part_records(storage: Storage, shard: int, part: HiddenPart) -> Iterator[dict[str, Any]]:
+    tensors, metadata = decode_part(storage.get(part.key))
+    ids, turns = json.loads(metadata["sample_ids"]), json.loads(metadata["turns"])
+    offsets = tensors["offsets"].tolist()
+    if ids != part.sample_ids or turns != part.turns or len(offsets) != len(ids) + 1:
+        raise HiddenStateError(f"{part.key}: records differ from the shard's commit")
+    last = tensors.get("last_hidden_states")
+    for i, (sample_id, turn) in enumerate(zip(ids, turns, strict=True)):
+        lo, hi = offsets[i], offsets[i + 1]
+        record = {"sample_id": sample_id, "turn": turn, "shard": shard,
+                  "input_ids": tensors["input_ids"][lo:hi],
+                  "loss_mask": tensors["loss_mask"][lo:hi],
+                  "hidden_states": tensors["hidden_states"][lo:hi]}
+        if last is not None:
+            record["last_hidden_states"] = last[lo:hi]
+        yield record

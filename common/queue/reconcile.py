@@ -1,0 +1,241 @@
+"""The reconciler: queue every shard that storage says is due and Redis says nobody holds.
+
+Level-triggered, like a Kubernetes controller: for each active run (``dflash:runs``) and each
+stage, storage says what is done and what is due (a shard is due at ``generate`` once enqueued,
+downstream once its upstream stage committed it), Redis says what is owned (a live lease, or a
+``queued`` marker with a message behind it: :mod:`common.queue.dispatch`). Every due shard that is
+not done, not parked and not owned is queued, once. A pass lists storage prefixes and reads
+``run.json``, the manifest and the drafter's ledger, never a part. Workers run it every half
+lease TTL, one at a time (the :func:`reconcile` lock); ``resume`` runs the same pass once.
+Duplicate deliveries stay harmless: the lease keeps them apart and commits are put-once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import redis
+from celery import Celery
+
+from common import keys
+from common.errors import DflashError
+from common.keys import parse_shard_name
+from common.queue import redis_keys
+from common.queue.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
+from common.queue.dispatch import Marker, publish_shard, queued_in
+from common.queue.redis_keys import lease_is_live, lease_shard
+from common.runs.epochs import shard_order
+from common.runs.store import RunStore
+from common.storage import Storage
+
+log = logging.getLogger(__name__)
+
+Waiting = dict[str, set[tuple[str, int]] | None]
+"""Per queue: the (run, shard) of its waiting messages, None where the queue is too long."""
+
+
+def waiting_messages(client: redis.Redis) -> Waiting:
+    return {spec.queue: queued_in(client, spec.queue) for spec in STAGES}
+
+
+@dataclass(frozen=True)
+class StageView:
+    """What Redis says of one stage of one run, read the same way by the reconciler and status."""
+
+    live: frozenset[int]
+    queued: frozenset[int]
+    retrying: frozenset[int]
+    stale: frozenset[int]
+    running: dict[int, str]
+    parked: dict[int, str]
+
+    @property
+    def owned(self) -> frozenset[int]:
+        return self.live | self.queued
+
+    @property
+    def healing(self) -> frozenset[int]:
+        """Started by a worker that holds no live lease any more (killed): due to be queued."""
+        return frozenset(self.running) - self.owned
+
+
+def read_stage(client: redis.Redis, spec: StageSpec, run: str, lease_ttl: float,
+               waiting: Waiting, now: float | None = None) -> StageView:
+    """One stage's shards: leased (live), queued (a message or a starting delivery), parked."""
+    now = time.time() if now is None else now
+    names = spec.keys(run)
+    leases = list(client.scan_iter(names.lease_pattern, count=1000))
+    pipe = client.pipeline(transaction=False)
+    for key in leases:
+        pipe.get(key)
+        pipe.pttl(key)
+    pipe.hgetall(names.running)
+    pipe.hgetall(names.queued)
+    pipe.hgetall(names.parked)
+    *lease_info, running, queued, parked = pipe.execute()
+    live = set()
+    for key, token, pttl in zip(leases, lease_info[::2], lease_info[1::2], strict=True):
+        shard = lease_shard(token)
+        if shard is None and not spec.one_per_run:
+            shard = parse_shard_name(key.rpartition(":")[2])
+        if shard is not None and lease_is_live(token, pttl):
+            live.add(shard)
+    in_queue = waiting.get(spec.queue)
+    held, retrying, stale = set(), set(), set()
+    for name, value in queued.items():
+        shard, mark = parse_shard_name(name), Marker.parse(value)
+        seen = None if in_queue is None else (run, shard) in in_queue
+        if mark is not None and mark.holds(now, lease_ttl, seen, spec.one_per_run and bool(live)):
+            held.add(shard)
+            if mark.kind == "retry":
+                retrying.add(shard)
+        else:
+            stale.add(shard)
+    return StageView(frozenset(live), frozenset(held), frozenset(retrying), frozenset(stale),
+                     {parse_shard_name(k): v for k, v in running.items()},
+                     {parse_shard_name(k): v for k, v in parked.items()})
+
+
+@dataclass
+class RunPlan:
+    """Per stage of one run: the shards due (upstream done, this stage not)."""
+
+    run: str
+    due: dict[str, set[int]] = field(default_factory=dict)
+    upstream: dict[str, str] = field(default_factory=dict)
+    order: dict[str, Callable[[Iterable[int]], list[int]]] = field(default_factory=dict)
+    paused: bool = False
+
+    def ordered(self, stage: str, shards: set[int]) -> list[int]:
+        """``shards`` in the order the stage takes them (the train epoch's), else by number."""
+        return self.order[stage](shards) if stage in self.order else sorted(shards)
+
+    @property
+    def finished(self) -> bool:
+        return not self.paused and not any(self.due.values())
+
+
+def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
+    """What storage says is due in ``run``; None while enqueue has not finished (or no run)."""
+    store = RunStore(storage, run)
+    config, manifest = store.config_or_none(), store.manifest()
+    if config is None or manifest is None:
+        return None
+    plan = RunPlan(run, paused=bool(client.exists(redis_keys.redis_paused(run))))
+    generated = store.committed("generate")
+    if not plan.paused:  # a paused run generates nothing new; `resume --accept-gates` lifts it
+        plan.due[GENERATE.name] = set(range(manifest.shards)) - generated
+    if config.mode == "online":
+        _plan_training(plan, storage, run, generated, GENERATE.name)
+        return plan
+    hidden = store.committed("hidden")
+    plan.due[HIDDEN.name] = generated - hidden
+    plan.upstream[HIDDEN.name] = GENERATE.name
+    if config.layout == "dflash":  # offline training only once a trainer ran
+        _plan_training(plan, storage, run, hidden, HIDDEN.name, started_only=True)
+    return plan
+
+
+def _plan_training(plan: RunPlan, storage: Storage, run: str, upstream: set[int],
+                   stage: str, started_only: bool = False) -> None:
+    """The train stage's due shards: not trained in the trainer's epoch, in its order."""
+    from common.drafter.store import train_due
+
+    due = train_due(storage, run, upstream)
+    if due is None and started_only:
+        return
+    plan.due[TRAIN.name], epoch = due if due is not None else (set(upstream), 0)
+    plan.order[TRAIN.name] = functools.partial(shard_order, run, epoch)
+    plan.upstream[TRAIN.name] = stage
+
+
+@dataclass(frozen=True)
+class Flags:
+    """``resume``'s flags: ``force`` ignores queued markers, ``parked`` re-queues parked shards,
+    ``leases`` False queues a leased shard too, as ``resume`` always did (its worker may be
+    dead already; if not, the lease turns the duplicate away)."""
+
+    force: bool = False
+    parked: bool = False
+    leases: bool = True
+
+
+def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
+                  lease_ttl: float, waiting: Waiting, flags: Flags = Flags(),
+                  ) -> list[tuple[str, int]] | None:
+    """Queue the due, unowned shards of one run; returns (stage, shard) queued, None if unplanned.
+
+    A downstream shard whose upstream lease is live is left alone: its worker hands it off
+    before it lets the lease go.
+    """
+    plan = plan_run(storage, client, run)
+    if plan is None:
+        return None
+    now = time.time()
+    views = {spec.name: read_stage(client, spec, run, lease_ttl, waiting, now) for spec in STAGES}
+    sent = []
+    for spec in STAGES:
+        due, view = plan.due.get(spec.name, set()), views[spec.name]
+        skip = (set(view.live) if flags.leases else set()) | (
+            set() if flags.force else set(view.queued)) | (
+            set() if flags.parked else set(view.parked))
+        if spec.name in plan.upstream and flags.leases:
+            skip |= views[plan.upstream[spec.name]].live
+        for shard in plan.ordered(spec.name, due - skip):
+            why = ("its worker was lost" if shard in view.running else
+                   "its queued message is gone" if shard in view.stale else "it was never queued")
+            log.warning("run %s shard %d (%s): due, not owned (%s); queued again", run, shard,
+                        spec.name, why)
+            # before the send: the worker that takes the message shows it running again
+            client.hdel(spec.keys(run).running, keys.shard_name(shard))
+            publish_shard(app, client, spec, run, shard, fresh=shard in view.parked)
+            sent.append((spec.name, shard))
+        for shard in view.stale - due:  # done meanwhile: the marker only misleads status
+            client.hdel(spec.keys(run).queued, keys.shard_name(shard))
+    if plan.finished:
+        client.srem(redis_keys.redis_runs(), run)  # every stage done: nothing left to watch
+    return sent
+
+
+def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: float,
+              runs: Iterable[str] | None = None, flags: Flags = Flags(),
+              wait_s: float | None = None) -> dict[str, list[tuple[str, int]]] | None:
+    """One pass over ``runs`` (default: every active run) under the reconciler lock.
+
+    ``wait_s`` None: skip the pass if another process holds the lock (the periodic workers);
+    else wait that long for it (``resume``). The lock lives one lease TTL and is renewed before
+    each run, so a holder killed mid-pass delays the next pass by one TTL at most. Returns what
+    each run queued, None if skipped.
+    """
+    lock = client.lock(redis_keys.redis_reconciler(), timeout=lease_ttl,
+                       blocking=wait_s is not None, blocking_timeout=wait_s,
+                       thread_local=False)
+    if not lock.acquire():
+        return None
+    done = {}
+    try:
+        waiting = waiting_messages(client)
+        chosen = sorted(client.smembers(redis_keys.redis_runs())) if runs is None else list(runs)
+        for run in chosen:
+            lock.reacquire()  # LockError: the pass outlived its lock; another one took over
+            try:
+                sent = reconcile_run(storage, app, client, run, lease_ttl, waiting, flags)
+            except (DflashError, ValueError, KeyError, TypeError) as err:
+                # One run's storage trouble (or an object that does not read: someone wrote
+                # it by hand) does not stop the others.
+                log.warning("run %s: not reconciled this pass: %s: %s", run,
+                            type(err).__name__, err)
+                continue
+            if sent is not None:
+                done[run] = sent
+    except redis.exceptions.LockError as err:
+        log.warning("reconciler pass cut short: %s", err)
+    finally:
+        with contextlib.suppress(redis.exceptions.LockError):
+            lock.release()
+    return done

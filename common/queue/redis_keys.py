@@ -1,0 +1,167 @@
+"""Every Redis key the pipeline uses, one template per registry, and its lease tokens.
+
+Redis is transport only: everything here can be rebuilt from storage or is advisory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import MalformedName
+from common.keys import parse_shard_name, shard_name
+
+
+def redis_runs() -> str:
+    """Set of run ids that have had shards queued: where live workers look for shards to heal."""
+    return "dflash:runs"
+
+
+BEATS_PER_TTL = 3
+"""A lease is renewed this many times per TTL."""
+
+
+def lease_token(owner: str, ttl_ms: int) -> str:
+    return f"{owner} {ttl_ms}"
+
+
+def lease_owner(worker: str, tag: str, shard: int) -> str:
+    """A delivery's owner id; it names the shard, so a run-wide lease says which shard it covers."""
+    return f"{worker}:{tag}:{shard_name(shard)}"
+
+
+def lease_shard(token: str | None) -> int | None:
+    """The shard a lease token's owner covers (see :func:`lease_owner`), else None."""
+    name = (token or "").rpartition(" ")[0].rpartition(":")[2]
+    try:
+        return parse_shard_name(name)
+    except MalformedName:
+        return None
+
+
+def redis_reconciler() -> str:
+    """Lock electing the one worker that runs the reconciler pass (``common.queue.reconcile``)."""
+    return "dflash:reconciler"
+
+
+def lease_is_live(token: str | None, pttl_ms: int) -> bool:
+    """Whether a lease was renewed lately: a worker that missed two beats is presumed dead."""
+    if not token or pttl_ms <= 0:
+        return False
+    _, _, ttl = token.rpartition(" ")
+    try:
+        return pttl_ms > int(ttl) / BEATS_PER_TTL * 0.9
+    except ValueError:
+        return True
+
+
+@dataclass(frozen=True)
+class StageKeys:
+    """One stage's registries for one run, as rq keeps one key per registry.
+
+    ``queued``: shard -> ``queued|retry|started <epoch>`` while a task message (or a starting
+    delivery) stands for it (:mod:`common.queue.dispatch`). ``running``: shard -> owner while a
+    worker holds it (a shard here without a live lease lost its worker: it is healed).
+    ``attempts``: shard -> deliveries started (the delivery cap counts these). ``parked``:
+    shard -> reason. ``lease:shard-N`` (or ``lease:run`` for one-per-run stages): the lease.
+    """
+
+    run: str
+    stage: str
+
+    def _key(self, what: str) -> str:
+        return f"dflash:{self.run}:{self.stage}:{what}"
+
+    @property
+    def queued(self) -> str:
+        return self._key("queued")
+
+    @property
+    def running(self) -> str:
+        return self._key("running")
+
+    @property
+    def attempts(self) -> str:
+        return self._key("attempts")
+
+    @property
+    def parked(self) -> str:
+        return self._key("parked")
+
+    @property
+    def metrics(self) -> str:
+        """Hash of the stage's latest metrics (the trainer's loss, accuracy, tokens/s)."""
+        return self._key("metrics")
+
+    def lease(self, shard: int | None) -> str:
+        """The shard's lease, or with ``None`` the stage's one lease per run."""
+        return self._key(f"lease:{'run' if shard is None else shard_name(shard)}")
+
+    @property
+    def lease_pattern(self) -> str:
+        return self._key("lease:*")
+
+
+def redis_partial(run: str) -> str:
+    """Hash shard -> samples already in parts of a not yet committed shard."""
+    return f"dflash:{run}:partial"
+
+
+def redis_rate(run: str) -> str:
+    """List of recent "timestamp tokens samples" entries, for tokens/s and ETA."""
+    return f"dflash:{run}:rate"
+
+
+def redis_requests(run: str) -> str:
+    """Hash worker name -> engine requests sent for this run."""
+    return f"dflash:{run}:requests"
+
+
+def redis_speculative(run: str) -> str:
+    """Hash ``algorithm|verify_steps|output_tokens:<worker>`` -> that worker's speculative
+    figures for this run (:mod:`common.engine.speculative`)."""
+    return f"dflash:{run}:speculative"
+
+
+def redis_gates(run: str) -> str:
+    """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
+    return f"dflash:{run}:gates"
+
+
+def redis_gate_window(run: str) -> str:
+    """List of the latest outcomes ("1" rejected, "0" accepted), newest first."""
+    return f"dflash:{run}:gates:window"
+
+
+def redis_gate_hist(run: str) -> str:
+    """Hash supervised-token count -> turns with that count."""
+    return f"dflash:{run}:gates:hist"
+
+
+def redis_gate_examples(run: str, reason: str) -> str:
+    return f"dflash:{run}:gates:examples:{reason}"
+
+
+def redis_gate_rebuild(run: str) -> str:
+    """Lock held while one worker rebuilds the monitor from storage."""
+    return f"dflash:{run}:gates:rebuild"
+
+
+def redis_answers(run: str) -> str:
+    """Hash answer hash -> the first sample id that gave that answer (duplicate gate)."""
+    return f"dflash:{run}:answers"
+
+
+def redis_answers_order(run: str) -> str:
+    """Hash answer hash -> its owner's judgement order, only while the monitor is rebuilt."""
+    return f"dflash:{run}:answers:order"
+
+
+def redis_paused(run: str) -> str:
+    """JSON {reason, examples, at} while the run is paused by its quality gates."""
+    return f"dflash:{run}:paused"
+
+
+def redis_engines() -> str:
+    """Hash host:gpu -> JSON {url, log, pid, worker, algorithm} of the engine servers workers
+    started (worker: its Celery node; algorithm: its speculative one, or null)."""
+    return "dflash:engines"

@@ -1,0 +1,121 @@
+"""A run's shards as one listing, and its commits read once each, concurrently.
+
+Commits and parts are put-once, so a reader that keeps what it read only fetches what a new
+listing shows; fetches go through a bounded thread pool (S3 answers each GET in tens of ms, and
+a run has thousands of commits) and come back in the order asked, a bounded window ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from common import keys
+from common.runs.records import ShardCommit
+from common.storage import Storage
+
+log = logging.getLogger(__name__)
+
+THREADS = 16
+
+
+def fetch(storage: Storage, names: Iterable[str], threads: int = THREADS,
+          get: Callable[[str], bytes] | None = None) -> Iterator[tuple[str, bytes]]:
+    """``(key, bytes)`` for each key in order, read by ``threads`` at most 2 x threads ahead
+    (``get``: how to read one, ``storage.get`` by default)."""
+    names = iter(names)
+    read = get or storage.get
+    with ThreadPoolExecutor(threads, thread_name_prefix="fetch") as pool:
+        window: deque[tuple[str, Future[bytes]]] = deque()
+        for name in names:
+            window.append((name, pool.submit(read, name)))
+            if len(window) >= 2 * threads:
+                break
+        while window:
+            name, future = window.popleft()
+            following = next(names, None)
+            if following is not None:
+                window.append((following, pool.submit(read, following)))
+            yield name, future.result()
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """One listing pass over a run's generated (and rejected) areas."""
+
+    commits: dict[int, str]
+    parts: dict[int, list[str]]  # shard -> its part keys, generated then rejected, key order
+
+    @classmethod
+    def of(cls, storage: Storage, run: str, rejected: bool = True) -> RunListing:
+        commits: dict[int, str] = {}
+        parts: dict[int, list[str]] = defaultdict(list)
+        areas = [keys.generated_prefix(run)] + ([keys.rejected_prefix(run)] if rejected else [])
+        for prefix in areas:
+            for key in storage.list(prefix):
+                found = keys.parse(key)   # exact layout: a stray key is no commit, no part
+                if found is None or found.shard is None:
+                    continue
+                if found.kind is keys.KeyKind.COMMIT and found.area == "generated":
+                    commits[found.shard] = key
+                elif found.kind is keys.KeyKind.PART:
+                    parts[found.shard].append(key)
+        return cls(commits, dict(parts))
+
+    def uncommitted_parts(self) -> dict[int, list[str]]:
+        return {s: p for s, p in self.parts.items() if s not in self.commits}
+
+
+@dataclass(frozen=True, slots=True)
+class CommitDigest:
+    """What status and the series read of a commit (not its per-sample lists)."""
+
+    shard: int
+    samples: int
+    rejected: int
+    stats: dict[str, Any]
+    part_stats: dict[str, dict[str, Any]]
+    worker: str
+    committed_at: float
+
+    @classmethod
+    def of_entry(cls, shard: int, entry: dict[str, Any]) -> CommitDigest:
+        """From a run-index digest (:func:`common.runs.index.entry_of`)."""
+        return cls(shard, **entry)
+
+    @classmethod
+    def of(cls, commit: ShardCommit) -> CommitDigest:
+        return cls(commit.shard, commit.samples, len(commit.rejected_ids), commit.stats,
+                   commit.part_stats, commit.worker, commit.committed_at)
+
+
+def read_commits(storage: Storage, names: Iterable[str],
+                 threads: int = THREADS) -> Iterator[ShardCommit]:
+    """The commits at ``names``, in that order, read concurrently."""
+    for _, data in fetch(storage, names, threads):
+        yield ShardCommit.from_json(orjson.loads(data))
+
+
+@dataclass
+class CommitCache:
+    """A run's commit digests; each call reads only the commits a new listing shows."""
+
+    storage: Storage
+    run: str
+    threads: int = THREADS
+    digests: dict[int, CommitDigest] = field(default_factory=dict)
+
+    def update(self, listing: RunListing) -> dict[int, CommitDigest]:
+        new = [key for shard, key in sorted(listing.commits.items()) if shard not in self.digests]
+        for commit in read_commits(self.storage, new, self.threads):
+            self.digests[commit.shard] = CommitDigest.of(commit)
+        if new:
+            log.debug("run %s: read %d new commits (%d known)", self.run, len(new),
+                      len(self.digests))
+        return self.digests
