@@ -95,7 +95,7 @@ def main() -> None:
     if path is None:
         from embedded.tinymodel import ensure_tiny_model
 
-        path = str(ensure_tiny_model(load_settings().cache_dir))
+        path = str(ensure_tiny_model(load_settings().target.cache_dir))
     extractor = HiddenExtractor(ExtractorConfig(path, layout=args.layout, device=args.device))
     rows = make_rows(args.rows, extractor.vocab_size, args.mu, args.sigma, args.max_len,
                      args.seed)

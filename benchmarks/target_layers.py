@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from embedded.tinymodel import ensure_tiny_model
 
-    path = args.model or ensure_tiny_model(load_settings().cache_dir, "tiny-qwen3.5")
+    path = args.model or ensure_tiny_model(load_settings().target.cache_dir, "tiny-qwen3.5")
     target, tokenizer = load_target(path)
     mask_id = add_mask_token(tokenizer, target)
     shape = TargetShape.of(target)

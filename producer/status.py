@@ -51,7 +51,7 @@ class StatusReader:
     run: str
     commits: dict[int, CommitDigest] = field(default_factory=dict)
     parts: dict[str, StoredPart] = field(default_factory=dict)
-    lease_ttl: float = field(default_factory=lambda: load_settings().lease_ttl)
+    lease_ttl: float = field(default_factory=lambda: load_settings().worker.lease_ttl)
     grid: dict[int, str] = field(default_factory=dict)
     """The last read's state of every generate shard (the dashboard's grid)."""
     index: RunIndex | None = None  # the run index's digests (the dashboard shares it)

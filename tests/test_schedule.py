@@ -104,7 +104,8 @@ def test_an_explicit_total_steps_finishes_the_run_in_one_line(
     """--total-steps ran out with rows left: training finishes and says so, no step at lr 0."""
     config = RunConfig(run="r", model="m", input="x", format="auto", prompt_field=None,
                        shard_size=4, limit=None, epochs=3)
-    ctx = SimpleNamespace(settings=SimpleNamespace(train_total_steps=5, train_rows_per_step=4))
+    ctx = SimpleNamespace(settings=SimpleNamespace(train=SimpleNamespace(total_steps=5,
+                                                                       rows_per_step=4)))
     assert not schedule_spent(ctx, _session(4, 5), config, 1, 8)
     session = _session(5, 5)
     with caplog.at_level(logging.WARNING):

@@ -45,4 +45,4 @@ def test_worker_train_takes_the_option() -> None:
     from common.config import load_settings
 
     # The option reaches the worker process as its setting's variable.
-    assert load_settings({"DFLASH_TENSORBOARD_DIR": "/tb"}).tensorboard_dir == "/tb"
+    assert load_settings({"DFLASH_TENSORBOARD_DIR": "/tb"}).train.tensorboard_dir == "/tb"
