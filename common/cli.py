@@ -67,6 +67,30 @@ def run_click_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def engine_launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """How an SGLang server is launched, the same for the generate worker and ``bench --run``."""
+    options = [
+        setting_option("engine_cmd", help="Replace the engine launch command; {port}, {model}, "
+                                          "{gpu}, {tp} are filled in, and {engine_args}: the "
+                                          "flags the worker would pass SGLang (MTP's, "
+                                          "--engine-args, --max-running-requests) (empty: "
+                                          "python -m sglang.launch_server ...)."),
+        setting_option("engine_args", help="Extra SGLang launch flags; --speculative-* ones "
+                                           "here win over --mtp."),
+        setting_option("engine_python",
+                       help="Python that runs `-m sglang.launch_server` (SGLang in a venv of its "
+                            "own, e.g. .venv-sglang/bin/python) [default: the worker's own "
+                            "python]."),
+        setting_option("tp", type=click.IntRange(min=1),
+                       help="Tensor-parallel size of the engine server; with --gpu G it gets "
+                            "GPUs G..G+tp-1 (CUDA_VISIBLE_DEVICES)."),
+        setting_option("mem_fraction_static", help="SGLang --mem-fraction-static."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def _decls(name: str, decls: tuple[str, ...]) -> tuple[str, ...]:
     """``--the-name`` unless given, and the parameter ``name`` unless a declaration names one."""
     decls = decls or (f"--{name.replace('_', '-')}",)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import re
+from collections.abc import Iterable
 from typing import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -172,3 +173,17 @@ def index_entry(key: str) -> tuple[int, int] | None:
     """(chunk, count) of a run-index object's key, else None."""
     found = _shard_kinds(key, KeyKind.INDEX)
     return None if found is None or found.number is None else (found.number, found.seq)
+
+
+def file_listing(listed: Iterable[str], commits: dict[int, str],
+                 parts: dict[int, list[str]]) -> None:
+    """Sort listed keys of the generated/rejected areas into shard commits (generated) and part
+    keys, in listing order; a key of no exact layout is neither."""
+    for key in listed:
+        found = parse(key)
+        if found is None or found.shard is None:
+            continue
+        if found.kind is KeyKind.COMMIT and found.area == "generated":
+            commits[found.shard] = key
+        elif found.kind is KeyKind.PART:
+            parts.setdefault(found.shard, []).append(key)

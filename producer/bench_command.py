@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from common.cli import command_option, setting_option
+from common.cli import command_option, engine_launch_options, setting_option
 from common.config import Settings
 from common.errors import DflashError, OptionRefused
 from common.exit_codes import EXIT_FAILURE
@@ -78,23 +78,10 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
                          "[default: the run's]).")
     @setting_option("engine", type=click.Choice(["cpu", "sglang"]),
                     help="Generation engine (bench --run: sglang).")
-    @setting_option("engine_cmd", help="Replace the engine launch command; {port}, {model}, "
-                                       "{gpu}, {tp} are filled in, and {engine_args}: the flags "
-                                       "the worker would pass SGLang (MTP's, --engine-args, "
-                                       "--max-running-requests) (empty: python -m "
-                                       "sglang.launch_server ...).")
-    @setting_option("engine_args", help="Extra SGLang launch flags; --speculative-* ones here "
-                                        "win over --mtp.")
-    @setting_option("engine_python",
-                    help="Python that runs `-m sglang.launch_server` (SGLang in a venv of its "
-                         "own, e.g. .venv-sglang/bin/python) [default: the worker's own python].")
+    @engine_launch_options
     @click.option("--gpu", type=click.IntRange(min=0), default=None,
                   help="--run: first GPU of the engine (CUDA_VISIBLE_DEVICES) [unset: as "
                        "visible].")
-    @setting_option("tp", type=click.IntRange(min=1),
-                    help="Tensor-parallel size of the engine server; with --gpu G it gets GPUs "
-                         "G..G+tp-1 (CUDA_VISIBLE_DEVICES).")
-    @setting_option("mem_fraction_static", help="SGLang --mem-fraction-static.")
     @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
     @common_options
     def command(settings: Settings, run: str | None, engine_url: str | None, concurrency: str,

@@ -8,7 +8,7 @@ a run has thousands of commits) and come back in the order asked, a bounded wind
 from __future__ import annotations
 
 import logging
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,18 +55,11 @@ class RunListing:
     @classmethod
     def of(cls, storage: Storage, run: str, rejected: bool = True) -> RunListing:
         commits: dict[int, str] = {}
-        parts: dict[int, list[str]] = defaultdict(list)
+        parts: dict[int, list[str]] = {}
         areas = [keys.generated_prefix(run)] + ([keys.rejected_prefix(run)] if rejected else [])
         for prefix in areas:
-            for key in storage.list(prefix):
-                found = keys.parse(key)   # exact layout: a stray key is no commit, no part
-                if found is None or found.shard is None:
-                    continue
-                if found.kind is keys.KeyKind.COMMIT and found.area == "generated":
-                    commits[found.shard] = key
-                elif found.kind is keys.KeyKind.PART:
-                    parts[found.shard].append(key)
-        return cls(commits, dict(parts))
+            keys.file_listing(storage.list(prefix), commits, parts)
+        return cls(commits, parts)
 
     def uncommitted_parts(self) -> dict[int, list[str]]:
         return {s: p for s, p in self.parts.items() if s not in self.commits}

@@ -293,15 +293,7 @@ class RunIndex:
         with ThreadPoolExecutor(min(self.threads, len(prefixes)),
                                 thread_name_prefix="list") as pool:
             found = list(pool.map(lambda job: list(self.storage.list(job[1])), prefixes))
-        out: dict[int, Listing] = {c: ({}, defaultdict(list)) for c in chunks}
+        out: dict[int, Listing] = {c: ({}, {}) for c in chunks}
         for (chunk, _), listed in zip(prefixes, found, strict=True):
-            commits, parts = out[chunk]
-            for key in listed:
-                found = keys.parse(key)   # exact layout: a stray key is no commit, no part
-                if found is None or found.shard is None:
-                    continue
-                if found.kind is keys.KeyKind.COMMIT and found.area == "generated":
-                    commits[found.shard] = key
-                elif found.kind is keys.KeyKind.PART:
-                    parts[found.shard].append(key)
-        return {c: (commits, dict(parts)) for c, (commits, parts) in out.items()}
+            keys.file_listing(listed, *out[chunk])
+        return out

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from common.cli import command_option, common_options, setting_option
+from common.cli import command_option, common_options, engine_launch_options, setting_option
 from common.config import MTP_MODES, Settings
 from common.engine.models import resolve_model_path
 from common.engine.mtp import choose_mtp, target_shape
@@ -38,28 +38,15 @@ GENERATE = Launch("generate", app="workers.app", gpus=lambda settings: settings.
 @setting_option("engine", type=click.Choice(["cpu", "sglang"]), help="Generation engine.")
 @setting_option("engine_url",
                 help="Use this running SGLang-protocol server instead of starting one.")
-@setting_option("engine_cmd", help="Replace the engine launch command; {port}, {model}, "
-                                   "{gpu}, {tp} are filled in, and {engine_args}: the flags the "
-                                   "worker would pass SGLang (MTP's, --engine-args, "
-                                   "--max-running-requests) (empty: python -m "
-                                   "sglang.launch_server ...).")
-@setting_option("engine_args", help="Extra SGLang launch flags; --speculative-* ones here win "
-                                    "over --mtp.")
+@engine_launch_options
 @setting_option("mtp", type=click.Choice(MTP_MODES),
                 help="Generate through the target's own MTP head (SGLang's NEXTN): auto is on "
                      "where the target states one and SGLang runs on a GPU, off on the CPU "
                      "(its verify commits the argmax when sampling); on where it cannot run is "
                      "an error. The worker's log says which, and why.")
-@setting_option("engine_python",
-                help="Python that runs `-m sglang.launch_server` (SGLang in a venv of its own, "
-                     "e.g. .venv-sglang/bin/python) [default: the worker's own python].")
 @setting_option("engine_drain_timeout", type=click.FloatRange(min=0),
                 help="Seconds a stopping engine may finish its running requests before its "
                      "process tree is killed.")
-@setting_option("tp", type=click.IntRange(min=1),
-                help="Tensor-parallel size of the engine server; with --gpu G it gets GPUs "
-                     "G..G+tp-1 (CUDA_VISIBLE_DEVICES).")
-@setting_option("mem_fraction_static", help="SGLang --mem-fraction-static.")
 @setting_option("max_in_flight", type=click.IntRange(min=1),
                 help="Requests kept in flight per engine, shared by held shards.")
 @node_options("generate")
