@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from common import keys
+from common.key_layout import file_listing
 from common.runs.records import ShardCommit
 from common.storage import Storage
 
@@ -58,7 +59,7 @@ class RunListing:
         parts: dict[int, list[str]] = {}
         areas = [keys.generated_prefix(run)] + ([keys.rejected_prefix(run)] if rejected else [])
         for prefix in areas:
-            keys.file_listing(storage.list(prefix), commits, parts)
+            file_listing(storage.list(prefix), commits, parts)
         return cls(commits, parts)
 
     def uncommitted_parts(self) -> dict[int, list[str]]:

@@ -31,6 +31,7 @@ import zstandard
 
 from common import keys
 from common.errors import DflashError, NotFound, StorageRefused
+from common.key_layout import file_listing
 from common.runs.commit_cache import THREADS, fetch
 from common.runs.records import InputManifest
 from common.runs.schema import COMMIT_SCHEMA, check_schema
@@ -295,5 +296,5 @@ class RunIndex:
             found = list(pool.map(lambda job: list(self.storage.list(job[1])), prefixes))
         out: dict[int, Listing] = {c: ({}, {}) for c in chunks}
         for (chunk, _), listed in zip(prefixes, found, strict=True):
-            keys.file_listing(listed, *out[chunk])
+            file_listing(listed, *out[chunk])
         return out
