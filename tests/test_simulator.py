@@ -4,86 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.conftest import ROOT, call_json, free_port, wait_until
+from tests.conftest import wait_until
+from tests.simulator_support import (
+    Sim,
+    launch,
+    simulator_starter,  # noqa: F401  (the start fixture)
+)
 
 THINK, END_THINK, IM_END = 3, 4, 2  # the built-in vocabulary's fixed ids
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
-
-
-@dataclass
-class Sim:
-    """A running ``python -m embedded.simulator`` process."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def call(self, path: str, body: Any = None) -> tuple[int, Any]:
-        """GET (no body) or POST JSON; returns (status, parsed JSON or text)."""
-        return call_json(self.url + path, body, timeout=30)
-
-    def health(self) -> int | None:
-        try:
-            return self.call("/health")[0]
-        except urllib.error.URLError:  # not listening yet
-            return None
-
-    def generate(self, input_ids: Any, **sampling: Any) -> dict:
-        status, body = self.call("/generate", {"input_ids": input_ids,
-                                               "sampling_params": sampling})
-        assert status == 200, body
-        return body
-
-    def stop(self) -> None:
-        """SIGTERM must end the server promptly and cleanly."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            assert self.proc.wait(timeout=15) == 0, self.log.read_text()[-3000:]
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def launch(log_dir: Path, *args: str, healthy: bool = True) -> Sim:
-    """Start a simulator on a free port and wait until it answers (with 200 when ``healthy``)."""
-    port = free_port()
-    log = log_dir / f"sim-{port}.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "embedded.simulator", "--port", str(port), *args],
-            stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
-    sim = Sim(proc, f"http://127.0.0.1:{port}", log)
-    wanted = (200,) if healthy else (200, 503)
-    wait_until(lambda: sim.health() in wanted or proc.poll() is not None, 30, "the simulator")
-    assert proc.poll() is None, log.read_text()[-3000:]
-    return sim
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Any]:
-    sims: list[Sim] = []
-
-    def _start(*args: str, healthy: bool = True) -> Sim:
-        sims.append(launch(tmp_path, *args, healthy=healthy))
-        return sims[-1]
-
-    yield _start
-    for sim in sims:
-        sim.stop()
 
 
 @pytest.fixture(scope="module")
@@ -325,43 +262,3 @@ def test_the_simulator_refuses_what_sglang_refuses(start: Any) -> None:
     greedy = {"input_ids": [1, 2], "sampling_params": {"temperature": 0, "top_k": 0,
                                                        "max_new_tokens": 62}}
     assert sim.call("/generate", greedy)[0] == 200              # greedy replaces top_k
-
-
-NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
-
-
-def test_speculative_decoding_is_lossless_with_sglangs_figures(start: Any) -> None:
-    plain = start("--time-scale", "0.02")
-    spec = start("--time-scale", "0.02", *NEXTN, "--accept-length", "2.5", "--enable-metrics")
-    tokens = steps = 0
-    prompts = [[11 + i, 12, 13, 14] for i in range(24)]
-    for prompt in prompts:
-        a, b = plain.generate(prompt, max_new_tokens=4096), spec.generate(prompt,
-                                                                          max_new_tokens=4096)
-        assert a["output_ids"] == b["output_ids"], "speculation changed the output"
-        assert not [k for k in a["meta_info"] if k.startswith("spec_")]
-        m = b["meta_info"]
-        assert m["spec_accept_length"] == m["completion_tokens"] / m["spec_verify_ct"]
-        assert m["spec_num_proposed_drafts"] == 3 * m["spec_verify_ct"]
-        assert m["spec_accept_rate"] == m["spec_num_correct_drafts"] / (3 * m["spec_verify_ct"])
-        assert sum(m["spec_correct_drafts_histogram"]) == m["spec_verify_ct"]
-        assert spec.generate(prompt, max_new_tokens=4096)["meta_info"]["spec_verify_ct"] \
-            == m["spec_verify_ct"], "the same request must draw the same acceptance"
-        tokens, steps = tokens + m["completion_tokens"] - 1, steps + m["spec_verify_ct"]
-    # Tokens per verify step (each reply's first token is its prefill's) near --accept-length.
-    assert abs(tokens / steps - 2.5) / 2.5 < 0.1, tokens / steps
-    info = spec.call("/get_server_info")[1]
-    assert (info["speculative_algorithm"], info["speculative_num_draft_tokens"],
-            info["max_running_requests"]) == ("EAGLE", 4, 48)   # SGLang's name, and its cap
-    assert info["internal_states"][0]["avg_spec_accept_length"] > 1
-    assert plain.call("/get_server_info")[1]["speculative_algorithm"] is None
-    assert "sglang:spec_accept_length" in spec.call("/metrics")[1]
-
-
-@pytest.mark.parametrize("flags", [("--speculative-algorithm", "DFLASH"),
-                                   (*NEXTN[:6], "2"), (*NEXTN, "--accept-length", "5")])
-def test_the_simulator_refuses_speculation_it_does_not_model(flags: tuple[str, ...]) -> None:
-    result = subprocess.run([sys.executable, "-m", "embedded.simulator", "--port", "0", *flags],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "error:" in result.stderr, result.stderr

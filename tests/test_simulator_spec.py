@@ -1,0 +1,51 @@
+"""The SGLang simulator's speculative decoding: lossless, SGLang's figures, what it refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.simulator_support import simulator_starter  # noqa: F401  (the start fixture)
+
+NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+
+
+def test_speculative_decoding_is_lossless_with_sglangs_figures(start: Any) -> None:
+    plain = start("--time-scale", "0.02")
+    spec = start("--time-scale", "0.02", *NEXTN, "--accept-length", "2.5", "--enable-metrics")
+    tokens = steps = 0
+    prompts = [[11 + i, 12, 13, 14] for i in range(24)]
+    for prompt in prompts:
+        a, b = plain.generate(prompt, max_new_tokens=4096), spec.generate(prompt,
+                                                                          max_new_tokens=4096)
+        assert a["output_ids"] == b["output_ids"], "speculation changed the output"
+        assert not [k for k in a["meta_info"] if k.startswith("spec_")]
+        m = b["meta_info"]
+        assert m["spec_accept_length"] == m["completion_tokens"] / m["spec_verify_ct"]
+        assert m["spec_num_proposed_drafts"] == 3 * m["spec_verify_ct"]
+        assert m["spec_accept_rate"] == m["spec_num_correct_drafts"] / (3 * m["spec_verify_ct"])
+        assert sum(m["spec_correct_drafts_histogram"]) == m["spec_verify_ct"]
+        assert spec.generate(prompt, max_new_tokens=4096)["meta_info"]["spec_verify_ct"] \
+            == m["spec_verify_ct"], "the same request must draw the same acceptance"
+        tokens, steps = tokens + m["completion_tokens"] - 1, steps + m["spec_verify_ct"]
+    # Tokens per verify step (each reply's first token is its prefill's) near --accept-length.
+    assert abs(tokens / steps - 2.5) / 2.5 < 0.1, tokens / steps
+    info = spec.call("/get_server_info")[1]
+    assert (info["speculative_algorithm"], info["speculative_num_draft_tokens"],
+            info["max_running_requests"]) == ("EAGLE", 4, 48)   # SGLang's name, and its cap
+    assert info["internal_states"][0]["avg_spec_accept_length"] > 1
+    assert plain.call("/get_server_info")[1]["speculative_algorithm"] is None
+    assert "sglang:spec_accept_length" in spec.call("/metrics")[1]
+
+
+@pytest.mark.parametrize("flags", [("--speculative-algorithm", "DFLASH"),
+                                   (*NEXTN[:6], "2"), (*NEXTN, "--accept-length", "5")])
+def test_the_simulator_refuses_speculation_it_does_not_model(flags: tuple[str, ...]) -> None:
+    result = subprocess.run([sys.executable, "-m", "embedded.simulator", "--port", "0", *flags],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "error:" in result.stderr, result.stderr
