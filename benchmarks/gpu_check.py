@@ -51,8 +51,9 @@ from benchmarks.gpu_targets import (  # noqa: E402
 from common.errors import HiddenStateError  # noqa: E402
 from common.exit_codes import EXIT_FAILURE  # noqa: E402
 from common.runs.trainrows import TrainingRow  # noqa: E402
+from workers.batching import length_batches  # noqa: E402
 from workers.devices import resolve_device  # noqa: E402
-from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.masks import dense_block_mask, flex_block_mask  # noqa: E402
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel  # noqa: E402

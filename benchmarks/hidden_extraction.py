@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/hidden_extraction.py [--model PATH] [--rows 200]``.
 Builds rows of random token ids with lognormal lengths, batches them with
-:func:`workers.hidden.extraction.length_batches`, then times, on the same batches and interleaved,
+:func:`workers.batching.length_batches`, then times, on the same batches and interleaved,
 ``HiddenExtractor.extract`` (forward, layer concat, NaN/shape/id checks, slicing, copy to CPU)
 against a plain loop that pads the batch and calls ``model(input_ids, attention_mask,
 output_hidden_states=True)`` and nothing else (and the same loop over the decoder stack alone,
@@ -27,7 +27,8 @@ import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
 from common.runs.trainrows import TrainingRow  # noqa: E402
-from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches  # noqa: E402
+from workers.batching import length_batches  # noqa: E402
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor  # noqa: E402
 
 
 def make_rows(count: int, vocab: int, mu: float, sigma: float, max_len: int,

@@ -26,7 +26,8 @@ from common.runs.trainrows import TrainingRow
 from common.storage import LocalStorage
 from tests.conftest import TinyTarget
 from tests.tolerance import assert_close
-from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, check_finite, length_batches
+from workers.batching import length_batches
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, check_finite
 
 LENGTHS = [5, 40, 17, 33, 1, 26]
 

@@ -1,15 +1,17 @@
 """Target hidden states for drafter training: one HF forward per length-sorted batch of rows.
 
     extractor = HiddenExtractor(ExtractorConfig(model_path, layout="dflash", k=5))
-    batches, padding = length_batches(rows, max_tokens=32768, max_rows=64)
+    batches, padding = length_batches(rows, max_tokens=32768, max_rows=64)   # workers.batching
     for batch in batches:
         records = extractor.extract(batch)    # list[HiddenRecord], CPU tensors, one per row
     log.info("padding waste %.1f%%", 100 * padding.waste)
 
 The model is loaded once (bf16 on CUDA, float32 on CPU). Each batch is right-padded with an
-attention mask, run once with ``output_hidden_states=True`` and cut back to each row's real
-length. Records carry the compute dtype; :class:`common.hidden.store.HiddenShardWriter` stores
-them as bf16. Bad output (NaN/Inf, wrong shapes, token ids that are not the row's) raises
+attention mask and run once through the target's trunk, capturing only the layout's K layers
+(and, for eagle3, the final normed state) and stopping after the deepest
+(:mod:`workers.capture`); the states are cut back to each row's real length. Records carry the
+compute dtype; :class:`common.hidden.store.HiddenShardWriter` stores them as bf16. Bad output
+(NaN/Inf, wrong shapes, token ids that are not the row's) raises
 :class:`common.errors.HiddenStateError` naming the rows.
 """
 
@@ -26,6 +28,7 @@ from common.engine.target import TargetShape
 from common.errors import HiddenStateError
 from common.hidden.store import HiddenMeta, HiddenRecord, check_record
 from common.runs.trainrows import TrainingRow
+from workers.capture import LayerCapture
 from workers.devices import resolve_device
 
 log = logging.getLogger(__name__)
@@ -58,56 +61,6 @@ class ExtractorConfig:
         return _DTYPES[self.dtype]
 
 
-@dataclass(frozen=True)
-class PaddingStats:
-    """How much of the batched compute was padding: ``waste = padded_tokens / real_tokens``."""
-
-    rows: int
-    batches: int
-    real_tokens: int
-    padded_tokens: int
-
-    @property
-    def waste(self) -> float:
-        return self.padded_tokens / self.real_tokens if self.real_tokens else 0.0
-
-
-def length_batches(rows: Sequence[TrainingRow], max_tokens: int = 32768, max_rows: int = 64,
-                   max_waste: float | None = 0.05,
-                   sort: bool = True) -> tuple[list[list[TrainingRow]], PaddingStats]:
-    """Group rows (longest first) so a padded batch stays under ``max_tokens`` and ``max_rows``.
-
-    Sorting puts rows of similar length together; a batch is also closed before its padding
-    would exceed ``max_waste`` of its real tokens, so the total waste stays under it too (a row
-    far shorter than its neighbours starts a new batch). ``sort=False, max_waste=None`` is plain
-    batching in input order, for comparison. A row longer than ``max_tokens`` goes alone.
-    """
-    if max_tokens < 1 or max_rows < 1:
-        raise ValueError("max_tokens and max_rows must be positive")
-    order = list(rows)
-    if sort:
-        order.sort(key=lambda r: (-len(r.input_ids), r.sample_id, r.turn))
-    batches: list[list[TrainingRow]] = []
-    batch: list[TrainingRow] = []
-    width = real = 0
-    for row in order:
-        n = len(row.input_ids)
-        new_width, new_real = max(width, n), real + n
-        too_wasteful = (max_waste is not None
-                        and new_width * (len(batch) + 1) - new_real > max_waste * new_real)
-        if batch and (len(batch) >= max_rows or new_width * (len(batch) + 1) > max_tokens
-                      or too_wasteful):
-            batches.append(batch)
-            batch, new_width, new_real = [], n, n
-        batch.append(row)
-        width, real = new_width, new_real
-    if batch:
-        batches.append(batch)
-    real = sum(len(r.input_ids) for r in order)
-    slots = sum(len(b) * max(len(r.input_ids) for r in b) for b in batches)
-    return batches, PaddingStats(len(order), len(batches), real, slots - real)
-
-
 def check_finite(features: torch.Tensor, attention_mask: torch.Tensor,
                  batch: Sequence[TrainingRow], what: str = "hidden_states") -> None:
     """Raise naming the rows whose real positions hold NaN or Inf (one device sync)."""
@@ -136,8 +89,6 @@ class HiddenExtractor:
             weight = model.get_input_embeddings().weight
             self.device, self.dtype = weight.device, weight.dtype
         self.model = model.eval()
-        # The decoder stack alone: hidden states without the LM head's [T, vocab] logits.
-        self.backbone = self.model.base_model
         shape = TargetShape.of(self.model)
         self.num_layers: int = shape.num_layers
         self.hidden_size: int = shape.hidden_size
@@ -147,6 +98,8 @@ class HiddenExtractor:
         self.meta = HiddenMeta(layout=config.layout, layer_ids=tuple(self.layer_ids),
                                hidden_size=self.hidden_size, num_layers=self.num_layers,
                                model=str(config.model_path))
+        # The decoder trunk alone (no LM head), stopped after the deepest captured layer.
+        self.capture = LayerCapture(self.model.base_model, self.layer_ids, final=self.meta.has_last)
         log.info("hidden extractor: %s on %s (%s), %d layers, hidden %d, %s layers %s",
                  config.model_path, self.device, self.dtype, self.num_layers, self.hidden_size,
                  config.layout, self.layer_ids)
@@ -176,17 +129,10 @@ class HiddenExtractor:
         ids, mask = self._inputs(batch)
         with torch.inference_mode():
             device_mask = mask.to(self.device)
-            out = self.backbone(input_ids=ids.to(self.device), attention_mask=device_mask,
-                                output_hidden_states=True, use_cache=False)
-            states = out.hidden_states
-            if len(states) != self.num_layers + 1:
-                raise HiddenStateError(f"model returned {len(states)} hidden states, expected "
-                                       f"{self.num_layers + 1}")
-            features = torch.cat([states[i + 1] for i in self.layer_ids], dim=-1)
+            features, last = self.capture.features_and_last(
+                input_ids=ids.to(self.device), attention_mask=device_mask, use_cache=False)
             check_finite(features, device_mask, batch)
-            last = None
-            if self.meta.has_last:
-                last = states[-1]
+            if last is not None:
                 check_finite(last, device_mask, batch, "last hidden states")
                 last = last.cpu()
             features = features.cpu()

@@ -23,8 +23,9 @@ from common.hidden.store import HiddenShardWriter, write_hidden_commit
 from common.queue.celery_app import TASK_HIDDEN, app
 from common.runs.records import RunConfig, TaskOutcome
 from common.runs.store import RunStore
+from workers.batching import length_batches
 from workers.context import WorkerContext
-from workers.hidden.extraction import ExtractorConfig, HiddenExtractor, length_batches
+from workers.hidden.extraction import ExtractorConfig, HiddenExtractor
 from workers.stage import HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
 
 log = logging.getLogger(__name__)

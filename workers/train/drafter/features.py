@@ -7,10 +7,12 @@
     metrics = trainer.step(rows)
 
 Rows are right-padded into one forward pass (causal attention: padding after a row cannot change
-its positions) with ``output_hidden_states=True``; layer ``i`` is HF ``hidden_states[i + 1]``.
+its positions) that keeps only the K chosen layers and stops after the deepest
+(:mod:`workers.capture`); layer ``i`` is HF ``hidden_states[i + 1]``. The trainer calls this
+per micro-batch (:mod:`workers.batching`), so what a step holds is bounded by its token budget.
 The target runs under ``torch.no_grad`` (not inference mode: the drafter's backward must be
-able to save the features) in its own dtype and the features are views cut
-back to each row's length, on the target's device.
+able to save the features) in its own dtype, and the features stay in it: views cut back to
+each row's length, on the target's device.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from common.runs.trainrows import TrainingRow
+from workers.capture import LayerCapture
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,8 @@ def target_features(target: nn.Module, rows: Sequence[TrainingRow],
     for i, row in enumerate(rows):
         ids[i, : lengths[i]] = torch.tensor(row.input_ids, dtype=torch.long)
         attention[i, : lengths[i]] = 1
-    out = target(input_ids=ids.to(device), attention_mask=attention.to(device),
-                 output_hidden_states=True, use_cache=False, logits_to_keep=1)
-    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    feats = LayerCapture(target, layer_ids).features(
+        input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False)
     return [feats[i, :n] for i, n in enumerate(lengths)]
 
 

@@ -18,6 +18,7 @@ cut at a stop token or the token budget, as SGLang's ``spec_accept_length`` does
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from workers.capture import LayerCapture
 from workers.train.drafter.model import ContextCache, DFlashDraftModel
 from workers.train.drafter.target_cache import (
     DEFAULT_ROLLBACK,
@@ -85,11 +87,6 @@ class DFlashProposer:
             return self.drafter.logits(hidden[0, 1:]).argmax(-1)
 
 
-def layer_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
-    """The DFlash context features ``[T, K*H]``: target layers ``layer_ids`` (HF index + 1)."""
-    return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
-
-
 def _device(target: nn.Module) -> torch.device:
     return target.get_input_embeddings().weight.device
 
@@ -128,23 +125,25 @@ def speculative_generate(target: nn.Module, proposer: Proposer, prompt_ids: list
     prefix (:mod:`workers.train.drafter.target_cache`); a dense target ignores it."""
     stops = set(stop_ids)
     cache = TargetCache.for_target(target, rollback)
-    out = cache.forward(_prompt(target, prompt_ids), output_hidden_states=True, logits_to_keep=1)
+    capture = LayerCapture(target, layer_ids)   # the K layers, never every layer's states
+    out, features = capture.during(
+        lambda: cache.forward(_prompt(target, prompt_ids), logits_to_keep=1))
     tokens = [int(out.logits[0, -1].argmax())]
     sequence = list(prompt_ids) + tokens
-    features = layer_features(out.hidden_states, layer_ids)
+    features = features[0]
     accepted, forwards = [], 1
     proposer.begin()
     while not _ended(tokens, max_new_tokens, stops):
         drafts = proposer.propose(sequence, features).to(_device(target))
         block = torch.cat([torch.tensor([tokens[-1]], device=drafts.device), drafts])
-        out = cache.verify(block[None], output_hidden_states=True)
+        out, verified = capture.during(functools.partial(cache.verify, block[None]))
         forwards += 1
         choices = out.logits[0].argmax(-1)
         n = int((block[1:] == choices[:-1]).cumprod(0).sum())
         accepted.append(n + 1)
         # The anchor and the n accepted drafts stay in the cache; the rest was speculation.
         cache.keep(n + 1, len(sequence) + n)
-        features = layer_features(out.hidden_states, layer_ids)[: n + 1]
+        features = verified[0, : n + 1]
         for token in block[1:n + 1].tolist() + [int(choices[n])]:
             tokens.append(token)
             sequence.append(token)
