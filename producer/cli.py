@@ -138,10 +138,11 @@ from producer.demo_command import demo  # noqa: E402
 from producer.doctor.command import doctor_command  # noqa: E402
 from producer.doctor.serve_command import serve_command_command  # noqa: E402
 from producer.plan import plan_storage  # noqa: E402
+from producer.plan_training import plan_training  # noqa: E402
 from producer.report import report_command  # noqa: E402
 from producer.ui.command import ui_command  # noqa: E402
 
-for command in (bench(common_options), demo, plan_storage, export_dataset_command,
+for command in (bench(common_options), demo, plan_storage, plan_training, export_dataset_command,
                 doctor_command(common_options), serve_command_command(common_options),
                 report_command(common_options), ui_command(common_options)):
     main.add_command(command)

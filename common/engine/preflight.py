@@ -107,6 +107,15 @@ def visible_gpus() -> list[int]:
     return list(range(count))
 
 
+def gpu_model(gpu: int) -> tuple[str, float]:
+    """``gpu``'s name and total memory in GiB, as NVML reports them."""
+    with nvml_session() as nvml:
+        handle = _handle(nvml, gpu)
+        name = nvml.nvmlDeviceGetName(handle)
+        total = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    return (name.decode() if isinstance(name, bytes) else str(name)), total / GIB
+
+
 def gpu_memory_used_mib(gpu: int) -> int:
     """Memory in use on ``gpu`` by every process, in MiB."""
     with nvml_session() as nvml:

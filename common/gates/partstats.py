@@ -25,6 +25,8 @@ class SampleStat:
     at: float | None = None
     wall_s: float | None = None
     judgement: Judgement | None = None  # what the run monitor counts (None: never judged)
+    # Each turn's training row: (tokens, generated tokens) (the training memory plan's lengths).
+    rows: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, sample: dict[str, Any]) -> SampleStat:
@@ -34,7 +36,15 @@ class SampleStat:
         return cls(sample["id"], usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                    sample.get("finish_reason", "stop"), tuple(quality.get("reasons", ())),
                    str(written.get("worker", "")), written.get("at", quality.get("judged_at")),
-                   written.get("wall_s"), Judgement.of(sample) if "quality" in sample else None)
+                   written.get("wall_s"), Judgement.of(sample) if "quality" in sample else None,
+                   row_lengths(sample))
+
+
+def row_lengths(sample: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    """``(tokens, generated tokens)`` of each turn's training row (``common.runs.trainrows``)."""
+    turns = sample.get("turns") or ([sample] if "output_ids" in sample else [])
+    return tuple((len(t.get("prompt_ids", ())) + len(t.get("output_ids", ())),
+                  len(t.get("output_ids", ()))) for t in turns if isinstance(t, dict))
 
 
 @dataclass(frozen=True, slots=True)

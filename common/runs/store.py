@@ -63,6 +63,15 @@ class RunStore:
         """Shards whose ``stage`` (generate or hidden) commit exists (see the run index)."""
         return committed_shards(self.storage, self.run, stage)
 
+    def row_lengths(self, shard: int) -> list[tuple[int, int]]:
+        """Each accepted training row's (tokens, generated tokens): from the commit where it
+        says (one object), else from the parts it names."""
+        commit = self.commit(shard)
+        stated = commit.stats.get("rows")
+        if isinstance(stated, list):
+            return [(int(t), int(g)) for t, g in stated]
+        return [(len(r.input_ids), r.supervised_tokens) for r in self.training_rows(shard)]
+
     def training_rows(self, shard: int) -> list[TrainingRow]:
         """Every accepted sample's rows once, in a fixed order, from the parts its commit names."""
         commit = self.commit(shard)

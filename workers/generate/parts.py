@@ -123,6 +123,9 @@ def _stats(chosen: list[SampleStat]) -> dict[str, Any]:
         "finish_reasons": dict(Counter(s.finish_reason for s in chosen)),
         "rejected": sum(1 for s in chosen if s.reasons),
         "rejections": dict(Counter(r for s in chosen for r in s.reasons)),
+        # The accepted samples' training rows, (tokens, generated tokens) each: what
+        # plan-training --run plans for, without reading the parts.
+        "rows": sorted(list(row) for s in chosen if not s.reasons for row in s.rows),
     }
 
 

@@ -15,7 +15,8 @@ import logging
 import sys
 
 from common.lifeline import die_with_parent
-from workers.train.parallel import exit_rank, follow, init_group
+from workers.train.parallel import follow
+from workers.train.process_group import exit_rank, init_group
 from workers.train.session import follower_session
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,8 @@ the group instead of replicated (drafters too big to hold N times, e.g. ~2B para
 the optimizer over the sharded parameters with the state they held;
 :func:`full_state` gathers the one-rank state dict (a collective: every rank calls it), so an
 FSDP checkpoint is a one-rank checkpoint and any group size, ``export-drafter`` included,
-reads it.
+reads it. :func:`gathered_drafter` gathers the weights alone into a plain drafter on rank 0,
+for the acceptance-length eval that rank 0 decodes alone.
 """
 
 from __future__ import annotations
@@ -53,3 +54,21 @@ def full_state(trainer: DrafterTrainer, keep: bool) -> dict[str, Any]:
             "optimizer": {**optimizer, "state": {
                 i: {k: full(v) for k, v in moments.items()}
                 for i, moments in optimizer["state"].items()}}}
+
+
+def gathered_drafter(trainer: DrafterTrainer, keep: bool) -> Any:
+    """Every rank, in step: the drafter's shards gathered; ``keep`` ranks get a plain (unsharded)
+    drafter with those weights, on the trainer's device, in eval mode (others None)."""
+    from workers.train.drafter.model import DFlashDraftModel
+
+    state = {}
+    for name, value in trainer.drafter.state_dict().items():
+        gathered = value.full_tensor() if isinstance(value, DTensor) else value
+        if keep:
+            state[name] = gathered.cpu()
+    if not keep:
+        return None
+    heads = trainer.drafter.target_heads
+    copy = DFlashDraftModel(trainer.drafter.config, heads.embed, heads.lm_head)
+    copy.load_state_dict(state)
+    return copy.to(trainer.device).eval()

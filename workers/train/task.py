@@ -43,7 +43,7 @@ from workers.train.epochs import (
     revise_schedule,
     schedule_spent,
 )
-from workers.train.parallel import group_fields
+from workers.train.process_group import current_group, group_fields
 from workers.train.session import Session, get_session
 from workers.train.tensorboard import log_step
 from workers.train.trainer import TrainRow, plain_row
@@ -166,16 +166,10 @@ def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: li
                task: ShardTask) -> float | None:
     """One optimizer step (target features on the fly unless stored); metrics to Redis and log.
     Returns the step's training estimate of the acceptance length (None: nothing trained)."""
-    from workers.train.drafter.features import FeaturedRow, with_target_features
-
-    featured = rows
-    grouped = session.trainer.featurizes   # a group's ranks featurize and inject themselves
-    if not grouped and not all(isinstance(r, FeaturedRow) for r in rows):
-        featured = with_target_features(session.target, rows, session.layer_ids, session.pad_id)
-    if not grouped:
+    if current_group() is None:   # a group's ranks inject per micro-batch themselves
         inject("train.forward")
     try:
-        metrics = session.trainer.step(featured)
+        metrics = session.trainer.step(rows)
     except NothingToTrain as skip:
         log.info("run %s shard %d: %s", task.run, task.shard, skip)
         return None
@@ -217,6 +211,7 @@ def evaluate_drafter(ctx: WorkerContext, session: Session,
     Returns the eval's fields (empty without an evaluator)."""
     if session.evaluator is None:
         return {}
-    fields = session.evaluator.run_safely(session.trainer.drafter, session.steps, estimate)
+    fields = session.evaluator.run_safely(session.trainer.eval_drafter(), session.steps,
+                                          estimate)
     record_metrics(ctx, session.run, {"step": session.steps, **fields})
     return fields

@@ -26,11 +26,8 @@ def plain_row(row: TrainRow) -> TrainingRow:
 
 
 class Trainer(Protocol):
-    """What the train task needs of a trainer, one rank or a group."""
-
-    # True: :meth:`step` takes plain rows, its ranks compute the target's features themselves;
-    # False: the task computes them (or reads them from storage) before each step.
-    featurizes: bool
+    """What the train task needs of a trainer, one rank or a group: :meth:`step` takes plain
+    rows (the target's features computed per micro-batch) or rows with stored features."""
 
     @property
     def drafter(self) -> DFlashDraftModel: ...
@@ -45,5 +42,8 @@ class Trainer(Protocol):
     def min_supervised(self) -> int: ...
 
     def step(self, rows: Sequence[TrainRow]) -> StepMetrics: ...
+
+    def eval_drafter(self) -> DFlashDraftModel:
+        """A drafter rank 0 decodes with alone (a group's sharded one gathered first)."""
 
     def state_dict(self) -> dict[str, Any]: ...

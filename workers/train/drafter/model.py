@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
@@ -203,6 +204,8 @@ class DFlashDraftModel(nn.Module):
         for module in (embed_tokens, lm_head):
             module.requires_grad_(False)
         self._target = _TargetHeads(embed_tokens, lm_head)
+        # Activation checkpointing of the decoder layers (the train worker's setting).
+        self.checkpointing = False
         self.reset_parameters(init_seed)
 
     @classmethod
@@ -234,6 +237,11 @@ class DFlashDraftModel(nn.Module):
             elif isinstance(module, Qwen3RMSNorm):
                 module.weight.fill_(1.0)
 
+    @property
+    def target_heads(self) -> _TargetHeads:
+        """The target's embedding and LM head this drafter reads through (not its own)."""
+        return self._target
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings from the target's frozen table."""
         return self._target.embed(token_ids)
@@ -250,17 +258,25 @@ class DFlashDraftModel(nn.Module):
         With ``cache``, ``features``/``context_positions`` are only the context not seen yet.
         """
         x = self.embed(block_ids).to(self.fc.weight.dtype)
-        context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        # Under autocast the projection reads the features in the target's dtype (no widened
+        # copy of K x S x H); without it they take the drafter's.
+        if not torch.is_autocast_enabled(features.device.type):
+            features = features.to(self.fc.weight.dtype)
+        context = self.hidden_norm(self.fc(features))
         q_rope = self.rotary_emb(x, block_positions)
         k_rope = self.rotary_emb(x, torch.cat([context_positions, block_positions], dim=1))
         if attn_mask is None:
             seen = context_positions if cache is None else cache.positions_seen(context_positions)
             attn_mask = self._decode_masks(block_positions, seen)
+        recompute = self.checkpointing and torch.is_grad_enabled() and cache is None
         for index, layer in enumerate(self.layers):
             mask = attn_mask.get(self.config.attention_kind(index)) \
                 if isinstance(attn_mask, dict) else attn_mask
-            x = layer(x, context, q_rope, k_rope, mask,
-                      None if cache is None else (cache, index))
+            if recompute:   # keep each layer's input only; its insides are rebuilt in backward
+                x = checkpoint(layer, x, context, q_rope, k_rope, mask, use_reentrant=False)
+            else:
+                x = layer(x, context, q_rope, k_rope, mask,
+                          None if cache is None else (cache, index))
         return self.norm(x)
 
     def _decode_masks(self, block_positions: torch.Tensor,

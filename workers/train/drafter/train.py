@@ -1,9 +1,10 @@
-"""Online DFlash training: one optimizer step per batch of rows with their target features.
+"""Online DFlash training: one optimizer step per batch of rows, in micro-batches.
 
     drafter = DFlashDraftModel.for_target(target, add_mask_token(tokenizer, target))
-    trainer = DrafterTrainer(drafter, TrainConfig(total_steps=10_000))
-    for rows in batches:
-        metrics = trainer.step(with_target_features(target, rows, drafter.config.target_layer_ids))
+    featurize = partial(target_features, target, layer_ids=drafter.config.target_layer_ids)
+    trainer = DrafterTrainer(drafter, TrainConfig(total_steps=10_000), featurize, 16384)
+    for rows in batches:           # plain rows (features per micro-batch) or FeaturedRow
+        metrics = trainer.step(rows)
         log.info("%s", metrics.summary())
     torch.save(trainer.state_dict(), "ckpt.pt")          # drafter, optimizer, schedule, step, RNG
     trainer.load_state_dict(torch.load("ckpt.pt"))      # a resumed trainer continues identically
@@ -11,18 +12,21 @@
 
 Each step: rows with fewer than ``min_supervised_tokens`` (default ``2 * block_size``)
 supervised tokens are skipped; up to
-``max_anchors`` anchors per row are drawn from the trainer's own seeded generator; rows are
-packed (:mod:`.blocks`); the loss is the slot-weighted mean cross-entropy; AdamW
+``max_anchors`` anchors per row are drawn from the trainer's own seeded generator; the rows go
+through the target and the drafter in micro-batches under ``batch_tokens``
+(:mod:`.microbatch`), each packed (:mod:`.blocks`), gradients accumulated to the one-batch
+update; the loss is the slot-weighted mean cross-entropy; AdamW
 with a warmup + cosine schedule and gradient clipping updates the drafter. Metrics are read back
 with one device sync per step. On CUDA the step runs under bf16 autocast with flex attention.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -32,93 +36,46 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from common.errors import NothingToTrain
+from common.runs.trainrows import TrainingRow
 from workers.train.drafter.blocks import (
     PackedBatch,
-    acceptance_length,
     pack_rows,
     sample_anchors,
     slot_weights,
 )
 from workers.train.drafter.features import FeaturedRow
 from workers.train.drafter.masks import dense_block_mask, flex_available, flex_block_mask
+from workers.train.drafter.microbatch import (
+    NO_BUDGET,
+    Accumulated,
+    Drawn,
+    label_weight,
+    micro_batches,
+)
 from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.recipe import (  # noqa: F401 - re-exported
+    StepMetrics,
+    TrainConfig,
+    lr_factor,
+)
 from workers.train.drafter.schedule import Schedule
+from workers.train.trainer import TrainRow, plain_row
+
+Featurize = Callable[[list[TrainingRow]], list[torch.Tensor]]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimizer, schedule and sampling settings of drafter training (the DFlash recipe's)."""
-
-    total_steps: int
-    lr: float = 6e-4
-    warmup_ratio: float = 0.04
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    max_anchors: int = 512
-    loss_gamma: float = 7.0
-    seed: int = 0
-    attention: str = "auto"          # auto (flex on CUDA, else dense SDPA) | flex | sdpa
-    logits_chunk: int = 8192         # labels whose vocab logits exist at once (rest recomputed)
-    min_supervised_tokens: int = 0   # shorter rows are skipped; 0: two blocks (2 x block size)
-
-    @property
-    def warmup_steps(self) -> int:
-        return max(1, round(self.warmup_ratio * self.total_steps))
-
-    def __post_init__(self) -> None:
-        if self.total_steps < 1:
-            raise ValueError(f"total_steps must be positive, not {self.total_steps}")
-        if self.attention not in ("auto", "flex", "sdpa"):
-            raise ValueError(f"attention must be auto, flex or sdpa, not {self.attention!r}")
-
-
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warmup over ``warmup`` steps, then cosine decay to 0 at ``total``."""
-    return Schedule(warmup, total).factor(step)
-
-
-@dataclass(frozen=True)
-class StepMetrics:
-    """What one step did and how well the drafter predicts (slot k = k-th drafted token)."""
-
-    step: int
-    loss: float
-    slot_accuracy: tuple[float, ...]   # slots 1..B-1; NaN where a slot had no label
-    lr: float
-    grad_norm: float
-    rows: int
-    skipped_rows: int
-    blocks: int
-    labels: int
-    tokens: int
-    seconds: float
-
-    @property
-    def acceptance_length(self) -> float:
-        """Estimated tokens per verify step (see :func:`blocks.acceptance_length`)."""
-        return acceptance_length(self.slot_accuracy)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Context tokens (row lengths) trained on per second of step wall time."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def summary(self) -> str:
-        return (f"step {self.step} loss {self.loss:.4f} acc1 {self.slot_accuracy[0]:.3f} "
-                f"tau {self.acceptance_length:.2f} lr {self.lr:.2e} "
-                f"{self.tokens_per_s:.0f} tok/s ({self.rows} rows, {self.skipped_rows} skipped)")
 
 
 class DrafterTrainer:
     """Drafter + AdamW + schedule + anchor RNG: ``step(rows)`` trains, ``state_dict`` resumes."""
 
-    featurizes = False   # its steps take rows with the target's features computed
-
-    def __init__(self, drafter: DFlashDraftModel, config: TrainConfig) -> None:
+    def __init__(self, drafter: DFlashDraftModel, config: TrainConfig,
+                 featurize: Featurize | None = None, batch_tokens: int = NO_BUDGET) -> None:
         self.drafter = drafter
+        # The target's features of plain rows (stored rows bring theirs), per micro-batch.
+        self.featurize = featurize
+        # Padded target tokens and draft positions a micro-batch may hold (0: the whole step).
+        self.batch_tokens = batch_tokens
         self.module: nn.Module = drafter   # what forward runs: the drafter or its DDP replica
         self.config = config
         self.device = drafter.fc.weight.device
@@ -140,15 +97,34 @@ class DrafterTrainer:
     def prepare(self, rows: Sequence[FeaturedRow],
                 generator: torch.Generator | None = None) -> tuple[PackedBatch | None, int]:
         """Skip short rows, draw anchors, pack: ``(batch or None, skipped rows)``."""
-        keep = [r for r in rows if r.row.supervised_tokens >= self.min_supervised]
-        if not keep:
-            return None, len(rows)
+        drawn, skipped = self.draw(rows, generator)
+        if not drawn:
+            return None, skipped
+        return self.pack(drawn), skipped
+
+    def draw(self, rows: Sequence[TrainRow],
+             generator: torch.Generator | None = None) -> tuple[list[Drawn], int]:
+        """The rows long enough to train, each with its anchors (drawn in row order, so a step
+        draws what one batch would); and how many rows were too short."""
+        keep = [r for r in rows if plain_row(r).supervised_tokens >= self.min_supervised]
         gen = generator or self.generator
-        anchors = [sample_anchors(torch.tensor(r.row.loss_mask), self.config.max_anchors, gen)
-                   for r in keep]
-        batch = pack_rows([r.row for r in keep], [r.features for r in keep], anchors,
+        drawn = [Drawn(r, sample_anchors(torch.tensor(plain_row(r).loss_mask),
+                                         self.config.max_anchors, gen)) for r in keep]
+        return drawn, len(rows) - len(keep)
+
+    def pack(self, drawn: Sequence[Drawn]) -> PackedBatch:
+        """One micro-batch on the device: its rows' features (stored, or computed now by the
+        target through :attr:`featurize`), blocks and labels."""
+        rows = [d.row for d in drawn]
+        if all(isinstance(r, FeaturedRow) for r in rows):
+            features = [r.features for r in rows]
+        elif self.featurize is None:
+            raise TypeError("rows without features, and no featurize to compute them")
+        else:
+            features = self.featurize([plain_row(r) for r in rows])
+        batch = pack_rows([plain_row(r) for r in rows], features, [d.anchors for d in drawn],
                           self.block_size, self.drafter.config.mask_token_id)
-        return batch.to(self.device), len(rows) - len(keep)
+        return batch.to(self.device)
 
     def attn_mask(self, batch: PackedBatch) -> Any:
         """The dense or flex attention mask of a packed batch: one per attention kind of the
@@ -166,6 +142,12 @@ class DrafterTrainer:
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted loss and a ``[2, B]`` tensor: correct and labelled counts per slot."""
+        loss_sum, per_slot = self.forward_sum(batch)
+        return loss_sum / self.weights[batch.valid.nonzero()[:, 1]].sum(), per_slot
+
+    def forward_sum(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weighted cross-entropy *sum* (a micro-batch's share of the step's loss) and a
+        ``[2, B]`` tensor: correct and labelled counts per slot."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.device.type == "cuda"):
             hidden = self.module(batch.block_ids[None], batch.block_positions[None],
@@ -179,7 +161,7 @@ class DrafterTrainer:
             parts = [self._chunk_loss(hidden[i:i + chunk], labels[i:i + chunk],
                                       weights[i:i + chunk], recompute=labels.numel() > chunk)
                      for i in range(0, labels.numel(), chunk)]
-        loss = torch.stack([p[0] for p in parts]).sum() / weights.sum()
+        loss = torch.stack([p[0] for p in parts]).sum()
         with torch.no_grad():
             correct = torch.cat([p[1] for p in parts]).float()
             per_slot = torch.zeros(2, self.block_size, device=self.device)
@@ -199,31 +181,66 @@ class DrafterTrainer:
             return checkpoint(run, hidden, use_reentrant=False)
         return run(hidden)
 
-    def _metrics(self, batch: PackedBatch, skipped: int, loss: torch.Tensor,
-                 per_slot: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-                 started: float) -> StepMetrics:
+    def _metrics(self, done: Accumulated, skipped: int, total: torch.Tensor,
+                 grad_norm: torch.Tensor, lr: float, started: float) -> StepMetrics:
+        assert done.loss_sum is not None and done.per_slot is not None
+        loss = done.loss_sum / total
         stats = torch.cat([loss.detach().reshape(1), grad_norm.reshape(1).float(),
-                           per_slot.flatten()]).tolist()   # the step's one device sync
+                           done.per_slot.flatten()]).tolist()   # the step's one device sync
         correct, totals = stats[2:2 + self.block_size], stats[2 + self.block_size:]
         accuracy = tuple(c / t if t else float("nan")
                          for c, t in zip(correct[1:], totals[1:], strict=True))
         return StepMetrics(step=self.steps, loss=stats[0], slot_accuracy=accuracy, lr=lr,
-                           grad_norm=stats[1], rows=batch.rows, skipped_rows=skipped,
-                           blocks=batch.blocks, labels=int(sum(totals)), tokens=batch.tokens,
+                           grad_norm=stats[1], rows=done.rows, skipped_rows=skipped,
+                           blocks=done.blocks, labels=int(sum(totals)), tokens=done.tokens,
                            seconds=time.perf_counter() - started)
 
-    def step(self, rows: Sequence[FeaturedRow]) -> StepMetrics:
-        """One optimizer step on ``rows``; raises NothingToTrain when every row is too short."""
+    def step(self, rows: Sequence[TrainRow]) -> StepMetrics:
+        """One optimizer step on ``rows`` (with features, or computed per micro-batch through
+        :attr:`featurize`); raises NothingToTrain when every row is too short. An out-of-memory
+        micro-batch is retried once, the whole step at half the budget."""
         started = time.perf_counter()
-        batch, skipped = self.prepare(rows)
-        if batch is None:
+        drawn, skipped = self.draw(rows)
+        if not drawn:
             raise NothingToTrain(f"all {skipped} rows have < {self.min_supervised} "
                                  "supervised tokens")
         self.drafter.train()
-        loss, per_slot = self.forward(batch)
-        loss.backward()
+        total = label_weight(drawn, self.weights, self.block_size)
+        try:
+            done = self.accumulate(micro_batches(drawn, self.batch_tokens, self.block_size), total)
+        except torch.OutOfMemoryError:
+            budget = self.halve_budget(drawn)
+            done = self.accumulate(micro_batches(drawn, budget, self.block_size), total)
         grad_norm, lr = self.optimizer_step()
-        return self._metrics(batch, skipped, loss, per_slot, grad_norm, lr, started)
+        return self._metrics(done, skipped, total, grad_norm, lr, started)
+
+    def accumulate(self, parts: Sequence[Sequence[Drawn]], total: torch.Tensor,
+                   sync: Callable[[bool], Any] | None = None) -> Accumulated:
+        """Forward and backward of each micro-batch, its loss over the step's label weight
+        ``total``; ``sync(last)`` wraps each backward (DDP: gradients reduced on the last)."""
+        done = Accumulated()
+        for index, part in enumerate(parts):
+            batch = self.pack(part)
+            loss_sum, per_slot = self.forward_sum(batch)
+            with sync(index == len(parts) - 1) if sync else contextlib.nullcontext():
+                (loss_sum / total).backward()
+            done.add(loss_sum, per_slot, batch)
+            del batch, loss_sum
+        return done
+
+    def halve_budget(self, drawn: Sequence[Drawn]) -> int:
+        """After an out-of-memory step: gradients dropped, the cache emptied, half the budget."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        budget = max(1, (self.batch_tokens or sum(d.tokens for d in drawn)) // 2)
+        log.warning("step %d: out of memory at a budget of %s tokens; retrying the step once at "
+                    "%d tokens", self.steps + 1, self.batch_tokens or "no", budget)
+        return budget
+
+    def eval_drafter(self) -> DFlashDraftModel:
+        """The drafter the acceptance-length eval decodes with: this one."""
+        return self.drafter
 
     def optimizer_step(self) -> tuple[torch.Tensor, float]:
         """After backward, one rank's or the group's: clip, step, schedule, clear the gradients;
@@ -248,8 +265,11 @@ class DrafterTrainer:
         if batch is None:
             raise NothingToTrain(f"all {skipped} rows are too short to evaluate")
         self.drafter.eval()
-        loss, per_slot = self.forward(batch)
-        return self._metrics(batch, skipped, loss, per_slot, torch.zeros(()), 0.0, started)
+        loss_sum, per_slot = self.forward_sum(batch)
+        done = Accumulated()
+        done.add(loss_sum, per_slot, batch)
+        total = self.weights[batch.valid.nonzero()[:, 1]].sum()
+        return self._metrics(done, skipped, total, torch.zeros(()), 0.0, started)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed trainer needs; tensors are live, so save (or copy) it at once."""

@@ -1,0 +1,174 @@
+"""``dflash-pipeline plan-training``: whether drafter training fits the GPUs, before any is spent.
+
+    dflash-pipeline plan-training --model benchmarks/shapes/qwen3.6-27b.json --tokens 32768 \\
+        --num-gpus 8 --gpu-memory-gib 80 [--fsdp] [--json]
+    dflash-pipeline plan-training --run my-run --num-gpus 8 --fsdp     # the run's own rows
+
+From a target (a model directory, a config.json or a shape file: no weights are read), the
+drafter's shape (the run's, ``--drafter-config``, or the target's own), the rows (``--run``: the
+committed samples' lengths; ``--tokens N``: a row of N tokens, ``--rows`` of them an epoch) and
+the hardware, it prints per rank the target's weights, the drafter's state, the captured
+features at the longest row, the target forward's and the drafter step's transients, the total
+against the GPU, whether it fits, the longest row that fits, the micro-batch token budget, what
+to change where it does not fit, and an epoch's FLOPs and hours (:mod:`common.plan`). Exit 0
+with a plan (fitting or not: ``fits`` says), 1 on an error, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+import click
+
+from common import keys
+from common.cli import command_option, setting_option
+from common.config import Settings, load_settings
+from common.errors import DflashError
+from common.exit_codes import EXIT_FAILURE
+from common.plan.compute import DEFAULT_UTILIZATION, RowLength
+from common.plan.shapes import DrafterDims, TargetDims
+from common.plan.verdict import CHECKPOINTING, Hardware, TrainingPlan, gib, plan_for
+
+
+def _target(settings: Settings, model: str) -> TargetDims:
+    """A path (directory, config.json, shape file) as given; an embedded name, its directory."""
+    from common.engine.models import resolve_model_path
+
+    settings = replace(settings, model=model)
+    if settings.model_is_tiny:
+        click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
+    return TargetDims.load(resolve_model_path(settings) if settings.model_is_tiny else model)
+
+
+def _drafter(target: TargetDims, drafter_config: str | None, run_config: object) -> DrafterDims:
+    """The drafter a file, the run or the target gives (as a train worker would build it)."""
+    from common.drafter.layers import resolve_target_layers
+    from common.drafter.shape import check_target, read_shape
+
+    if drafter_config:
+        shape = read_shape(drafter_config)
+        check_target(shape, target.shape)
+        return DrafterDims.of(target.shape, shape, resolve_target_layers(None, target.shape))
+    origin = getattr(run_config, "drafter", None)
+    if origin is not None:
+        return DrafterDims.of(target.shape, origin.shape, run_config.target_layer_ids)
+    return DrafterDims.of(target.shape, None, resolve_target_layers(None, target.shape))
+
+
+def _run_lengths(settings: Settings, run: str) -> tuple[object, list[RowLength]]:
+    """The run's config and its committed rows' lengths (cut at its --max-train-tokens)."""
+    from common.runs.store import RunStore
+    from common.storage import open_storage
+
+    store = RunStore(open_storage(settings.broker.storage), run)
+    config = store.config()
+    cap = getattr(config, "max_train_tokens", None)
+    lengths = []
+    for shard in sorted(store.committed()):
+        for tokens, generated in store.row_lengths(shard):
+            if cap and tokens > cap:
+                generated, tokens = max(0, generated - (tokens - cap)), cap
+            lengths.append(RowLength(tokens, generated))
+    return config, lengths
+
+
+def _hardware(num_gpus: int, gpu_memory_gib: float | None, fsdp: bool) -> Hardware:
+    """The hardware given, this host's first GPU filling in what is not."""
+    from common.engine.preflight import NoNvidiaDriver, gpu_model
+
+    name = None
+    if gpu_memory_gib is None:
+        try:
+            name, gpu_memory_gib = gpu_model(0)
+        except (NoNvidiaDriver, DflashError) as exc:
+            raise click.UsageError(f"no GPU here to read ({exc}): give --gpu-memory-gib G") \
+                from None
+    return Hardware(gpu_memory_gib, num_gpus, fsdp, name)
+
+
+def render(plan: TrainingPlan) -> str:
+    """The plan as a table, one term a line, then the verdict and the fixes."""
+    data = plan.to_json()
+    per = data["per_rank_gib"]
+    hw = plan.hardware
+    lines = [f"target {plan.target.source}: {plan.target.params / 1e9:.2f} B parameters; "
+             f"drafter {plan.drafter.num_hidden_layers} layers, {plan.drafter.params / 1e9:.3f} "
+             f"B parameters, K={plan.drafter.num_features}",
+             f"per rank at the longest row ({plan.tokens:,} tokens), {hw.num_gpus} GPU(s) of "
+             f"{hw.gpu_memory_gib:g} GiB ({gib(hw.usable):.1f} usable), "
+             f"{'FSDP' if hw.fsdp else 'DDP' if hw.num_gpus > 1 else 'one rank'}:",
+             f"  target weights         {per['target']:8.2f} GiB  (whole on every rank)",
+             f"  drafter state          {per['drafter_state']:8.2f} GiB  (weights, gradients, "
+             "AdamW moments)",
+             f"  captured features      {per['features']:8.2f} GiB",
+             f"  target forward peak    {per['target_transient']:8.2f} GiB",
+             f"  drafter step           {per['drafter_activations']:8.2f} GiB  (checkpointing "
+             f"{'on' if data['checkpointing'] else 'off'}; "
+             f"{data['drafter_activations_gib']['plain']:.2f} without, "
+             f"{data['drafter_activations_gib']['checkpointed']:.2f} with)",
+             f"  total                  {per['total']:8.2f} GiB  of {data['usable_gib']:.2f}",
+             plan.verdict()]
+    if data["epoch_hours"] is not None:
+        lines.append(f"an epoch: {data['rows']:,} rows, {data['epoch_flops']:.3g} FLOPs, "
+                     f"{data['epoch_hours']:,.2f} h on {hw.num_gpus} GPU(s) at "
+                     f"{data['utilization']:.0%} of {data['gpu_tflops']:g} TFLOPS")
+    return "\n".join(lines)
+
+
+@click.command("plan-training")
+@click.option("--model", default=None,
+              help="The target: a model directory, a config.json or a shape file (no weights "
+                   "are read) [default: the run's model].")
+@click.option("--drafter-config", type=click.Path(exists=True, dir_okay=True), default=None,
+              help="A DFlash drafter config.json to shape the drafter [default: the run's, "
+                   "else the target's own shape].")
+@command_option("run", help="Plan for this run: its target, drafter and committed rows.")
+@click.option("--tokens", type=click.IntRange(min=1), default=None,
+              help="The longest row, in tokens [default: the run's longest].")
+@click.option("--rows", type=click.IntRange(min=1), default=None,
+              help="Rows of --tokens tokens in an epoch (for the hours, without --run).")
+@click.option("--num-gpus", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Training ranks, one GPU each.")
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=1), default=None,
+              help="Memory of each GPU in GiB [default: this host's first GPU].")
+@click.option("--fsdp", is_flag=True, help="Shard the drafter and its optimizer state (FSDP2).")
+@click.option("--activation-checkpointing", type=click.Choice(CHECKPOINTING), default="auto",
+              show_default=True, help="Recompute the drafter's layers in the backward (auto: "
+                                      "where a step does not fit without).")
+@click.option("--max-anchors", type=click.IntRange(min=1), default=None,
+              help="Blocks drawn per row [default: the train worker's setting].")
+@click.option("--utilization", type=click.FloatRange(0, 1, min_open=True),
+              default=DEFAULT_UTILIZATION, show_default=True,
+              help="Share of the GPU's bf16 peak an epoch's hours assume.")
+@click.option("--gpu-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The GPU's dense bf16 peak [default: by its name, else an H100's 989].")
+@setting_option("storage", help="Storage root for --run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+def plan_training(model: str | None, drafter_config: str | None, run: str | None,
+                  tokens: int | None, rows: int | None, num_gpus: int,
+                  gpu_memory_gib: float | None, fsdp: bool, activation_checkpointing: str,
+                  max_anchors: int | None, utilization: float, gpu_tflops: float | None,
+                  storage: str | None, as_json: bool) -> None:
+    """Plan training memory per rank and an epoch's hours; say whether it fits and the fix."""
+    if run is None and (model is None or tokens is None):
+        raise click.UsageError("give --run RUN, or --model and --tokens")
+    if run is not None and not keys.valid_run_id(run):
+        raise click.BadParameter(f"invalid run id {run!r}", param_hint="--run")
+    hardware = _hardware(num_gpus, gpu_memory_gib, fsdp)
+    try:
+        settings = load_settings(storage=storage)
+        config, lengths = _run_lengths(settings, run) if run else (None, [])
+        target = _target(settings, model or config.model)
+        drafter = _drafter(target, drafter_config, config)
+        if tokens and rows:
+            lengths = [RowLength(tokens, tokens)] * rows
+        plan = plan_for(target, drafter, hardware, lengths, tokens,
+                        checkpointing_mode=activation_checkpointing,
+                        max_anchors=max_anchors or settings.train.max_anchors,
+                        utilization=utilization, tflops=gpu_tflops)
+    except (DflashError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(json.dumps(plan.to_json(), sort_keys=True) if as_json else render(plan))
