@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -34,8 +35,8 @@ from common.config import load_settings  # noqa: E402
 from common.engine.models import resolve_model_path  # noqa: E402
 from common.engine.target import TargetShape  # noqa: E402
 from common.runs.trainrows import TrainingRow  # noqa: E402
-from workers.train import parallel  # noqa: E402
-from workers.train.drafter.features import with_target_features  # noqa: E402
+from workers.train import parallel, process_group  # noqa: E402
+from workers.train.drafter.features import target_features, with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
 from workers.train.drafter.target_loader import load_target  # noqa: E402
 from workers.train.drafter.train import DrafterTrainer, TrainConfig  # noqa: E402
@@ -64,7 +65,7 @@ def rank_main(steps: int, rows_per_step: int) -> None:
     local = int(os.environ["LOCAL_RANK"])
     os.sched_setaffinity(0, {local % os.cpu_count()})
     torch.set_num_threads(1)
-    group = parallel.init_group()
+    group = process_group.init_group()
     target, tokenizer = load_target(resolve_model_path(load_settings()))
     target.requires_grad_(False)
     drafter = DFlashDraftModel.for_target(target, add_mask_token(tokenizer, target))
@@ -80,7 +81,8 @@ def rank_main(steps: int, rows_per_step: int) -> None:
     else:
         if group.rank:
             group.receive()   # the session message rank 0's distribute sends
-        trainer = parallel.distribute(plain, target, 0, "bench")
+        plain.featurize = functools.partial(target_features, target, layer_ids=layers)
+        trainer = parallel.distribute(plain, "bench")
 
         def step(s: int) -> tuple[int, float]:
             with contextlib.nullcontext() if synced(s) else plain.module.no_sync():

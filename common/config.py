@@ -30,6 +30,9 @@ DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 DEVICES = "auto, cpu, cuda, cuda:N or mps"
 """What a device setting accepts (checked at load, so a typo names its variable)."""
 MTP_MODES = ("auto", "on", "off")
+CHECKPOINTING_MODES = ("auto", "on", "off")
+"""What ``DFLASH_TRAIN_ACTIVATION_CHECKPOINTING`` (``worker train --activation-checkpointing``)
+takes."""
 """What ``DFLASH_MTP`` (``worker generate --mtp``) takes."""
 # A URL's userinfo runs to the last "@" before the host: a password may hold a raw "@" (or ":").
 _USERINFO = re.compile(r"(?<=://)([^\s'\"<>@]*@)+")
@@ -158,6 +161,12 @@ class TrainSettings:
     total_steps: int = setting(0, zero_ok=True)
     min_supervised_tokens: int = setting(0, zero_ok=True)   # 0: two blocks' worth
     max_anchors: int = 512   # blocks drawn per row and step (DFlash's 512)
+    # Padded target tokens and draft positions a micro-batch holds (0: the memory plan's budget
+    # on a GPU, 32768 on the CPU); a row above it goes alone.
+    batch_tokens: int = setting(0, zero_ok=True)
+    # Recompute the drafter's layers in the backward: auto (where a micro-batch would not fit
+    # without, by the memory plan), on, off.
+    activation_checkpointing: str = setting("auto", choices=CHECKPOINTING_MODES)
     eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)
     eval_prompts: int = 8
     eval_max_new_tokens: int = 256

@@ -79,6 +79,10 @@ class NotReady(TransientError):
     """An upstream stage has not committed what this stage reads yet; try again later."""
 
 
+class PlanDoesNotFit(ConfigError):
+    """The run's target and drafter state do not fit this rank's GPU (the plan names the fix)."""
+
+
 class RunNotFound(ConfigError):
     """The run has no ``run.json`` in this storage root."""
 

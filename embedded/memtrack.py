@@ -8,8 +8,9 @@ benchmark support for checking the training memory plan against real allocations
 
 Every tensor an op returns is counted once per storage (views share it) from the op that made
 it until the storage is freed (a weak reference says so); tensors made before the region
-(weights, inputs), and views or in-place results of them, are not counted. A kernel's scratch memory inside one op is not seen: what is
-counted is what tensors hold, the figure a plan of tensors predicts.
+(weights, inputs), and views or in-place results of them, are not counted. A kernel's scratch
+memory inside one op is not seen: what is counted is what tensors hold, the figure a plan of
+tensors predicts.
 """
 
 from __future__ import annotations

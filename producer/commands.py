@@ -204,6 +204,13 @@ def render_status(status: dict[str, Any]) -> str:
                          f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
                          + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
                             if int(train.get("ranks") or 1) > 1 else ""))
+        aside = down.get("rows_set_aside") or {}
+        if any(aside.values()):
+            lines.append(f"  rows    {aside.get('too_short', 0)} too short to train and "
+                         f"{aside.get('too_long', 0)} that no micro-batch fits set aside, "
+                         f"{aside.get('cut', 0)} cut to the run's --max-train-tokens")
+        if down.get("memory_plan"):
+            lines.append(f"  memory  {down['memory_plan']}")
         if status.get("drafter"):
             lines.append(f"  drafter shape from {status['drafter']['source']}")
         if down.get("eval_error"):

@@ -180,6 +180,8 @@ class StatusReader:
                  if train.get("eval_error") and train.get("eval_error_step") else None)
         return {"mode": "online", "stage": "train", "parked": parked,
                 "committed": len(ledger.done), "train": train,
+                "rows_set_aside": ledger.set_aside_counts(),
+                "memory_plan": train.get("memory_plan") or None,
                 "finished": ledger.finished or None,
                 "tau": float(tau) if tau not in (None, "") else None,
                 "tau_step": int(train["tau_step"]) if train.get("tau_step") else None,

@@ -11,6 +11,7 @@ step to ``OUT_DIR/state-N.pt`` (N: the trainer's steps so far).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch
 
 from common.runs.trainrows import TrainingRow
 from embedded.tinymodel import ensure_tiny_model
-from workers.train import parallel
+from workers.train import parallel, process_group
+from workers.train.drafter.features import target_features
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token
 from workers.train.drafter.target_loader import load_target
 from workers.train.drafter.train import DrafterTrainer, TrainConfig
@@ -55,11 +57,14 @@ def trainer_for(target: torch.nn.Module, mask_id: int, state: str | None) -> Dra
 
 
 def main(cache: str, out: str, first: int, steps: int, state: str | None = None) -> None:
-    group = parallel.init_group()
+    group = process_group.init_group()
     target, mask_id = tiny(cache)
     if group.rank != 0:
         assert group.receive()[0] == "session"   # what rank 0's distribute sends
-    trainer = parallel.distribute(trainer_for(target, mask_id, state), target, 0, "probe")
+    trainer = trainer_for(target, mask_id, state)
+    trainer.featurize = functools.partial(target_features, target,
+                                          layer_ids=list(trainer.drafter.config.target_layer_ids))
+    trainer = parallel.distribute(trainer, "probe")
     if group.rank != 0:
         while (message := group.receive())[0] != "stop":
             if message[0] == "step":
@@ -67,7 +72,7 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
             else:
                 trainer.state_dict()   # FSDP2: rank 0 gathers the shards
         group.close()
-        parallel.exit_rank(0)
+        process_group.exit_rank(0)
     Path(out).mkdir(parents=True, exist_ok=True)
     metrics = []
     for s in range(first, first + steps):
@@ -77,7 +82,7 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
     (Path(out) / "steps.json").write_text(json.dumps(record))
     group.stop()
     group.close()
-    parallel.exit_rank(0)
+    process_group.exit_rank(0)
 
 
 if __name__ == "__main__":

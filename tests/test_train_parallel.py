@@ -229,7 +229,6 @@ def test_a_rank_s_own_failure_parks_the_shard_on_its_first_delivery(pipeline: Pi
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:29400"],
      "--node-rank 2 is not below --nnodes 2"),
     (["--fsdp"], "--fsdp shards the drafter over ranks"),
-    (["--fsdp", "--nproc-per-node", "2"], "--fsdp needs --eval-steps 0"),
 ])
 def test_bad_group_options_get_one_line_and_exit_1(options: list[str], error: str) -> None:
     result = subprocess.run([sys.executable, "-m", "producer.cli", "worker", "train", *options],

@@ -42,6 +42,9 @@ class Ledger:
     tau_by_epoch: list[float | None] = field(default_factory=list)
     total_steps: int = 0    # the schedule's length when this ledger was written (0: unknown)
     finished: str = ""      # why training ended (common.runs.epochs.Finish); "" while it goes on
+    # shard -> rows left out of training and why: too_short (too few supervised tokens),
+    # too_long (no micro-batch fits them), cut (trained on their first --max-train-tokens)
+    set_aside: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "finished": str(self.finished)}   # plain text, never the enum
@@ -53,7 +56,16 @@ class Ledger:
                    ints(data.get("partial")), ints(data.get("shard_rows")),
                    ints(data.get("shard_steps")),
                    [None if t is None else float(t) for t in data.get("tau_by_epoch", [])],
-                   int(data.get("total_steps", 0)), str(data.get("finished", "")))
+                   int(data.get("total_steps", 0)), str(data.get("finished", "")),
+                   {str(k): ints(v) for k, v in (data.get("set_aside") or {}).items()})
+
+    def set_aside_counts(self) -> dict[str, int]:
+        """Rows set aside per reason, over the shards trained so far."""
+        total = {"too_short": 0, "too_long": 0, "cut": 0}
+        for counts in self.set_aside.values():
+            for reason, n in counts.items():
+                total[reason] = total.get(reason, 0) + n
+        return total
 
     def rows_done(self, shard: int) -> int:
         return self.partial.get(str(shard), 0)

@@ -184,6 +184,10 @@ class RunOptions:
         help="Passes the drafter trains over the run's training rows (the published DFlash "
              "recipe's 10); the learning-rate schedule is epochs x rows / rows per step long. "
              "Later epochs revisit the samples in a new seeded order.")
+    max_train_tokens: int | None = run_option(
+        None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=2),
+        help="Train on the first N tokens of longer rows (SpecForge's recipe cuts at 4096) "
+             "[default: whole rows; plan-training says what fits]; status counts the rows cut.")
     patience: int | None = run_option(
         None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
         help="Stop training after this many end-of-epoch evaluations without a better held-out "

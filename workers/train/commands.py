@@ -72,7 +72,8 @@ def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
         raise NotFound(f"run {run!r} has no checkpoint at step {step}; steps: {steps}")
 
 
-def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDrafter:
+def load_run_drafter(settings: Settings, run: str, step: int | None,
+                     device: Any = None) -> RunDrafter:
     """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
     from common.drafter.store import load_checkpoint
     from common.runs.store import RunStore
@@ -82,7 +83,7 @@ def load_run_drafter(settings: Settings, run: str, step: int | None) -> RunDraft
     storage = open_storage(settings.broker.storage)
     config = RunStore(storage, run).config()
     check_checkpoint(storage, run, step)
-    target = load_run_target(settings, config)
+    target = load_run_target(settings, config, device)
     loaded = load_checkpoint(storage, run, step)
     assert loaded is not None  # the step is committed
     trainer = DrafterTrainer.from_state_dict(loaded[0], target.model)
@@ -106,13 +107,14 @@ class RunDrafter:
     config: Any = None   # the run's RunConfig
 
 
-def load_run_target(settings: Settings, config: Any) -> RunTarget:
+def load_run_target(settings: Settings, config: Any, device: Any = None) -> RunTarget:
+    """The run's target on ``device`` (bf16 on a GPU, float32 elsewhere) with its mask token."""
     from common.engine.models import resolve_model_path
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.target_loader import load_target
 
     path = resolve_model_path(replace(settings, model=config.model))
-    model, tokenizer = load_target(path)
+    model, tokenizer = load_target(path, device)
     add_mask_token(tokenizer, model)
     return RunTarget(model, tokenizer, str(path))
 

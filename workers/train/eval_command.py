@@ -97,16 +97,16 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
     from workers.train.drafter.specdec import DFlashProposer
     from workers.train.evaluation import evaluate, stop_ids
 
+    device = resolve_device(settings.train.device, env_name("train_device"))
     if drafter_dir is not None:
-        target = load_run_target(settings, config)
+        target = load_run_target(settings, config, device)
         drafter, source_step = load_drafter(drafter_dir, target.model), None
     else:
-        loaded = load_run_drafter(settings, run, step)
+        loaded = load_run_drafter(settings, run, step, device)
         target, drafter, source_step = loaded.target, loaded.trainer.drafter, loaded.step
         problems = fit_problems(drafter.config, target.model)
         if problems:
             raise ConfigError(f"the checkpoint does not fit the target: {'; '.join(problems)}")
-    device = resolve_device(settings.train.device, env_name("train_device"))
     target.model.to(device)
     drafter.to(device)
     prompts, source = _prompts(store, config, target.tokenizer, prompts_path, num)

@@ -30,10 +30,6 @@ def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> l
         raise ConfigError(f"--node-rank {rank} is not below --nnodes {nodes}")
     if settings.train.parallel not in ("ddp", "fsdp"):
         raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train.parallel!r}: ddp or fsdp")
-    if settings.train.parallel == "fsdp" and settings.train.eval_steps:
-        # The eval decodes on rank 0 alone, and a sharded drafter needs every rank to run.
-        raise ConfigError("--fsdp needs --eval-steps 0 (the acceptance-length eval runs on "
-                          "rank 0 alone); measure with eval-drafter")
     where = (["--nnodes", str(nodes), "--node-rank", str(rank), "--rdzv-endpoint",
               settings.train.rdzv_endpoint] if settings.train.rdzv_endpoint else ["--standalone"])
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",

@@ -6,6 +6,7 @@ data-parallel group build the same session from storage (:func:`follower_session
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from workers.train.periodic_eval import PeriodicEval
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from common.plan.verdict import TrainingPlan
     from workers.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,8 @@ class Session:
     evaluator: PeriodicEval | None = None
     step_seconds: float = 0.0   # wall time per step, smoothed (the ETA's rate)
     last_step_at: float = 0.0
+    plan: TrainingPlan | None = None   # this rank's memory plan (None on the CPU)
+    config_max_tokens: int | None = None   # the run's --max-train-tokens (None: whole rows)
 
     @property
     def steps(self) -> int:
@@ -77,6 +81,7 @@ def get_session(ctx: WorkerContext, config: RunConfig) -> Session:
 def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     """The run's session built from storage: the newest checkpoint, or a new drafter."""
     from common.engine.models import resolve_model_path
+    from workers.train.drafter.features import target_features
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.origin import (
         check_same_shape,
@@ -87,11 +92,12 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     )
     from workers.train.drafter.target_loader import load_target
     from workers.train.drafter.train import DrafterTrainer, TrainConfig
+    from workers.train.memory import check_resident, configure, rank_plan
 
     path = resolve_model_path(replace(ctx.settings, model=config.model))
-    target, tokenizer = load_target(path)
+    device = resolve_device(ctx.settings.train.device, env_name("train_device"))
+    target, tokenizer = load_target(path, device)
     target.requires_grad_(False)
-    target.to(resolve_device(ctx.settings.train.device, env_name("train_device")))
     mask_id = add_mask_token(tokenizer, target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     origin = frozen_origin(config)
@@ -112,12 +118,18 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
             max_anchors=ctx.settings.train.max_anchors))
         log.info("run %s: new drafter %s%s", config.run, describe(drafter.config),
                  origin_phrase(origin))
-    trainer = distribute(trainer, target, pad_id, config.run)
     layers = list(trainer.drafter.config.target_layer_ids)
+    plan = rank_plan(ctx.settings, config, target, trainer.drafter.config)
+    check_resident(plan, config.run)
+    configure(trainer, plan, ctx.settings)
+    trainer.featurize = functools.partial(target_features, target, layer_ids=layers,
+                                          pad_id=pad_id)
+    trainer = distribute(trainer, config.run)
     manifest = RunStore(ctx.storage, config.run).manifest()
     heldout = manifest.heldout_ids if manifest is not None else frozenset()
     return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps, heldout,
-                   PeriodicEval.for_run(ctx, config, manifest, target, tokenizer))
+                   PeriodicEval.for_run(ctx, config, manifest, target, tokenizer), plan=plan,
+                   config_max_tokens=config.max_train_tokens)
 
 
 def first_total(ctx: WorkerContext, config: RunConfig, ledger: Ledger) -> int:

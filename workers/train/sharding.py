@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from workers.train.drafter.train import DrafterTrainer
@@ -26,9 +26,13 @@ def shard(trainer: DrafterTrainer) -> None:
     """Shard ``trainer``'s drafter over the default group, keeping its optimizer state."""
     mesh = init_device_mesh(trainer.device.type, (dist.get_world_size(),))
     optimizer = trainer.optimizer.state_dict()
+    # On a GPU the gathered layers are bf16 (what autocast would compute in anyway, with no
+    # cached copy of every weight) and gradients are reduced in float32.
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if trainer.device.type == "cuda" else MixedPrecisionPolicy())
     for layer in trainer.drafter.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(trainer.drafter, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(trainer.drafter, mesh=mesh, mp_policy=policy)
     params = list(trainer.drafter.parameters())
     config = trainer.config
     trainer.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas,

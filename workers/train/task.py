@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import redis
-import torch
 from celery import Task
 
 from common import keys
@@ -43,6 +42,7 @@ from workers.train.epochs import (
     revise_schedule,
     schedule_spent,
 )
+from workers.train.memory import fits_row
 from workers.train.process_group import current_group, group_fields
 from workers.train.session import Session, get_session
 from workers.train.tensorboard import log_step
@@ -123,25 +123,49 @@ def finish_shard(ctx: WorkerContext, session: Session, store: RunStore, config: 
 def progress_fields(session: Session, config: RunConfig) -> dict[str, Any]:
     """The metrics record's epoch, schedule and finish fields (``status`` shows them)."""
     ledger = session.ledger
+    aside = ledger.set_aside_counts()
     return {"step": session.steps, "epoch": min(ledger.epoch + 1, config.epochs),
             "epochs": config.epochs,
             "total_steps": session.trainer.schedule.total,
-            "tau_by_epoch": json.dumps(ledger.tau_by_epoch), "finished": str(ledger.finished)}
+            "tau_by_epoch": json.dumps(ledger.tau_by_epoch), "finished": str(ledger.finished),
+            **{f"rows_{reason}": n for reason, n in aside.items()},
+            "memory_plan": session.plan.verdict() if session.plan else ""}
 
 
 def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: ShardTask,
                   online: bool) -> list[TrainRow]:
-    """The shard's rows in its epoch's order, the held-out split and rows too short to train
-    left out (so every step trains and an epoch's step count is exact)."""
+    """The shard's rows in its epoch's order: the held-out split left out, rows past the run's
+    --max-train-tokens cut, and rows set aside that are too short to train or that no
+    micro-batch fits (each counted in the ledger, so status shows them)."""
     every = store.training_rows(task.shard) if online else stored_rows(ctx, session, task)
-    shortest = session.trainer.min_supervised
     rows = [r for r in every if plain_row(r).sample_id not in session.heldout]
     held = {plain_row(r).sample_id for r in every} & session.heldout
-    kept = [r for r in rows if plain_row(r).supervised_tokens >= shortest]
+    limit = session.config_max_tokens
+    cut = [cut_row(r, limit) if limit and len(plain_row(r).input_ids) > limit else r
+           for r in rows]
+    shortest = session.trainer.min_supervised
+    kept = [r for r in cut if plain_row(r).supervised_tokens >= shortest]
+    fitting = [r for r in kept if fits_row(session.plan, len(plain_row(r).input_ids),
+                                           plain_row(r).supervised_tokens)]
+    counts = {"too_short": len(cut) - len(kept), "too_long": len(kept) - len(fitting),
+              "cut": sum(a is not b for a, b in zip(rows, cut, strict=True))}
+    session.ledger.set_aside[str(task.shard)] = counts
     log.info("run %s shard %d: %d rows to train, %d held-out samples left out, %d rows with "
-             "< %d supervised tokens; epoch %d", task.run, task.shard, len(kept), len(held),
-             len(rows) - len(kept), shortest, session.ledger.epoch + 1)
-    return row_order(task.run, session.ledger.epoch, task.shard, kept)
+             "< %d supervised tokens and %d no micro-batch fits set aside, %d cut to %s "
+             "tokens; epoch %d", task.run, task.shard, len(fitting), len(held),
+             counts["too_short"], shortest, counts["too_long"], counts["cut"], limit or "-",
+             session.ledger.epoch + 1)
+    return row_order(task.run, session.ledger.epoch, task.shard, fitting)
+
+
+def cut_row(row: TrainRow, limit: int) -> TrainRow:
+    """The row's first ``limit`` tokens (and their stored features)."""
+    from workers.train.drafter.features import FeaturedRow
+
+    plain = plain_row(row)
+    first = TrainingRow(plain.sample_id, plain.turn, plain.input_ids[:limit],
+                        plain.loss_mask[:limit])
+    return FeaturedRow(first, row.features[:limit]) if isinstance(row, FeaturedRow) else first
 
 
 def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[TrainRow]:
@@ -155,10 +179,9 @@ def stored_rows(ctx: WorkerContext, session: Session, task: ShardTask) -> list[T
     if list(index.layer_ids) != session.layer_ids:
         raise ConfigError(f"stored hidden states hold layers {index.layer_ids} ({index.layout}); "
                           f"the DFlash drafter trains on layers {session.layer_ids}")
-    device = session.target.get_input_embeddings().weight.device
+    # Kept on the CPU in their stored dtype: each micro-batch moves its own to the device.
     return [FeaturedRow(TrainingRow(r["sample_id"], r["turn"], r["input_ids"].tolist(),
-                                    r["loss_mask"].tolist()),
-                        r["hidden_states"].to(device, torch.float32))
+                                    r["loss_mask"].tolist()), r["hidden_states"])
             for r in iter_hidden_records(ctx.storage, task.run, [task.shard])]
 
 

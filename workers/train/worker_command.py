@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from common.cli import setting_option
+from common.config import CHECKPOINTING_MODES
 from workers.train.group import TRAIN_LAUNCH
 from workers.worker_cli import stage_worker
 
@@ -25,6 +26,14 @@ worker_train = stage_worker(
     setting_option("train_max_anchors", "--max-anchors", type=click.IntRange(min=1),
                    help="Blocks drawn per row and step (a new drafter's; fewer: less time and "
                         "memory per step)."),
+    setting_option("train_batch_tokens", "--batch-tokens", type=click.IntRange(min=0),
+                   help="Padded target tokens and draft positions a micro-batch holds; a row "
+                        "above it goes alone (0: the memory plan's budget for this GPU, 32768 "
+                        "on the CPU)."),
+    setting_option("train_activation_checkpointing", "--activation-checkpointing",
+                   type=click.Choice(CHECKPOINTING_MODES),
+                   help="Recompute the drafter's layers in the backward (auto: for the "
+                        "micro-batches that would not fit without, by the memory plan)."),
     setting_option("train_eval_steps", "--eval-steps", type=click.IntRange(min=0),
                    help="Measure the acceptance length on held-out prompts every N steps "
                         "and at each checkpoint (0: never)."),
@@ -43,7 +52,7 @@ worker_train = stage_worker(
                    help="HOST:PORT of node rank 0, where the hosts meet (several hosts)."),
     setting_option("train_parallel", "--fsdp", flag_value="fsdp",
                    help="Shard the drafter and its optimizer state over the ranks (FSDP2) "
-                        "instead of a replica on each (DDP); needs --eval-steps 0."),
+                        "instead of a replica on each (DDP)."),
     setting_option("tensorboard_dir", "--tensorboard-dir",
                    help="Also write per-step training metrics to TensorBoard under "
                         "DIR/<run>/ (unset: off)."))

@@ -26,6 +26,8 @@ row sees at least its own block, so no row is fully masked (dense SDPA would ret
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -97,3 +99,18 @@ def flex_available(device: torch.device) -> bool:
     except ImportError:
         return False
     return True
+
+
+def batch_masks(config: Any, batch: Any, device: torch.device, flex: bool) -> Any:
+    """The attention mask of a packed batch, dense or flex: one per attention kind of the
+    drafter's layers (full or sliding window, bidirectional or causal in the block); the one
+    mask itself when every layer is of one kind."""
+    masks = {}
+    for window, causal in config.attention_kinds:
+        if flex:
+            masks[window, causal] = flex_block_mask(batch.anchors, batch.starts, batch.tokens,
+                                                    config.block_size, device, window, causal)
+        else:
+            masks[window, causal] = dense_block_mask(batch.anchors, batch.starts, batch.tokens,
+                                                     config.block_size, window, causal)
+    return next(iter(masks.values())) if len(masks) == 1 else masks

@@ -15,6 +15,7 @@ weight, so the accumulated gradient is the gradient of the one-batch loss.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ import torch
 from workers.batching import length_batches
 from workers.train.drafter.blocks import block_labels
 from workers.train.trainer import TrainRow, plain_row
+
+log = logging.getLogger(__name__)
 
 NO_BUDGET = 0   # one micro-batch: the whole step at once
 
@@ -68,6 +71,15 @@ def label_weight(drawn: Sequence[Drawn], weights: torch.Tensor, block_size: int)
                                 item.anchors, block_size)
         total += (valid.float() * cpu_weights).sum()
     return total.to(weights.device)
+
+
+def halved_budget(budget: int, drawn: Sequence[Drawn], step: int) -> int:
+    """The budget a step retries at after running out of memory: half of it (or of the step's
+    tokens, without one); the log says so."""
+    half = max(1, (budget or sum(d.tokens for d in drawn)) // 2)
+    log.warning("step %d: out of memory at a budget of %s tokens; retrying the step once at %d "
+                "tokens", step, budget or "no", half)
+    return half
 
 
 @dataclass

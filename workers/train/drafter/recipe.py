@@ -26,7 +26,9 @@ class TrainConfig:
     loss_gamma: float = 7.0
     seed: int = 0
     attention: str = "auto"          # auto (flex on CUDA, else dense SDPA) | flex | sdpa
-    logits_chunk: int = 8192         # labels whose vocab logits exist at once (rest recomputed)
+    # Labels whose vocab logits exist at once (the rest recomputed); 0: 1 GiB of float32 logits
+    # (common.plan.memory.logits_chunk_for), 1,081 labels for a 248K vocabulary.
+    logits_chunk: int = 0
     min_supervised_tokens: int = 0   # shorter rows are skipped; 0: two blocks (2 x block size)
 
     @property

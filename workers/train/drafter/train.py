@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from common.errors import NothingToTrain
+from common.plan.memory import logits_chunk_for
 from common.runs.trainrows import TrainingRow
 from workers.train.drafter.blocks import (
     PackedBatch,
@@ -44,11 +45,12 @@ from workers.train.drafter.blocks import (
     slot_weights,
 )
 from workers.train.drafter.features import FeaturedRow
-from workers.train.drafter.masks import dense_block_mask, flex_available, flex_block_mask
+from workers.train.drafter.masks import batch_masks, flex_available
 from workers.train.drafter.microbatch import (
     NO_BUDGET,
     Accumulated,
     Drawn,
+    halved_budget,
     label_weight,
     micro_batches,
 )
@@ -76,6 +78,9 @@ class DrafterTrainer:
         self.featurize = featurize
         # Padded target tokens and draft positions a micro-batch may hold (0: the whole step).
         self.batch_tokens = batch_tokens
+        # Whether a micro-batch recomputes the drafter's layers in the backward (the memory
+        # plan's call under auto: workers.train.memory).
+        self.checkpointing: Callable[[Sequence[Drawn]], bool] = lambda part: False
         self.module: nn.Module = drafter   # what forward runs: the drafter or its DDP replica
         self.config = config
         self.device = drafter.fc.weight.device
@@ -116,6 +121,7 @@ class DrafterTrainer:
         """One micro-batch on the device: its rows' features (stored, or computed now by the
         target through :attr:`featurize`), blocks and labels."""
         rows = [d.row for d in drawn]
+        self.drafter.checkpointing = self.checkpointing(drawn)
         if all(isinstance(r, FeaturedRow) for r in rows):
             features = [r.features for r in rows]
         elif self.featurize is None:
@@ -125,20 +131,6 @@ class DrafterTrainer:
         batch = pack_rows([plain_row(r) for r in rows], features, [d.anchors for d in drawn],
                           self.block_size, self.drafter.config.mask_token_id)
         return batch.to(self.device)
-
-    def attn_mask(self, batch: PackedBatch) -> Any:
-        """The dense or flex attention mask of a packed batch: one per attention kind of the
-        drafter's layers (full or sliding window, bidirectional or causal in the block)."""
-        masks = {}
-        for window, causal in self.drafter.config.attention_kinds:
-            if self.attention == "flex":
-                masks[window, causal] = flex_block_mask(
-                    batch.anchors, batch.starts, batch.tokens, self.block_size, self.device,
-                    window, causal)
-            else:
-                masks[window, causal] = dense_block_mask(
-                    batch.anchors, batch.starts, batch.tokens, self.block_size, window, causal)
-        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted loss and a ``[2, B]`` tensor: correct and labelled counts per slot."""
@@ -152,12 +144,13 @@ class DrafterTrainer:
                             enabled=self.device.type == "cuda"):
             hidden = self.module(batch.block_ids[None], batch.block_positions[None],
                                  batch.features[None], batch.context_positions[None],
-                                 self.attn_mask(batch))[0]
+                                 batch_masks(self.drafter.config, batch, self.device,
+                                             self.attention == "flex"))[0]
             hidden = hidden.view(batch.blocks, self.block_size, -1)[batch.valid]
             labels = batch.labels[batch.valid]
             slots = batch.valid.nonzero()[:, 1]
             weights = self.weights[slots]
-            chunk = self.config.logits_chunk
+            chunk = self.config.logits_chunk or logits_chunk_for(self.drafter.config.vocab_size)
             parts = [self._chunk_loss(hidden[i:i + chunk], labels[i:i + chunk],
                                       weights[i:i + chunk], recompute=labels.numel() > chunk)
                      for i in range(0, labels.numel(), chunk)]
@@ -233,10 +226,7 @@ class DrafterTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        budget = max(1, (self.batch_tokens or sum(d.tokens for d in drawn)) // 2)
-        log.warning("step %d: out of memory at a budget of %s tokens; retrying the step once at "
-                    "%d tokens", self.steps + 1, self.batch_tokens or "no", budget)
-        return budget
+        return halved_budget(self.batch_tokens, drawn, self.steps + 1)
 
     def eval_drafter(self) -> DFlashDraftModel:
         """The drafter the acceptance-length eval decodes with: this one."""

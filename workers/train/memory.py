@@ -1,0 +1,94 @@
+"""The memory plan on a training rank: its verdict when a run's session is built, the
+micro-batch budget, activation checkpointing per micro-batch, and the rows no budget fits.
+
+    plan = rank_plan(settings, config, target, drafter.config)   # None on the CPU
+    check_resident(plan, run)            # PlanDoesNotFit (the shard parks) naming the fix
+    configure(trainer, plan, settings)   # batch_tokens, checkpointing per micro-batch
+    plan.fits_row(tokens, supervised)    # a row that fits under no budget is set aside
+
+On a GPU the plan is :class:`common.plan.verdict.TrainingPlan` for this rank's device (its total
+memory, the group's ranks, FSDP or not); on the CPU there is no plan: the budget is
+``CPU_BATCH_TOKENS`` and checkpointing is on only when asked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from common.config import Settings
+from common.errors import PlanDoesNotFit
+from common.plan.memory import GiB, Micro
+from common.plan.shapes import DrafterDims, TargetDims
+from common.plan.verdict import Hardware, TrainingPlan
+from common.runs.records import RunConfig
+from workers.train.drafter.microbatch import Drawn
+from workers.train.process_group import current_group
+
+log = logging.getLogger(__name__)
+
+CPU_BATCH_TOKENS = 32768
+REFERENCE_TOKENS = 32768   # the row the verdict is stated at, unless the run cuts its rows
+
+
+def rank_plan(settings: Settings, config: RunConfig, target: Any,
+              drafter_config: Any) -> TrainingPlan | None:
+    """This rank's plan for the run (None on the CPU: no device memory to plan against)."""
+    device = target.get_input_embeddings().weight.device
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    group = current_group()
+    ranks = group.world if group else 1
+    hardware = Hardware(props.total_memory / GiB, ranks,
+                        settings.train.parallel == "fsdp" and ranks > 1, props.name)
+    tokens = getattr(config, "max_train_tokens", None) or REFERENCE_TOKENS
+    return TrainingPlan(TargetDims.of_model(target), DrafterDims.from_config(drafter_config),
+                        hardware, tokens,
+                        checkpointing_mode=settings.train.activation_checkpointing,
+                        max_anchors=settings.train.max_anchors)
+
+
+def check_resident(plan: TrainingPlan | None, run: str) -> None:
+    """Log the plan's verdict; raise when the target and the drafter state alone cannot fit."""
+    if plan is None:
+        log.info("run %s: on the CPU, no memory plan (micro-batches of %d tokens)", run,
+                 CPU_BATCH_TOKENS)
+        return
+    log.info("run %s: memory plan: %s", run, plan.verdict())
+    if not plan.resident_fits:
+        fixes = "; or ".join(plan.advice())
+        raise PlanDoesNotFit(f"run {run}: the target and the drafter's state alone need "
+                             f"{plan.step.resident / GiB:.1f} GiB of this GPU's "
+                             f"{plan.hardware.usable / GiB:.1f} GiB; fix: {fixes}")
+
+
+def micro_of(part: Sequence[Drawn], block_size: int) -> Micro:
+    """A micro-batch's shape as the plan reads it."""
+    widths = [d.tokens for d in part]
+    queries = sum(d.draft_positions(block_size) for d in part)
+    return Micro(len(part), max(widths), sum(widths), queries,
+                 queries * (block_size - 1) // block_size)
+
+
+def configure(trainer: Any, plan: TrainingPlan | None, settings: Settings) -> None:
+    """The trainer's micro-batch budget and its activation checkpointing per micro-batch."""
+    mode = settings.train.activation_checkpointing
+    budget = settings.train.batch_tokens or (plan.budget if plan else CPU_BATCH_TOKENS)
+    trainer.batch_tokens = max(1, budget)   # 0 from the plan: every row alone
+    block = trainer.block_size
+    if plan is None or mode != "auto":
+        trainer.checkpointing = lambda part: mode == "on"
+    else:
+        trainer.checkpointing = lambda part: plan.checkpointing_for(micro_of(part, block))
+
+
+def fits_row(plan: TrainingPlan | None, tokens: int, supervised: int) -> bool:
+    """Whether a row alone fits this rank (always, without a plan)."""
+    if plan is None:
+        return True
+    micro = Micro.row(tokens, plan.drafter.block_size, plan.max_anchors, supervised)
+    return plan.fits_micro(micro)
