@@ -17,9 +17,12 @@ loss of one batch from identical weights must agree to bf16 tolerance, then toke
 memory of each; (c) the speculative-decoding eval loop (a random drafter) against plain greedy
 decoding: decode tokens/s and the same tokens; (d) the block masks' numerics: dense SDPA and
 flex attention on CUDA (fp32 and bf16) against dense SDPA on the CPU in fp32 (CPU only: flex
-eager against dense). Prints one table; exits 1 on a numerics mismatch (or non-finite hidden
-states). Peak memory is ``torch.cuda.max_memory_allocated`` above what was resident before the
-part (the target's weights), timings synchronise the device first; on the CPU both read "-".
+eager against dense); (f) the training memory plan (:mod:`common.plan.memory`) beside what a
+step really allocated, term by term (``benchmarks/training_memory.py``). Prints one table;
+exits 1 on a numerics mismatch (or non-finite hidden states). Peak memory is
+``torch.cuda.max_memory_allocated`` above what was resident before the part (the target's
+weights), timings synchronise the device first; on the CPU both read "-" (but in (f), where the
+CPU's figure is the live tensors' bytes, counted op by op).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from benchmarks.gpu_targets import (  # noqa: E402
     describe,
     linear_attention_kernels,
 )
+from benchmarks.training_memory import plan_checks  # noqa: E402
 from common.errors import HiddenStateError  # noqa: E402
 from common.exit_codes import EXIT_FAILURE  # noqa: E402
 from common.runs.trainrows import TrainingRow  # noqa: E402
@@ -312,6 +316,10 @@ def main() -> None:
                           args.anchors or (8 if small else 128), args.steps or (2 if small else 5))
     rows += part_specdec(target, device, 128 if small else 2048, 16 if small else 64)
     rows += part_masks(device)
+    rows += [Row("f memory plan", case, None, measured / GIB,
+                 f"planned {planned / GIB:.2f} GiB ({planned / max(measured, 1):.2f}x measured)")
+             for case, measured, planned in plan_checks(target, lengths[:1],
+                                                        args.anchors or (8 if small else 128))]
     if hybrid:
         rows.append(Row("e linear attention", linear_attention_kernels(), None, None,
                         "the kernels parts a-c ran"))

@@ -88,6 +88,15 @@ def _hardware(num_gpus: int, gpu_memory_gib: float | None, fsdp: bool) -> Hardwa
     return Hardware(gpu_memory_gib, num_gpus, fsdp, name)
 
 
+def run_plan(settings: Settings, run: str, hardware: Hardware) -> TrainingPlan:
+    """The plan of a run as its train workers would see it on ``hardware``."""
+    config, lengths = _run_lengths(settings, run)
+    target = _target(settings, config.model)
+    return plan_for(target, _drafter(target, None, config), hardware, lengths,
+                    checkpointing_mode=settings.train.activation_checkpointing,
+                    max_anchors=settings.train.max_anchors)
+
+
 def render(plan: TrainingPlan) -> str:
     """The plan as a table, one term a line, then the verdict and the fixes."""
     data = plan.to_json()

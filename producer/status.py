@@ -159,12 +159,15 @@ class StatusReader:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
         stage = "train" if config.mode == "online" else "hidden"
         parked = len(live["stages"][stage].parked) if live is not None else None
+        from common.drafter.store import latest_metrics, read_ledger
+
         if config.mode != "online":
             self.hidden = self.hidden or CommitSet(self.storage, self.run)
             done = self.hidden.update(total)
+            # Training from the stored states, where a trainer has checkpointed.
             return {"mode": "offline", "stage": "hidden", "committed": len(done),
-                    "parked": parked}
-        from common.drafter.store import latest_metrics, read_ledger
+                    "parked": parked,
+                    "rows_set_aside": read_ledger(self.storage, self.run).set_aside_counts()}
 
         train = dict(live["train"]) if live is not None else {}
         if not train:   # Redis lost its record: the newest checkpoint's metrics

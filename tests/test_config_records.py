@@ -57,3 +57,14 @@ def test_run_config_diff_names_fields_and_ignores_timestamps() -> None:
     with pytest.raises(RunConfigMismatch, match="shard_size"):
         a.check_same(b)
     assert RunConfig.from_json(b.to_json()) == b
+
+
+def test_a_run_stored_before_an_added_option_reads_on_with_its_default() -> None:
+    """run.json written before --max-train-tokens existed: the field is missing, it reads as
+    whole rows (None), and enqueueing the same run again is no mismatch; no schema bump."""
+    stored = _config().to_json()
+    del stored["max_train_tokens"]
+    old = RunConfig.from_json(stored)
+    assert old.max_train_tokens is None and old.schema == _config().schema
+    assert old.differences(_config()) == []
+    assert _config(max_train_tokens=4096).differences(old) == ["max_train_tokens"]

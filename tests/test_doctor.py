@@ -165,3 +165,15 @@ def test_model_dir_contents(tmp_path: Path, model_cache: Path) -> None:
     uncached = check_model(load_settings(env={"DFLASH_CACHE_DIR": str(tmp_path / "empty")}))
     assert uncached.status == "WARN" and "will be built on first use" in uncached.detail
     assert not (tmp_path / "empty").exists()  # checking never starts a build
+
+
+def test_run_option_says_whether_training_fits_this_host(env: dict[str, str]) -> None:
+    """No GPU here: the training-memory row warns and names the command that plans for the GPUs
+    the run will train on (the plan itself: tests/test_plan_training.py)."""
+    code, checks = doctor_json(env, "--run", "myrun")
+    row = checks["training memory"]
+    assert code == 0 and row["status"] == "WARN", row
+    assert "no GPU here" in row["detail"]
+    assert "plan-training --run myrun --num-gpus N --gpu-memory-gib G" in row["fix"]
+    bad = doctor(env, "--run", "no/such id")
+    assert bad.returncode == 2 and "invalid run id" in bad.stderr

@@ -201,7 +201,7 @@ def test_the_launcher_names_no_stage() -> None:
 # folder of what it owns (docs/concepts/architecture.md lists them).
 COMMON_ROOT = {"cli", "config", "options", "errors", "exit_codes", "entry_points", "storage",
                "keys", "key_layout", "lifeline", "faults"}
-COMMON_FOLDERS = {"runs", "gates", "queue", "engine", "drafter", "hidden", "inputs"}
+COMMON_FOLDERS = {"runs", "gates", "queue", "engine", "drafter", "hidden", "inputs", "plan"}
 
 
 def test_common_is_foldered_by_what_it_owns() -> None:

@@ -14,6 +14,7 @@ import torch
 from common import keys
 from common.drafter.store import best_step, committed_steps, load_checkpoint, read_ledger
 from common.runs.records import InputManifest
+from common.runs.store import RunStore
 from common.storage import open_storage
 from tests.conftest import MT_BENCH, Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
@@ -224,8 +225,10 @@ def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tm
     pipeline.start_worker("gen")
     start_hidden_worker(pipeline, "hid")
     trainer = start_train_worker(pipeline, "trainer")
+    # Rows cut to their first 96 tokens (prompts are ~40-70): the stored states are cut too.
     pipeline.cli("enqueue", "--input", src, "--run", "off", "--shard-size", "4", "--epochs", "2",
-                 "--max-new-tokens", "128", "--heldout-min", "1", check=True)
+                 "--max-new-tokens", "128", "--heldout-min", "1", "--max-train-tokens", "96",
+                 check=True)
     # Two epochs over the stored states, the schedule made from them as online.
     wait_until(lambda: read_ledger(storage, "off").finished, 240,
                "two epochs trained from stored hidden states")
@@ -239,3 +242,18 @@ def test_offline_run_trains_from_the_stored_hidden_states(pipeline: Pipeline, tm
     assert adam_steps(state) == {state["steps"]} and len(ledger.tau_by_epoch) == 2
     log = (pipeline.log_dir / "trainer.log").read_text()
     assert "run off shard 0: step" in log and trainer.poll() is None
+    # Status counts the rows longer than 96 tokens (held-out samples aside) as cut.
+    store = RunStore(storage, "off")
+    rows = [row for shard in store.committed() for row in store.training_rows(shard)]
+    heldout = store.manifest().heldout_ids
+    aside = pipeline.status("off")["downstream"]["rows_set_aside"]
+    assert aside["cut"] == sum(len(r.input_ids) > 96 for r in rows
+                               if r.sample_id not in heldout) > 0, aside
+    assert f"{aside['cut']} cut to the run's --max-train-tokens" in pipeline.cli(
+        "status", "--run", "off", check=True).stdout
+    # plan-training reads the committed rows' lengths from the commits (cut as the run cuts).
+    plan = json.loads(pipeline.cli("plan-training", "--run", "off", "--gpu-memory-gib", "80",
+                                   "--json", check=True).stdout)
+    assert sorted(store.row_lengths(0) + store.row_lengths(1)) == sorted(
+        (len(r.input_ids), r.supervised_tokens) for r in rows)
+    assert plan["rows"] == len(rows) and plan["tokens"] == 96 and plan["fits"]

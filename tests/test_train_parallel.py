@@ -162,8 +162,8 @@ def rank_pid(launcher: subprocess.Popen[bytes], rank: int) -> int:
 def test_a_group_survives_kill9_of_a_rank_and_an_fsdp_group_finishes(pipeline: Pipeline,
                                                                        tmp_path: Path) -> None:
     """kill -9 of a DDP rank mid-run stops its group; an FSDP2 group resumes from the DDP
-    group's checkpoint and trains both epochs to the schedule's last step (one run: each group
-    start costs ~30 s here)."""
+    group's checkpoint, trains both epochs to the schedule's last step and measures tau on the
+    way (one run: each group start costs ~30 s here)."""
     src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(16))
     storage = open_storage(pipeline.env["DFLASH_STORAGE"])
     group = pipeline.start_worker("trainer", "--nproc-per-node", "2", kind="train", **TRAIN_ENV)
@@ -178,8 +178,9 @@ def test_a_group_survives_kill9_of_a_rank_and_an_fsdp_group_finishes(pipeline: P
     assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
     before = committed_steps(storage, "dp")[-1]
     assert len(read_ledger(storage, "dp").done) < 4, "training ended before the kill"
-    pipeline.start_worker("trainer2", "--nproc-per-node", "2", "--fsdp", "--eval-steps", "0",
-                          kind="train", **TRAIN_ENV)
+    # The FSDP group measures tau as it trains: rank 0 decodes with the gathered drafter.
+    pipeline.start_worker("trainer2", "--nproc-per-node", "2", "--fsdp", kind="train",
+                          **TRAIN_ENV)
     pipeline.wait_done("dp")
     pipeline.cli("resume", "--run", "dp", check=True)  # shards acked after the last checkpoint
     wait_until(lambda: read_ledger(storage, "dp").finished, 360, "both epochs trained")
@@ -192,7 +193,10 @@ def test_a_group_survives_kill9_of_a_rank_and_an_fsdp_group_finishes(pipeline: P
     # The group's schedule: rank 0's, exactly two epochs of the run's rows.
     assert final == 2 * sum(ledger.shard_steps.values()) == state["schedule"]["total"]
     assert "fsdp" in (pipeline.log_dir / "trainer2.log").read_text().lower()
-    train = pipeline.status("dp")["downstream"]["train"]
+    down = pipeline.status("dp")["downstream"]
+    assert down["eval_error"] is None and int(down["tau_step"]) > before, down
+    assert len(ledger.tau_by_epoch) == 2 and None not in ledger.tau_by_epoch
+    train = down["train"]
     assert int(train["ranks"]) == 2 and int(train["hosts"]) == 1
     assert float(train["tokens_per_s"]) > 0
     text = pipeline.cli("status", "--run", "dp", check=True).stdout

@@ -166,7 +166,7 @@ class TrainingPlan:
             "per_rank_gib": {k: round(gib(v), 2) for k, v in per_rank.items()},
             "gpu_memory_gib": hw.gpu_memory_gib, "usable_gib": round(gib(hw.usable), 2),
             "fits": self.fits, "max_tokens_that_fit": self.max_tokens_that_fit,
-            "advice": self.advice(), "epoch_hours": _rounded(self.epoch_hours, 2),
+            "advice": self.advice(), "epoch_hours": _rounded(self.epoch_hours, 4),
             "epoch_flops": self.epoch_flops, "tokens": self.tokens,
             "num_gpus": hw.num_gpus, "fsdp": hw.fsdp, "checkpointing": step.checkpointing,
             "drafter_activations_gib": {

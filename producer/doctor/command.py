@@ -44,6 +44,7 @@ from common.engine.preflight import (
 )
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE
+from common.keys import valid_run_id
 from producer.doctor.storage import check_storage
 from producer.doctor.target import target_dir
 
@@ -189,10 +190,11 @@ def check_redis_binary() -> CheckResult:
 
 
 def run_checks(settings: Settings, gpus: list[int] | None,
-               drafter: Path | None = None) -> list[CheckResult]:
+               drafter: Path | None = None, run: str | None = None) -> list[CheckResult]:
     """Every check, in the order a deployment needs them; one broken check never hides others."""
     from producer.doctor.gpu_host import check_nvml, check_sglang
     from producer.doctor.kernels import check_linear_attention_kernels
+    from producer.doctor.training import check_training
 
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("redis", lambda: check_redis(settings.broker.url)),
@@ -212,6 +214,8 @@ def run_checks(settings: Settings, gpus: list[int] | None,
         checks.append(("drafter", lambda: check_drafter_export(settings, drafter)))
     checks.append(("mamba state cache", lambda: check_mamba(settings, drafter)))
     checks.append(("linear-attention kernels", lambda: check_linear_attention_kernels(settings)))
+    if run is not None:
+        checks.append(("training memory", lambda: check_training(settings, run)))
     results: list[CheckResult] = []
     for name, check in checks:
         try:
@@ -269,14 +273,19 @@ def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
     @click.option("--drafter", type=click.Path(path_type=Path), default=None,
                   help="Also check this drafter export (export-drafter --out) against the "
                        "target before SGLang serves it.")
+    @click.option("--run", default=None,
+                  help="Also say whether this run's drafter training fits this host's GPUs "
+                       "(the memory plan: plan-training).")
     @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
     @common_options
     def doctor(settings: Settings, model: str | None, gpus: list[int] | None,
-               drafter: Path | None, as_json: bool) -> None:
+               drafter: Path | None, run: str | None, as_json: bool) -> None:
         """Check Redis, storage, the model, SGLang, GPUs, disk and a drafter; fix every problem."""
         if model:
             settings = replace(settings, model=model)
-        results = run_checks(settings, gpus, drafter)
+        if run is not None and not valid_run_id(run):
+            raise click.BadParameter(f"invalid run id {run!r}", param_hint="--run")
+        results = run_checks(settings, gpus, drafter, run)
         ok = all(r.ok for r in results)
         if as_json:
             click.echo(json.dumps({"ok": ok, "checks": [r.as_dict() for r in results]},

@@ -2,7 +2,8 @@
 micro-batch budget, activation checkpointing per micro-batch, and the rows no budget fits.
 
     plan = rank_plan(settings, config, target, drafter.config)   # None on the CPU
-    check_resident(plan, run)            # PlanDoesNotFit (the shard parks) naming the fix
+    check_resident(plan, run)            # PlanDoesNotFit (the shard parks) naming the fix,
+                                         # where not even the shortest row fits beside them
     configure(trainer, plan, settings)   # batch_tokens, checkpointing per micro-batch
     plan.fits_row(tokens, supervised)    # a row that fits under no budget is set aside
 
@@ -59,11 +60,13 @@ def check_resident(plan: TrainingPlan | None, run: str) -> None:
                  CPU_BATCH_TOKENS)
         return
     log.info("run %s: memory plan: %s", run, plan.verdict())
-    if not plan.resident_fits:
+    shortest = 2 * plan.drafter.block_size + 1   # the shortest row a step trains
+    if plan.max_tokens_that_fit < shortest:
         fixes = "; or ".join(plan.advice())
-        raise PlanDoesNotFit(f"run {run}: the target and the drafter's state alone need "
+        raise PlanDoesNotFit(f"run {run}: the target and the drafter's state need "
                              f"{plan.step.resident / GiB:.1f} GiB of this GPU's "
-                             f"{plan.hardware.usable / GiB:.1f} GiB; fix: {fixes}")
+                             f"{plan.hardware.usable / GiB:.1f} GiB and leave no room for a "
+                             f"step of {shortest} tokens; fix: {fixes}")
 
 
 def micro_of(part: Sequence[Drawn], block_size: int) -> Micro:

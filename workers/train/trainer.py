@@ -7,22 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.runs.trainrows import TrainingRow
+from workers.train.drafter.features import TrainRow, plain_row  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from workers.train.drafter.features import FeaturedRow
     from workers.train.drafter.model import DFlashDraftModel
     from workers.train.drafter.schedule import Schedule
     from workers.train.drafter.train import StepMetrics
-
-    TrainRow = TrainingRow | FeaturedRow
-else:
-    TrainRow = Any
-
-
-def plain_row(row: TrainRow) -> TrainingRow:
-    """The training row itself, with or without the target features computed for it."""
-    return row if isinstance(row, TrainingRow) else row.row
 
 
 class Trainer(Protocol):

@@ -35,6 +35,14 @@ class FeaturedRow:
     features: torch.Tensor
 
 
+TrainRow = TrainingRow | FeaturedRow   # a row with or without its features
+
+
+def plain_row(row: TrainRow) -> TrainingRow:
+    """The training row itself, with or without the target features computed for it."""
+    return row if isinstance(row, TrainingRow) else row.row
+
+
 @torch.no_grad()
 def target_features(target: nn.Module, rows: Sequence[TrainingRow],
                     layer_ids: Sequence[int], pad_id: int = 0) -> list[torch.Tensor]:

@@ -24,7 +24,7 @@ import torch
 
 from workers.batching import length_batches
 from workers.train.drafter.blocks import block_labels
-from workers.train.trainer import TrainRow, plain_row
+from workers.train.drafter.features import TrainRow, plain_row
 
 log = logging.getLogger(__name__)
 

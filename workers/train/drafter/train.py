@@ -44,7 +44,7 @@ from workers.train.drafter.blocks import (
     sample_anchors,
     slot_weights,
 )
-from workers.train.drafter.features import FeaturedRow
+from workers.train.drafter.features import FeaturedRow, TrainRow, plain_row
 from workers.train.drafter.masks import batch_masks, flex_available
 from workers.train.drafter.microbatch import (
     NO_BUDGET,
@@ -61,7 +61,6 @@ from workers.train.drafter.recipe import (  # noqa: F401 - re-exported
     lr_factor,
 )
 from workers.train.drafter.schedule import Schedule
-from workers.train.trainer import TrainRow, plain_row
 
 Featurize = Callable[[list[TrainingRow]], list[torch.Tensor]]
 
