@@ -106,7 +106,10 @@ class TargetSettings:
     """The target model every stage loads, and where built artefacts are cached."""
 
     model: str = TINY_MODEL
-    cache_dir: Path = default_cache_dir()   # embedded models, engine pid files and logs
+    cache_dir: Path = default_cache_dir()   # embedded models (and, by default, engine state)
+    # Where engine servers' pid files and logs go ("": cache_dir/engines); compose points it at
+    # a volume of its own, so the model cache can be read-only for every service that only reads.
+    engine_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,17 +187,34 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
+class ReadSettings:
+    """Bounds on what a reader takes from storage (common/reads.py): an object past them is
+    foreign, never read whole (a forged object cannot fill a reader's memory)."""
+
+    PREFIX: ClassVar[str] = "read_"
+    json_bytes: int = 64 * 2**20            # a JSON record: run.json, commits, gates, ...
+    index_bytes: int = 16 * 2**20           # a run-index object as stored (zstd)
+    index_decoded_bytes: int = 64 * 2**20   # ... and decompressed
+    part_bytes: int = 2**30                 # a part or an input shard as stored (zstd)
+    part_decoded_bytes: int = 4 * 2**30     # ... and decompressed
+
+
+@dataclass(frozen=True)
 class UiSettings:
     """The dashboard server."""
 
     PREFIX: ClassVar[str] = "ui_"
     auth: str = setting("", secret=True)   # user:password of its basic auth (like Flower's)
+    # The networks whose engine URLs (announced in Redis) the dashboard probes, comma-separated:
+    # loopback and the private ranges a compose network takes; nothing else is fetched.
+    engine_networks: str = ("127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,"
+                            "fc00::/7")
 
 
 SECTIONS: dict[str, type] = {
     "broker": BrokerSettings, "worker": WorkerSettings, "target": TargetSettings,
     "generate": GenerateSettings, "hidden": HiddenSettings, "train": TrainSettings,
-    "ui": UiSettings,
+    "read": ReadSettings, "ui": UiSettings,
 }
 FIELDS: dict[str, tuple[str, Field[Any]]] = {
     flat: (section, f) for section, cls in SECTIONS.items() for flat, f in section_fields(cls)
@@ -214,6 +234,7 @@ class Settings:
     generate: GenerateSettings
     hidden: HiddenSettings
     train: TrainSettings
+    read: ReadSettings
     ui: UiSettings
 
     def __init__(self, **values: Any) -> None:
@@ -247,6 +268,12 @@ class Settings:
     def engine_server_port(self) -> int:
         """One port per GPU so several workers on a host never collide."""
         return self.generate.engine_port + self.worker.gpu
+
+    @property
+    def engines_dir(self) -> Path:
+        """Engine servers' pid files and logs."""
+        return (Path(self.target.engine_dir).expanduser() if self.target.engine_dir
+                else self.target.cache_dir / "engines")
 
     @property
     def model_is_tiny(self) -> bool:

@@ -129,5 +129,17 @@ class OptionRefused(ConfigError):
     (exit 2, like click's own usage errors)."""
 
 
+class ForeignObject(PermanentError):
+    """A stored object that is not a valid record of its key (too large, a compression bomb,
+    not JSON, the wrong type): readers treat it as foreign (:mod:`common.reads`)."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key, self.why = key, why
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:   # picklable across processes
+        return type(self), (self.key, self.why)
+
+
 class SchemaMismatch(PermanentError):
     """A stored record carries a schema number this release does not read."""

@@ -25,12 +25,13 @@ INDEX_CHUNK = 100
 ACCESS_PROBE_RUN = "_access"   # never a run id (valid_run_id): the probe touches no run
 IGNORED_LOGGED = 10_000   # foreign keys logged per process at most (a flood stays bounded)
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
 
 
 def valid_run_id(run: str) -> bool:
-    """Run ids become key prefixes, so keep them to a safe, portable alphabet."""
-    return bool(_RUN_ID.match(run)) and ".." not in run
+    """Run ids become key prefixes, so keep them to a safe, portable alphabet (the whole id:
+    no trailing newline, no other script's digits)."""
+    return isinstance(run, str) and bool(_RUN_ID.fullmatch(run)) and ".." not in run
 
 
 class KeyKind(enum.StrEnum):
@@ -77,7 +78,7 @@ _LAYOUTS = (  # (kind, exact layout, digits of ``number``): every key the templa
     (KeyKind.CHECKPOINT, rf"{_R}drafter/step-(?P<number>\d+)(?:\.(?P<seq>[1-9]\d*))?/"
                          r"(?P<name>state\.pt|_COMMIT\.json)", STEP_DIGITS),
     (KeyKind.LATEST, rf"{_R}drafter/latest\.json", 0),
-    (KeyKind.INDEX, rf"{_R}index/(?P<name>digests|summaries)/chunk-(?P<number>\d+)-"
+    (KeyKind.INDEX, rf"{_R}index/(?P<name>commits|digests|summaries)/chunk-(?P<number>\d+)-"
                     r"(?P<count>\d+)-[0-9a-f]{8}\.json\.zst", 4),
     (KeyKind.INPUT, rf"{_R}inputs/{_S}\.jsonl\.zst", 0),
     (KeyKind.MANIFEST, rf"{_R}inputs/_MANIFEST\.json", 0),
@@ -87,8 +88,11 @@ _LAYOUTS = (  # (kind, exact layout, digits of ``number``): every key the templa
     (KeyKind.REPORT, rf"{_R}reports/report-{_STAMP}\.png", 0),
     (KeyKind.RUN_CONFIG, rf"{_R}run\.json", 0),
 )
-_COMPILED = tuple((kind, re.compile(layout), digits) for kind, layout, digits in _LAYOUTS)
-_PROBE = re.compile(rf"runs/{ACCESS_PROBE_RUN}/(?P<name>[a-z]+)/(?:_PROBE|doctor-[0-9a-f]{{32}})")
+# ASCII: ``\d`` is 0-9 only (a checkpoint's "step-00००12" is no step).
+_COMPILED = tuple((kind, re.compile(layout, re.ASCII), digits)
+                  for kind, layout, digits in _LAYOUTS)
+_PROBE = re.compile(rf"runs/{ACCESS_PROBE_RUN}/(?P<name>[a-z]+)/(?:_PROBE|doctor-[0-9a-f]{{32}})",
+                    re.ASCII)
 _IGNORED: set[str] = set()
 
 

@@ -33,7 +33,7 @@ __all__ = ["ACCESS_PROBE_RUN", "INDEX_CHUNK", "PART_DIGITS", "SHARD_DIGITS", "ST
            "KeyKind", "checkpoint_id", "commit_shard", "index_entry", "input_shard_of", "parse",
            "part_number", "shard_of", "valid_run_id"]
 
-_SHARD_NAME = re.compile(r"shard-(\d+)")   # 6 digits grow to 7 past shard 999999
+_SHARD_NAME = re.compile(r"shard-(\d+)", re.ASCII)   # 6 digits grow to 7 past shard 999999
 
 
 def shard_name(shard: int) -> str:

@@ -29,9 +29,11 @@ from common.engine.mtp import MtpChoice, choose_mtp, lossless_refusal, target_sh
 from common.engine.serving import engine_command, sampling_params, visible_devices
 from common.engine.speculative import server_algorithm
 from common.errors import ConfigError, DflashError, EngineError, OptionRefused
+from common.reads import rows_or_none
 from common.runs.commit_cache import CommitDigest
 from common.runs.index import RunIndex, shard_total
-from common.runs.records import RunConfig, decode_jsonl_zst
+from common.runs.records import RunConfig
+from common.runs.schemas import INPUT_ROW
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
 from producer.bench import BenchRow, measure
@@ -57,7 +59,7 @@ def draw_rows(storage: Storage, run: str, num: int, seed: int) -> list[dict[str,
     rng.shuffle(shards)
     rows: list[dict[str, Any]] = []
     for key in shards:   # a few shards at least, so one shard's topic does not decide
-        rows += decode_jsonl_zst(storage.get(key))
+        rows += [dict(r) for r in rows_or_none(storage, key, INPUT_ROW) or []]   # foreign: none
         if len(rows) >= 2 * num:
             break
     rng.shuffle(rows)
@@ -147,7 +149,7 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
               seed: int = 0) -> tuple[list[BenchRow], Projection]:
     """The rows of every configuration and concurrency, and the run's projection; ``model``
     (else the run's own) is the target, ``gpu`` the first GPU of the engine (else all)."""
-    storage = open_storage(settings.broker.storage)
+    storage = open_storage(settings.broker.storage, settings.read)
     store = RunStore(storage, run)
     config, manifest = store.config(), store.manifest()
     if manifest is None:
@@ -177,7 +179,7 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
             argv = engine_command(settings, model_path, choice.args, port=port,
                                   max_running_requests=max(levels))
             gpus_env = visible_devices(gpu, settings.generate.tp) if gpu is not None else None
-            with launched(argv, f"http://127.0.0.1:{port}", settings.target.cache_dir / "engines",
+            with launched(argv, f"http://127.0.0.1:{port}", settings.engines_dir,
                           settings.generate.engine_startup_timeout, gpus_env) as url:
                 rows += _measure(url, mode, prompts, levels)
     done = committed(storage, run)

@@ -80,17 +80,20 @@ def enqueue(settings: Settings, dry_run: bool, show: int, model: str | None, as_
               help="New pause threshold for the rejection rate (lifts a pause too).")
 @click.option("--pause-after", type=click.IntRange(min=1), default=None,
               help="New size of the rolling window the rate is taken over (lifts a pause too).")
+@click.option("--dry-run", is_flag=True,
+              help="Say what would be queued; queue nothing, lift no pause, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @common_options
 def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
-           max_reject_rate: float | None, pause_after: int | None, as_json: bool) -> None:
+           max_reject_rate: float | None, pause_after: int | None, dry_run: bool,
+           as_json: bool) -> None:
     """Re-queue every shard without a commit, from storage alone (after a crash, wipe or pause)."""
     from producer.commands import context_check, print_enqueue_report
     from producer.enqueue import read_run_config, resume_run
 
     storage, app, client = _services(settings)
     config = read_run_config(storage, run)
-    if config is not None:
+    if config is not None and not dry_run:
         from common.gates.monitor import resume_gates
 
         lifted = resume_gates(client, storage, run, config.gates, accept=accept_gates,
@@ -101,7 +104,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
                        + (", rejections so far accepted)" if accept_gates else ")"))
     report = resume_run(storage, app, client, run, force=force,
                         check_for=lambda c: context_check(settings, c),
-                        lease_ttl=settings.worker.lease_ttl)
+                        lease_ttl=settings.worker.lease_ttl, dry_run=dry_run)
     print_enqueue_report(report, storage, as_json)
 
 

@@ -140,7 +140,9 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
     good = report.rows - report.rejected
     click.echo(f"run {report.run}: {report.rows} rows read, {good} good, "
                f"{report.rejected} rejected; {report.shards} shards "
-               f"({report.committed} committed), {report.enqueued} queued now"
+               f"({report.committed} committed), {report.enqueued} "
+               + ("would be queued (dry run: nothing written)" if report.dry_run
+                  else "queued now")
                + (f", {report.downstream} committed shards queued downstream"
                   if report.downstream else ""))
     if report.sampling:

@@ -33,8 +33,10 @@ from common.cli import command_option, common_options
 from common.config import Settings
 from common.errors import ConfigError
 from common.faults import inject
+from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import fetch, read_commits
-from common.runs.records import ShardCommit, decode_jsonl_zst, dumps
+from common.runs.records import ShardCommit, dumps
+from common.runs.schemas import SAMPLE
 from common.runs.splits import is_heldout
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
@@ -174,16 +176,22 @@ def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
     """The canonical samples in the planned order, reading each shard's parts once (a bounded
     pool reads ahead, in order)."""
     plan = [(commit, ids, sorted({commit.part_of[i] for i in ids})) for commit, ids in order]
-    fetched = fetch(storage, [part for _, _, parts in plan for part in parts])
+    fetched = fetch(storage, [part for _, _, parts in plan for part in parts],
+                    get=part_getter(storage))
     for commit, ids, parts in plan:
         wanted = set(ids)
         found: dict[str, dict[str, Any]] = {}
         for part, data in itertools.islice(fetched, len(parts)):
-            for sample in decode_jsonl_zst(data):
+            for sample in rows_or_none(storage, part, SAMPLE, data) or []:
                 if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
                     found[sample["id"]] = sample
+        missing = [i for i in ids if i not in found]
+        if missing:   # a foreign part (noted): its samples cannot be exported
+            log.warning("run %s shard %d: %d samples not exported: their part is foreign",
+                        commit.run, commit.shard, len(missing))
         for sample_id in ids:
-            yield found[sample_id]
+            if sample_id in found:
+                yield found[sample_id]
         if progress is not None:
             progress(len(ids))
 
@@ -288,7 +296,7 @@ def export_dataset_command(settings: Settings, run: str, out: str, fmt: str,
 
     options = ExportOptions(run=run, format=fmt, include_rejected=include_rejected,
                             shard_rows=shard_rows, split_heldout=split_heldout)
-    source, target = open_storage(settings.broker.storage), open_storage(out)
+    source, target = open_storage(settings.broker.storage, settings.read), open_storage(out)
     with Progress(transient=True, disable=as_json, console=Console(stderr=True)) as bar:
         task = bar.add_task(f"exporting {run}", total=None)
         report = export_dataset(source, target, options,

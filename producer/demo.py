@@ -176,8 +176,8 @@ def run_demo(options: DemoOptions) -> int:
         from common.queue.celery_app import make_app
         from common.storage import open_storage
 
-        storage, client = open_storage(settings.broker.storage), redis.Redis.from_url(
-            url, decode_responses=True)
+        storage = open_storage(settings.broker.storage, settings.read)
+        client = redis.Redis.from_url(url, decode_responses=True)
         started = time.monotonic()
         report = enqueue_run(storage, make_app(settings), client, config,
                              context_check(settings, config))

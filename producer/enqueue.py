@@ -23,7 +23,7 @@ from common.inputs.rows import IdRegistry
 from common.queue import redis_keys
 from common.queue.celery_app import GENERATE
 from common.queue.dispatch import publish_shard
-from common.queue.reconcile import Flags, reconcile
+from common.queue.reconcile import Flags, reconcile, reconcile_run, waiting_messages
 from common.runs.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
 from common.runs.splits import HeldoutPicker
 from common.runs.store import RunStore
@@ -52,6 +52,7 @@ class EnqueueReport:
     wrote_inputs: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
     drafter: dict[str, Any] | None = None   # the frozen drafter shape's source, if any
+    dry_run: bool = False   # resume --dry-run: "queued" says what would have been
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
@@ -205,23 +206,30 @@ def enqueue_run(
 def resume_run(
     storage: Storage, app: Celery, client: redis.Redis, run: str, force: bool = False,
     check_for: Callable[[RunConfig], RowCheck | None] = lambda config: None,
-    lease_ttl: float = 60.0,
+    lease_ttl: float = 60.0, dry_run: bool = False,
 ) -> EnqueueReport:
     """One reconciler pass over the run, parked shards included: storage alone says what is due.
 
-    ``force`` queues shards even if a task for them is queued already (their marker is ignored).
+    ``force`` queues shards even if a task for them is queued already (their marker is ignored);
+    ``dry_run`` says what it would queue and writes nothing (no Redis key, no object).
     """
     store = RunStore(storage, run)
     config, manifest = store.config(), store.manifest()
+    flags = Flags(force=force, parked=True, leases=False, dry_run=dry_run)
     if manifest is None:
+        if dry_run:   # enqueue must finish reading the input first: nothing else is due
+            return EnqueueReport(run=run, dry_run=True)
         # enqueue died while reading the input: finish that first, exactly as enqueue would.
         return enqueue_run(storage, app, client, config, check_for(config))
-    client.sadd(redis_keys.redis_runs(), run)
-    flags = Flags(force=force, parked=True, leases=False)
-    done = reconcile(storage, app, client, lease_ttl, runs=[run], flags=flags,
-                     wait_s=max(2 * lease_ttl, 10.0) + 5)
-    sent = (done or {}).get(run) or []
-    report = EnqueueReport(run=run)
+    if dry_run:
+        sent = reconcile_run(storage, app, client, run, lease_ttl, waiting_messages(client),
+                             flags) or []
+    else:
+        client.sadd(redis_keys.redis_runs(), run)
+        done = reconcile(storage, app, client, lease_ttl, runs=[run], flags=flags,
+                         wait_s=max(2 * lease_ttl, 10.0) + 5)
+        sent = (done or {}).get(run) or []
+    report = EnqueueReport(run=run, dry_run=dry_run)
     report.shards, report.rows, report.rejected = manifest.shards, manifest.rows, manifest.rejected
     report.enqueued = sum(stage == GENERATE.name for stage, _ in sent)
     report.downstream = len(sent) - report.enqueued

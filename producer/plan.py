@@ -27,6 +27,7 @@ from common.config import Settings, load_settings
 from common.engine.target import TargetShape
 from common.errors import ConfigError, DflashError
 from common.exit_codes import EXIT_FAILURE
+from common.runs.commit_cache import read_commits
 from common.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -131,11 +132,11 @@ def read_run_figures(storage: Storage, run: str) -> RunFigures:
     manifest = read_manifest(storage, run)
     samples = manifest.rows - manifest.rejected if manifest else None
     count = tokens = 0
-    for key in storage.list(keys.generated_prefix(run)):
-        if keys.commit_shard(key) is not None:
-            stats = json.loads(storage.get(key)).get("stats", {})
-            count += stats.get("samples", 0)
-            tokens += stats.get("prompt_tokens", 0) + stats.get("completion_tokens", 0)
+    commits = [key for key in storage.list(keys.generated_prefix(run))
+               if keys.commit_shard(key) is not None]
+    for commit in read_commits(storage, commits):   # bounded, typed; a foreign one left out
+        count += commit.stats.get("samples", 0)
+        tokens += commit.stats.get("prompt_tokens", 0) + commit.stats.get("completion_tokens", 0)
     mean = tokens / count if count else None
     return RunFigures(samples=samples, mean_tokens=mean, shard_size=config.shard_size,
                       model=config.model)
@@ -212,7 +213,7 @@ def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None
             if not keys.valid_run_id(run):
                 raise click.BadParameter(f"invalid run id {run!r}", param_hint="--run")
             settings = load_settings(storage=storage)
-            figures = read_run_figures(open_storage(settings.broker.storage), run)
+            figures = read_run_figures(open_storage(settings.broker.storage, settings.read), run)
             samples = _pick(samples, figures.samples, "samples", sources, "inputs manifest")
             mean_tokens = _pick(mean_tokens, figures.mean_tokens, "mean_tokens", sources,
                                 "generated commits")

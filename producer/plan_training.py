@@ -62,7 +62,7 @@ def _run_lengths(settings: Settings, run: str) -> tuple[object, list[RowLength]]
     from common.runs.store import RunStore
     from common.storage import open_storage
 
-    store = RunStore(open_storage(settings.broker.storage), run)
+    store = RunStore(open_storage(settings.broker.storage, settings.read), run)
     config = store.config()
     cap = getattr(config, "max_train_tokens", None)
     lengths = []

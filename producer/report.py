@@ -24,11 +24,12 @@ import click
 from common import keys
 from common.cli import command_option
 from common.config import Settings
-from common.errors import ConfigError, NotFound, StorageRefused
+from common.errors import ConfigError, StorageRefused
 from common.gates.monitor import pause_from_storage
 from common.gates.partstats import turn_counts
+from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import fetch
-from common.runs.records import decode_jsonl_zst
+from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
 from producer.report_figure import bin_of, render_png
@@ -131,32 +132,23 @@ class _Tally:
                                   "answer": last_answer(record)})
 
 
-def _read_json(storage: Storage, key: str) -> Any:
-    """A JSON object from storage, or None when it is absent or unreadable."""
-    try:
-        return json.loads(storage.get(key))
-    except NotFound:
-        return None
-    except ValueError as exc:
-        log.warning("ignoring unreadable %s: %s", key, exc)
-        return None
-
-
 def build_report(storage: Storage, run: str) -> dict[str, Any]:
-    """The report of a run, streaming its parts; raises RunNotFound for an unknown run."""
-    config = _read_json(storage, keys.run_config(run))
-    if not isinstance(config, dict):
-        raise RunStore(storage, run).missing()
-    manifest = _read_json(storage, keys.inputs_manifest(run))
-    manifest = manifest if isinstance(manifest, dict) else {}
+    """The report of a run, streaming its parts (bounded and typed: a foreign one is noted and
+    left out); raises RunNotFound for an unknown run."""
+    store = RunStore(storage, run)
+    config = store.config_or_none()
+    if config is None:
+        raise store.missing()
+    found = store.manifest()
+    manifest = found.to_json() if found is not None else {}
     tally, parts = _Tally(), 0
     rejected_area = keys.rejected_prefix(run)
     names = [key for prefix in (keys.generated_prefix(run), rejected_area)
              for key in storage.list(prefix)  # key order; skips commits, rejected input rows
              if keys.part_number(key) is not None and keys.shard_of(key) is not None]
-    for key, data in fetch(storage, names):  # read ahead by a bounded pool, in order
+    for key, data in fetch(storage, names, get=part_getter(storage)):  # read ahead, in order
         parts += 1
-        for record in decode_jsonl_zst(data):
+        for record in rows_or_none(storage, key, SAMPLE, data) or []:
             tally.add(record, key.startswith(rejected_area))
     log.debug("run %s: read %d parts, %d samples", run, parts, len(tally.seen))
     total = tally.accepted + tally.rejected
@@ -177,7 +169,7 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
         "thinking_tokens": token_stats(tally.thinking),
         "duplicates": [{"answer_hash": h, "count": c, "ids": ids} for h, (c, ids) in dups],
         "examples": tally.examples,
-        "gates": config.get("gates") or None,
+        "gates": config.to_json().get("gates") or None,
         "paused": pause_from_storage(storage, run),
         "drafter": drafter_history(storage, run),
         "png": None,
@@ -297,7 +289,7 @@ def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
             raise click.UsageError("--png and --no-png contradict each other")
         if not keys.valid_run_id(run):
             raise ConfigError(f"invalid run id {run!r}")
-        storage = open_storage(settings.broker.storage)
+        storage = open_storage(settings.broker.storage, settings.read)
         result = build_report(storage, run)
         if not no_png:
             data = render_png(result)

@@ -22,4 +22,4 @@ def open_services(settings: Settings, need_redis: bool = True) -> tuple[Any, Any
         except redis.RedisError as exc:
             raise DflashError(f"cannot reach Redis at {settings.masked_broker_url}: {exc}") \
                 from exc
-    return open_storage(settings.broker.storage), make_app(settings), client
+    return open_storage(settings.broker.storage, settings.read), make_app(settings), client

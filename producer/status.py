@@ -23,10 +23,12 @@ from common.gates.monitor import pause_from_storage
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
 from common.queue.reconcile import StageView, read_stage, waiting_messages
+from common.reads import foreign_counts, part_getter, rows_or_none
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.commit_set import CommitSet
 from common.runs.index import RunIndex, shard_total
-from common.runs.records import RunState, decode_jsonl_zst
+from common.runs.records import RunState
+from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
@@ -113,6 +115,9 @@ class StatusReader:
             "downstream": self._downstream(config, live, total),
             # The drafter shape frozen at enqueue (None: the target's, or a worker option's).
             "drafter": drafter_summary(config.drafter, config.target_layer_ids),
+            # Stored objects this process met that are no valid record of their key (forged,
+            # or written by hand), by area: ignored, warned once each (common/reads.py).
+            "foreign_objects": foreign_counts(),
         }
 
     def _read_commits(self, total: int) -> list[str]:
@@ -129,8 +134,9 @@ class StatusReader:
     def _stored_progress(self, part_keys: list[str]) -> StoredProgress:
         """Samples and rejections in the parts of uncommitted shards, read from storage."""
         keys_ = [key for key in part_keys if keys.shard_of(key) not in self.commits]
-        for key, data in fetch(self.storage, [k for k in keys_ if k not in self.parts]):
-            samples = decode_jsonl_zst(data)
+        for key, data in fetch(self.storage, [k for k in keys_ if k not in self.parts],
+                               get=part_getter(self.storage)):
+            samples = rows_or_none(self.storage, key, SAMPLE, data) or []   # foreign: none
             self.parts[key] = StoredPart(frozenset(s["id"] for s in samples),
                                          sum(not s.get("quality", {}).get("passed", True)
                                              for s in samples))

@@ -200,7 +200,7 @@ def test_the_launcher_names_no_stage() -> None:
 # common/ keeps at its top what every part of it and of the tree uses; the rest lives in the
 # folder of what it owns (docs/concepts/architecture.md lists them).
 COMMON_ROOT = {"cli", "config", "options", "errors", "exit_codes", "entry_points", "storage",
-               "keys", "key_layout", "lifeline", "faults"}
+               "storage_api", "s3_storage", "reads", "keys", "key_layout", "lifeline", "faults"}
 COMMON_FOLDERS = {"runs", "gates", "queue", "engine", "drafter", "hidden", "inputs", "plan"}
 
 

@@ -58,11 +58,23 @@ def put(storage: LocalStorage, key: str, data: Any) -> None:
     assert storage.put_once(key, raw)
 
 
+def run_json(run: str, **fields: Any) -> dict[str, Any]:
+    """A run.json as enqueue writes one (a reader takes no other)."""
+    from common.engine.sampling import Sampling
+    from common.gates.judge import GateConfig
+    from common.runs.records import RunConfig
+
+    config = RunConfig(run=run, model="tiny", input="in.jsonl",
+                       sampling=Sampling(**fields.get("sampling", {})),
+                       gates=GateConfig.from_json(fields.get("gates", {})))
+    return config.to_json()
+
+
 def write_run(storage: LocalStorage, run: str = RUN) -> None:
     """run.json, manifest and parts: 30 accepted, 170 six-token rejects, 1 duplicate reject."""
     base = f"runs/{run}"
-    put(storage, f"{base}/run.json", {"run": run, "model": "tiny", "gates": GATES,
-                                      "sampling": {"max_new_tokens": 64, "thinking": True}})
+    put(storage, f"{base}/run.json", run_json(run, gates=GATES,
+                                              sampling={"max_new_tokens": 64, "thinking": True}))
     put(storage, f"{base}/inputs/_MANIFEST.json", {
         "shards": 2, "rows": 203, "rejected": 2, "shard_rows": [101, 100],
         "examples": [{"line": 7, "reason": "no prompt"}]})
@@ -137,7 +149,7 @@ def test_json_counts_dedup_spike_and_examples(tmp_path: Path) -> None:
     assert len(few[0]["answer"]) == 200 and few[0]["answer"].startswith("Sure! Sure!")
     assert report["examples"]["duplicate"] == [{"id": "d0", "detail": "same answer as sample n3",
                                                 "answer": "Answer number 3 (again) (turn 0)"}]
-    assert report["gates"] == GATES
+    assert report["gates"].items() >= GATES.items()   # run.json's gates, as enqueue froze them
     assert report["paused"]["reason"].startswith("rejection rate 85%")
     assert report["png"] is None
 
@@ -177,19 +189,22 @@ def test_resume_after_pause_clears_it(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     write_run(storage)
     assert build_report(storage, RUN)["paused"]["checked"] == 200
-    put(storage, f"runs/{RUN}/gates/resume-20250102T000000-6a7b8c.json", {"at": 3.0})
+    put(storage, f"runs/{RUN}/gates/resume-20250102T000000-6a7b8c.json",
+        {"accepted": True, "checked": 200, "max_reject_rate": 0.2, "pause_after": 200,
+         "at": 3.0})
     assert build_report(storage, RUN)["paused"] is None
 
 
 def test_empty_run_prints_zeros(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
-    put(storage, "runs/fresh/run.json", {"run": "fresh", "model": "tiny"})
+    put(storage, "runs/fresh/run.json", run_json("fresh"))
     result = cli(tmp_path, "--run", "fresh", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["samples"] == {"total": 0, "accepted": 0, "rejected": 0, "input_rejected": 0}
     assert report["rejection_rate"] == 0.0 and report["reasons"] == {}
-    assert report["supervised_tokens"]["histogram"] == [] and report["gates"] is None
+    assert report["supervised_tokens"]["histogram"] == []
+    assert report["gates"]["max_reject_rate"] == 0.2   # the defaults run.json froze
     assert storage.get(report["png"].removeprefix(storage.root + "/")).startswith(PNG_MAGIC)
     text = cli(tmp_path, "--run", "fresh", "--no-png")
     assert text.exit_code == 0, text.output

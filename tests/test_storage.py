@@ -169,7 +169,7 @@ def test_s3_errors_surface_as_storage_errors(s3_storage: str) -> None:
 def test_the_s3_error_table(status: int, code: str, expected: type) -> None:
     from botocore.exceptions import ClientError
 
-    from common.storage import _s3_error
+    from common.s3_storage import _s3_error
 
     error = ClientError({"Error": {"Code": code, "Message": f"said {code}"},
                          "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")

@@ -13,7 +13,8 @@ import logging
 
 from common import keys
 from common.errors import ConfigError, StorageError, StorageRefused
-from common.storage import S3Storage, open_storage
+from common.s3_storage import S3Storage
+from common.storage import open_storage
 
 log = logging.getLogger(__name__)
 

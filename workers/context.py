@@ -24,7 +24,7 @@ class WorkerContext:
 
     @cached_property
     def storage(self) -> Storage:
-        return open_storage(self.settings.broker.storage)
+        return open_storage(self.settings.broker.storage, self.settings.read)
 
     @cached_property
     def redis(self) -> redis.Redis:

@@ -37,11 +37,16 @@ class Reconciler(threading.Thread):
         self.lease_ttl, self.stopping = lease_ttl, stopping
 
     def run(self) -> None:
+        """A pass every half lease TTL until the worker stops; no exception ends the thread (a
+        pass that fails is logged, and the next one runs on time)."""
         while not self.stopping.wait(self.lease_ttl / 2):
             try:
                 reconcile(self.storage, self.app, self.client, self.lease_ttl)
             except (redis.RedisError, OperationalError, DflashError) as err:
                 log.warning("reconciler pass skipped: %s", err)
+            except Exception:  # noqa: BLE001 - the thread that heals must outlive any bug
+                log.exception("reconciler pass failed; the thread goes on, the next pass in "
+                              "%.0f s", self.lease_ttl / 2)
 
 
 @worker_ready.connect

@@ -34,6 +34,7 @@ from common import keys
 from common.errors import (
     LeaseBusy,
     LeaseLost,
+    MalformedName,
     PermanentError,
     RunPaused,
     ShuttingDown,
@@ -223,7 +224,11 @@ def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
                  process: Process, hand_off: HandOff | None = None) -> dict[str, Any]:
     """Run one delivery: count it, ``process`` it, hand the shard off if it is (or was) committed,
     and decide what happens to the shard if any step fails."""
-    task = ShardTask.from_json(payload)
+    try:
+        task = ShardTask.from_json(payload)
+    except MalformedName as bad:   # checked at receipt: no key of any run is touched
+        log.error("%s task refused: %s", spec.name, bad)
+        return {"stage": spec.name, "outcome": TaskOutcome.REFUSED}
     ctx = get_context()
     delivery = Delivery(ctx, spec, task, celery_task.request.hostname or spec.name)
     what = delivery.what

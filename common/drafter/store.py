@@ -10,7 +10,6 @@ newest one (a hint: readers fall back to the highest committed step when it is m
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -18,9 +17,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common import keys
-from common.errors import NotFound, SchemaMismatch
+from common.errors import ForeignObject, NotFound, SchemaMismatch
+from common.reads import note, read_json
 from common.runs.records import dumps
 from common.runs.schema import CHECKPOINT_SCHEMA, check_schema
+from common.runs.schemas import CHECKPOINT_COMMIT
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,15 @@ def readable_commits(storage: Storage, run: str, step: int | None = None
                                 if step is None or c[0] == step]):
         key = keys.drafter_checkpoint(run, step_, COMMIT_FILE, seq)
         try:
-            commit = json.loads(storage.get(key))
+            commit = read_json(storage, key, CHECKPOINT_COMMIT)
             check_schema(key, commit, CHECKPOINT_SCHEMA)
             Ledger.from_json(commit["ledger"])
-            if int(commit.get("step", step_)) != step_ or int(commit.get("seq", seq)) != seq:
+            if commit["step"] != step_ or commit.get("seq", seq) != seq:
                 raise ValueError(f"it names step {commit.get('step')}.{commit.get('seq')}")
+        except ForeignObject as exc:
+            note(exc)
+            _skipped(run, key, exc)
+            continue
         except (NotFound, SchemaMismatch, ValueError, KeyError, TypeError,
                 AttributeError) as exc:
             _skipped(run, key, exc)
@@ -202,11 +207,15 @@ def load_checkpoint(storage: Storage, run: str, step: int | None = None,
 
     import torch
 
-    for (step_, seq), _ in readable_commits(storage, run, step):
+    for (step_, seq), commit in readable_commits(storage, run, step):
         key = keys.drafter_checkpoint(run, step_, STATE_FILE, seq)
         try:
-            state = torch.load(io.BytesIO(storage.get(key)), map_location=device,
-                               weights_only=True)
+            # Bounded by what its commit says it holds: a state is GBs at the user's shape.
+            size = int(commit.get("bytes") or 0)
+            data = storage.get(key, limit=size) if size else storage.get(key)
+            if size and len(data) != size:
+                raise ValueError(f"{len(data):,} bytes where its commit says {size:,}")
+            state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
             return state, Ledger.from_json(state.pop("ledger"))
         except (NotFound, RuntimeError, pickle.UnpicklingError, EOFError, ValueError, KeyError,
                 TypeError, AttributeError) as exc:

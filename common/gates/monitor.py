@@ -23,11 +23,13 @@ from typing import Any
 import redis
 
 from common import keys
-from common.errors import RunPaused
+from common.errors import ForeignObject, NotFound, RunPaused
 from common.gates.judge import GateConfig
 from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
 from common.queue import redis_keys
+from common.reads import note, read_json
 from common.runs.records import dumps
+from common.runs.schemas import PAUSE, RESUME
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -119,14 +121,22 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
 
 
 def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
-    """Pause and resume records in chronological order, as (kind, record)."""
+    """Pause and resume records as (kind, record), in the order storage wrote them (its own
+    time of each write, ties by key: never a stamp a writer chose); each bounded and typed, a
+    foreign one noted and left out."""
+    found = [(obj.modified, obj.key, parsed.name) for obj in
+             storage.list_objects(keys.gates_prefix(run))
+             if (parsed := keys.parse(obj.key)) is not None
+             and parsed.kind is keys.KeyKind.GATE]
     events = []
-    names = {key: key.rsplit("/", 1)[-1].split("-", 1) for key in
-             storage.list(keys.gates_prefix(run))
-             if (found := keys.parse(key)) is not None and found.kind is keys.KeyKind.GATE}
-    for key in sorted(names, key=lambda k: names[k][-1]):
-        if names[key][0] in ("pause", "resume"):
-            events.append((names[key][0], json.loads(storage.get(key))))
+    for _, key, kind in sorted(found):
+        try:
+            events.append((kind, dict(read_json(storage, key,
+                                                PAUSE if kind == "pause" else RESUME))))
+        except ForeignObject as exc:
+            note(exc)
+        except NotFound:
+            continue
     return events
 
 

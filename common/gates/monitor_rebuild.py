@@ -21,9 +21,10 @@ import redis
 from common import keys
 from common.gates.partstats import EXAMPLE_FIELDS, SampleStat
 from common.queue import redis_keys
+from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import THREADS, fetch
 from common.runs.index import SUMMARIES, RunIndex, ScanPlan, shard_total
-from common.runs.records import decode_jsonl_zst
+from common.runs.schemas import SAMPLE
 from common.runs.summary import RunSummary, answer_order, shard_summary
 from common.storage import Storage
 
@@ -76,8 +77,10 @@ def shard_summaries(storage: Storage, run: str, threads: int = THREADS,
 
 
 def _from_parts(storage: Storage, part_keys: list[str], threads: int) -> dict[str, Any]:
-    known = {key: [SampleStat.of(s) for s in decode_jsonl_zst(data)]
-             for key, data in fetch(storage, part_keys, threads)}
+    """An uncommitted shard's summary from its parts (bounded, typed; a foreign one skipped)."""
+    known = {key: [SampleStat.of(s) for s in rows]
+             for key, data in fetch(storage, part_keys, threads, get=part_getter(storage))
+             if (rows := rows_or_none(storage, key, SAMPLE, data)) is not None}
     return shard_summary(known)
 
 

@@ -32,13 +32,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from common import keys
-from common.errors import HiddenStateError, NotFound
+from common.errors import ForeignObject, HiddenStateError, NotFound
+from common.reads import note, read_json
 from common.runs.records import dumps
 from common.runs.schema import COMMIT_SCHEMA, check_schema
+from common.runs.schemas import HIDDEN_INDEX
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -262,10 +265,16 @@ class HiddenShardWriter:
 
 
 def _read_index(storage: Storage, key: str) -> HiddenIndex | None:
+    """An ``index.json`` or hidden ``_COMMIT.json``: bounded, typed (:class:`ForeignObject`,
+    noted, where the object is not one); None where it is not there."""
     try:
-        return HiddenIndex.from_json(json.loads(storage.get(key)))
+        data = read_json(storage, key, HIDDEN_INDEX)
     except NotFound:
         return None
+    except ForeignObject as exc:
+        note(exc)
+        raise
+    return HiddenIndex.from_json(dict(data))
 
 
 def read_hidden_index(storage: Storage, run: str, shard: int) -> HiddenIndex | None:
@@ -313,8 +322,15 @@ def iter_hidden_records(storage: Storage, run: str,
 
 
 def _part_records(storage: Storage, shard: int, part: HiddenPart) -> Iterator[dict[str, Any]]:
-    tensors, metadata = decode_part(storage.get(part.key))
-    ids, turns = json.loads(metadata["sample_ids"]), json.loads(metadata["turns"])
+    data = storage.get(part.key, limit=part.bytes)   # never more than its commit says it holds
+    if len(data) != part.bytes:
+        raise HiddenStateError(f"{part.key}: {len(data):,} bytes where the shard's commit says "
+                               f"{part.bytes:,}")
+    try:
+        tensors, metadata = decode_part(data)
+        ids, turns = json.loads(metadata["sample_ids"]), json.loads(metadata["turns"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, SafetensorError) as exc:
+        raise HiddenStateError(f"{part.key}: not a hidden-state part ({exc})") from None
     offsets = tensors["offsets"].tolist()
     if ids != part.sample_ids or turns != part.turns or len(offsets) != len(ids) + 1:
         raise HiddenStateError(f"{part.key}: records differ from the shard's commit")

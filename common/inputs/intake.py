@@ -26,7 +26,7 @@ from common.inputs.layouts import normalize_row
 from common.inputs.readers import RawRecord, iter_records
 from common.inputs.sources import InputFile, expand_inputs
 from common.runs.records import RunConfig
-from common.storage import s3_client
+from common.s3_storage import s3_client
 
 log = logging.getLogger(__name__)
 

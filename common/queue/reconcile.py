@@ -163,6 +163,7 @@ class Flags:
     force: bool = False
     parked: bool = False
     leases: bool = True
+    dry_run: bool = False   # say what is due and unowned; queue nothing, write nothing
 
 
 def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
@@ -189,15 +190,17 @@ def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
         for shard in plan.ordered(spec.name, due - skip):
             why = ("its worker was lost" if shard in view.running else
                    "its queued message is gone" if shard in view.stale else "it was never queued")
+            sent.append((spec.name, shard))
+            if flags.dry_run:
+                continue
             log.warning("run %s shard %d (%s): due, not owned (%s); queued again", run, shard,
                         spec.name, why)
             # before the send: the worker that takes the message shows it running again
             client.hdel(spec.keys(run).running, keys.shard_name(shard))
             publish_shard(app, client, spec, run, shard, fresh=shard in view.parked)
-            sent.append((spec.name, shard))
-        for shard in view.stale - due:  # done meanwhile: the marker only misleads status
-            client.hdel(spec.keys(run).queued, keys.shard_name(shard))
-    if plan.finished:
+        for shard in set() if flags.dry_run else view.stale - due:  # done meanwhile: the
+            client.hdel(spec.keys(run).queued, keys.shard_name(shard))  # marker misleads
+    if plan.finished and not flags.dry_run:
         client.srem(redis_keys.redis_runs(), run)  # every stage done: nothing left to watch
     return sent
 
@@ -225,11 +228,13 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
             lock.reacquire()  # LockError: the pass outlived its lock; another one took over
             try:
                 sent = reconcile_run(storage, app, client, run, lease_ttl, waiting, flags)
-            except (DflashError, ValueError, KeyError, TypeError) as err:
-                # One run's storage trouble (or an object that does not read: someone wrote
-                # it by hand) does not stop the others.
+            except (redis.RedisError, redis.exceptions.LockError):
+                raise   # the pass's own trouble: the caller retries the pass
+            except Exception as err:  # noqa: BLE001 - one run never stops the others
+                # One run's storage trouble, an object that does not read (someone wrote it by
+                # hand), or a bug met on its data: logged with the run, and the pass goes on.
                 log.warning("run %s: not reconciled this pass: %s: %s", run,
-                            type(err).__name__, err)
+                            type(err).__name__, err, exc_info=not isinstance(err, DflashError))
                 continue
             if sent is not None:
                 done[run] = sent

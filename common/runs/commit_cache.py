@@ -14,9 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from common import keys
+from common.errors import ForeignObject
 from common.key_layout import file_listing
 from common.runs.records import ShardCommit
 from common.storage import Storage
@@ -80,8 +79,9 @@ class CommitDigest:
 
     @classmethod
     def of_entry(cls, shard: int, entry: dict[str, Any]) -> CommitDigest:
-        """From a run-index digest (:func:`common.runs.index.entry_of`)."""
-        return cls(shard, **entry)
+        """From a run-index digest (:func:`common.runs.index.entry_of`; its commit identity
+        aside)."""
+        return cls(shard, **{k: v for k, v in entry.items() if k != "commit"})
 
     @classmethod
     def of(cls, commit: ShardCommit) -> CommitDigest:
@@ -91,9 +91,25 @@ class CommitDigest:
 
 def read_commits(storage: Storage, names: Iterable[str],
                  threads: int = THREADS) -> Iterator[ShardCommit]:
-    """The commits at ``names``, in that order, read concurrently."""
-    for _, data in fetch(storage, names, threads):
-        yield ShardCommit.from_json(orjson.loads(data))
+    """The commits at ``names``, in that order, read concurrently, each bounded and validated
+    (a foreign one is noted and left out)."""
+    from common.reads import bounded_get, note
+    from common.runs.index_objects import read_commit
+
+    get = bounded_get(storage, lambda limits: limits.json_bytes)
+
+    def fetched(key: str) -> bytes:
+        try:
+            return get(key)
+        except ForeignObject as exc:
+            note(exc)
+            return b""
+
+    for key, data in fetch(storage, names, threads, get=fetched):
+        try:
+            yield ShardCommit.from_json(read_commit(storage, key, data))
+        except ForeignObject as exc:
+            note(exc)
 
 
 @dataclass

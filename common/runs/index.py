@@ -6,75 +6,74 @@ commits of chunk CCCC (the 100 shards named ``shard-CCCCxx``): ``digests`` (coun
 part stats) or ``summaries`` (the run monitor's share of each shard). It is derived data, the
 commits stay the truth: a reader lists the index, reads the fullest object of each chunk, and
 lists each chunk it does not know complete yet (one LIST per chunk, by the shards' name prefix),
-reading only the commits the object lacks. An object is a hint checked against that listing:
-one that names a shard without a commit (forged: every writer's key may write the index) is
-ignored whole, so it can never add a committed shard; a lagging, missing, corrupt or forged
-object costs speed only. Objects are never overwritten: a key names its set of shards (equal sets,
-equal key and bytes), so two writers extending one chunk both land and readers take the
-fullest. A worker indexes a chunk when its commit completes it; a reader that had to read
-:data:`COMPACT_AT` commits of a chunk directly writes them into a fuller object.
+reading only the commits the object lacks. An object is a cache that proves itself against that
+listing, cheaply: one that names a shard without a commit (forged: every writer's key may write
+the index) is ignored whole, so it can never add a committed shard; each entry carries its
+commit's ETag and size as the listing shows them and is used only where they match (else that
+commit is read instead), so no entry can stand for another commit than the one listed. Objects
+are bounded and typed when read (:mod:`common.reads`); a lagging, missing, corrupt or forged one
+costs speed only. Objects are never overwritten; each is put under a fresh random tag (no other
+key can take an honest writer's name first), so two writers extending one chunk both land and
+readers take the fullest. A worker indexes a chunk when its commit completes it; a reader that
+had to read :data:`COMPACT_AT` commits of a chunk directly writes them (checked: only what it
+read or verified) into a fuller object.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
-
-import orjson
-import zstandard
 
 from common import keys
-from common.errors import DflashError, NotFound, StorageRefused
-from common.key_layout import file_listing
+from common.errors import ForeignObject, NotFound
+from common.reads import bounded_get, note, read_json
 from common.runs.commit_cache import THREADS, fetch
+from common.runs.index_objects import (  # noqa: F401 - re-exported: the index's one import
+    DIGESTS,
+    KINDS,
+    STORED,
+    SUMMARIES,
+    Entry,
+    Identity,
+    Listing,
+    decode_chunk,
+    entry_of,
+    identity_of,
+    proven_entry,
+    read_commit,
+    write_chunk,
+)
 from common.runs.records import InputManifest
-from common.runs.schema import COMMIT_SCHEMA, check_schema
+from common.runs.schemas import MANIFEST
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
 
-DIGESTS, SUMMARIES = "digests", "summaries"
-KINDS = (DIGESTS, SUMMARIES)
-VERSION = 1
 COMPACT_AT = 16
 FEW_SHARDS = 2  # more missing in a listed chunk: one LIST of the chunk (fewer requests)
 FRONTIER_AHEAD = 100  # committed shards past the first missing one: one LIST from there
 FEW_HOLES = 8  # at most this many missing below the last commit: a LIST each, one past it
-FIELDS = {DIGESTS: {"samples", "rejected", "stats", "part_stats", "worker", "committed_at"},
-          SUMMARIES: {"v", "judged", "rejected", "reasons", "hist", "groups", "examples",
-                      "answers"}}
 CHUNK = keys.INDEX_CHUNK
-Entry = dict[str, Any]
-_IGNORED: set[str] = set()  # forged index objects warned about (once per process)
 
 
 def chunk_size(chunk: int, total: int) -> int:
     return max(min(CHUNK, total - chunk * CHUNK), 0)
 
 
-def entry_of(kind: str, commit: dict[str, Any]) -> Entry:
-    """What the index keeps of a ``_COMMIT.json`` (parsed) for ``kind``."""
-    check_schema(f"runs/{commit.get('run')}/generated/shard {commit.get('shard')} commit", commit,
-                 COMMIT_SCHEMA)
-    if kind == SUMMARIES:
-        return commit["summary"]
-    rejected = len(commit["rejected_ids"])
-    return {"samples": len(commit["sample_ids"]) + rejected, "rejected": rejected,
-            "stats": commit["stats"], "part_stats": commit["part_stats"],
-            "worker": commit["worker"], "committed_at": commit["committed_at"]}
-
-
 def manifest_shards(storage: Storage, run: str) -> int | None:
-    """The run's generate shards as its manifest gives them (final); None before it exists."""
+    """The run's generate shards as its manifest gives them (final); None before it exists (or
+    where it is foreign)."""
     try:
-        return InputManifest.from_json(orjson.loads(storage.get(keys.inputs_manifest(run)))).shards
+        return InputManifest.from_json(dict(read_json(storage, keys.inputs_manifest(run),
+                                                      MANIFEST))).shards
     except NotFound:
+        return None
+    except ForeignObject as exc:
+        note(exc)
         return None
 
 
@@ -94,26 +93,6 @@ def shard_total(storage: Storage, run: str) -> int:
     return shards
 
 
-def write_chunk(storage: Storage, run: str, kind: str, chunk: int,
-                entries: dict[int, dict[str, Any]]) -> str | None:
-    """Put one index object of ``entries`` (shards of ``chunk``); its key, None if refused."""
-    shards = sorted(entries)
-    tag = hashlib.sha1(",".join(map(str, shards)).encode()).hexdigest()[:8]
-    key = keys.index_object(run, kind, chunk, len(shards), tag)
-    body = orjson.dumps({"v": VERSION, "run": run, "kind": kind, "chunk": chunk,
-                         "shards": {str(s): entries[s] for s in shards}},
-                        option=orjson.OPT_SORT_KEYS)
-    try:
-        storage.put_once(key, zstandard.ZstdCompressor(level=3).compress(body))
-    except StorageRefused as exc:   # a reader's read-only key: derived data, it reads on
-        log.debug("run %s: index object %s not written (costs speed only): %s", run, key, exc)
-        return None
-    except DflashError as exc:  # derived data: reading on costs speed only
-        log.warning("run %s: index object %s not written: %s", run, key, exc)
-        return None
-    return key
-
-
 @dataclass(frozen=True)
 class ChunkRead:
     """One chunk as a scan found it."""
@@ -125,9 +104,6 @@ class ChunkRead:
 
     def uncommitted_parts(self) -> dict[int, list[str]]:
         return {s: p for s, p in self.parts.items() if s not in self.entries}
-
-
-Listing = tuple[dict[int, str], dict[int, list[str]]]  # a chunk's commits, its parts by shard
 
 
 @dataclass(frozen=True)
@@ -142,8 +118,9 @@ class ScanPlan:
     def fingerprint(self) -> frozenset[str]:
         """Changes exactly when a new index object, commit or part appears."""
         return frozenset([key for key, _ in self.best.values()] + [
-            key for commits, parts in self.listings.values()
-            for key in [*commits.values(), *(k for p in parts.values() for k in p)]])
+            key for listing in self.listings.values()
+            for key in [*listing.commits.values(),
+                        *(k for p in listing.parts.values() for k in p)]])
 
 
 @dataclass
@@ -164,6 +141,8 @@ class RunIndex:
     direct: int = 0  # commits read directly, all scans
     listings: int = 0  # LIST calls, all scans
     listed: set[int] = field(default_factory=set)  # chunks listed in full once (kept)
+    # shard -> its commit's bytes, as read or proven (until its chunk is compacted)
+    bodies: dict[int, bytes] = field(default_factory=dict)
 
     def plan(self, total: int) -> ScanPlan:
         """The index listed, then every chunk not known complete (what its objects are checked
@@ -174,7 +153,7 @@ class RunIndex:
         listings = self._list(todo, total)
         best = {}
         for chunk in todo:
-            proven = len(set(self.entries.get(chunk, {})) | set(listings[chunk][0]))
+            proven = len(set(self.entries.get(chunk, {})) | set(listings[chunk].commits))
             fitting = [(k, n) for k, n in candidates.get(chunk, ()) if n <= proven]
             for key, count in candidates.get(chunk, ()):
                 if count > proven:
@@ -191,35 +170,49 @@ class RunIndex:
         objects = fetch(self.storage, wanted, self.threads, get=self._get)
         for chunk in todo:
             known = dict(self.entries.get(chunk, {})) if self.keep else {}
-            commits, parts = listings.get(chunk, ({}, {}))
+            listing = listings.get(chunk, Listing())
             key = best.get(chunk, ("", 0))[0]
             if key and key not in self.read_keys:
                 _, data = next(objects)
                 found = self._decode(key, data, chunk)
                 if self.keep:
                     self.read_keys.add(key)
-                if found is not None and self._proven(key, found, commits, known):
-                    known.update({s: e for s, e in found.items() if s not in known})
-            self._read_direct(chunk, commits, known, total)
+                if found is not None and self._proven(key, found, listing.commits, known):
+                    known.update(self._matching(key, found, listing, known))
+            self._read_direct(chunk, listing, known, total)
             if self.keep:
                 self.entries[chunk] = known
                 if len(known) == CHUNK:  # a last chunk may grow until the manifest is out
                     self.done.add(chunk)
-            yield ChunkRead(chunk, known, parts, chunk in listings)
+            yield ChunkRead(chunk, known, listing.parts, chunk in listings)
 
-    def _read_direct(self, chunk: int, commits: dict[int, str], known: dict[int, Entry],
+    def _read_direct(self, chunk: int, listing: Listing, known: dict[int, Entry],
                      total: int) -> None:
-        """Read the chunk's commits the index lacks; index them if that was many (or all)."""
+        """Read the chunk's commits the index lacks (a foreign one is noted and left out); index
+        them if that was many (or all)."""
+        commits = listing.commits
         new = [commits[s] for s in sorted(commits) if s not in known]
-        for key, data in fetch(self.storage, new, self.threads):
-            known[keys.shard_of(key)] = entry_of(self.kind, orjson.loads(data))
+        for key, data in fetch(self.storage, new, self.threads, get=self._commit_get):
+            shard = keys.commit_shard(key)
+            try:
+                commit = read_commit(self.storage, key, data)
+            except ForeignObject as exc:
+                note(exc)
+                continue
+            known[shard] = entry_of(self.kind, commit)
+            self.bodies[shard] = data
         self.direct += len(new)
         complete = len(commits) == chunk_size(chunk, total)
-        if new and (len(new) >= self.compact_at or complete):
-            key = write_chunk(self.storage, self.run, self.kind, chunk,
-                              {s: e for s, e in known.items() if e is not None})
+        read = {s: (listing.identities[s], self.bodies[s]) for s in self.bodies
+                if s // CHUNK == chunk and s in listing.identities}
+        if read and new and (len(new) >= self.compact_at or complete):
+            # Compaction copies what it read itself, nothing it took on trust.
+            key = write_chunk(self.storage, self.run, chunk, read)
             if key and self.keep:  # what it holds is known: the next scan need not read it
                 self.read_keys.add(key)
+        for shard in list(self.bodies):
+            if shard // CHUNK == chunk:
+                del self.bodies[shard]
 
     def _proven(self, key: str, found: dict[int, Entry], commits: dict[int, str],
                 known: dict[int, Entry]) -> bool:
@@ -231,46 +224,67 @@ class RunIndex:
                               f"({', '.join(map(str, unproven[:5]))})")
         return not unproven
 
+    def _matching(self, key: str, found: dict[int, tuple[str, int, str]], listing: Listing,
+                  known: dict[int, Entry]) -> dict[int, Entry]:
+        """The object's commits that prove to be the listed ones (common.runs.index_objects):
+        another (a forged or an older object's) is ignored, and that commit read instead."""
+        good = {}
+        for shard, stored in found.items():
+            if shard in known or shard not in listing.commits:
+                continue
+            entry = proven_entry(self.storage, listing.commits[shard], stored,
+                                 listing.identities.get(shard), self.kind)
+            if entry is not None:
+                good[shard] = entry
+                self.bodies[shard] = stored[2].encode()
+        stale = sorted(set(found) - set(good) - set(known))
+        if stale:
+            log.debug("run %s: index object %s: %d commits do not prove to be the listed ones "
+                      "(%s): reading those", self.run, key, len(stale),
+                      ", ".join(map(str, stale[:5])))
+        return good
+
     def _ignore(self, key: str, why: str) -> None:
-        """Pass over a forged (or foreign) index object: warned once per process."""
+        """Pass over a forged (or foreign) index object: warned once per process, counted."""
         self.bad.add(key)
-        if key not in _IGNORED:
-            _IGNORED.add(key)
-            log.warning("run %s: ignoring index object %s (%s): reading the commits instead",
-                        self.run, key, why)
+        note(ForeignObject(key, f"{why}; reading the commits instead"))
 
     def _candidates(self) -> dict[int, list[tuple[str, int]]]:
         """chunk -> (key, count) of each of its index objects not found unreadable."""
         found: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for key in self.storage.list(keys.index_prefix(self.run, self.kind)):
+        for key in self.storage.list(keys.index_prefix(self.run, STORED)):
             entry = keys.index_entry(key)
             if entry and key not in self.bad:
                 found[entry[0]].append((key, entry[1]))
         return found
 
     def _get(self, key: str) -> bytes:
+        """An index object's bytes, capped (an empty body where it vanished)."""
         try:
-            return self.storage.get(key)
+            return bounded_get(self.storage, lambda limits: limits.index_bytes)(key)
         except NotFound:
             return b""
+        except ForeignObject as exc:
+            note(exc)
+            return b""
 
-    def _decode(self, key: str, data: bytes, chunk: int) -> dict[int, Entry] | None:
-        """The object's entries; None (and a warning) if it is not a valid object of ``key``."""
+    def _commit_get(self, key: str) -> bytes:
+        """A commit's bytes, capped (past the cap: an empty body, which reads as foreign)."""
         try:
-            raw = orjson.loads(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-            expected = (VERSION, self.run, self.kind, chunk)
-            if (raw["v"], raw["run"], raw["kind"], raw["chunk"]) != expected:
-                raise ValueError(f"names {raw['v']}/{raw['run']}/{raw['kind']}/{raw['chunk']}")
-            found = {int(s): e for s, e in raw["shards"].items()}
-            if len(found) != keys.index_entry(key)[1] or any(
-                    s // CHUNK != chunk or not isinstance(e, dict)
-                    or not FIELDS[self.kind] <= e.keys() for s, e in found.items()):
-                raise ValueError("its shards do not match its key or kind")
-            return found
-        except (ValueError, KeyError, TypeError, zstandard.ZstdError) as exc:
-            log.warning("run %s: ignoring index object %s (%s): reading its commits", self.run,
-                        key, exc)
+            return bounded_get(self.storage, lambda limits: limits.json_bytes)(key)
+        except ForeignObject as exc:
+            note(exc)
+            return b""
+
+    def _decode(self, key: str, data: bytes, chunk: int
+                ) -> dict[int, tuple[str, int, str]] | None:
+        """The object's stored commits; None (noted: warned once, counted) where it is not a
+        bounded, typed index object of this run and chunk (common.runs.index_objects)."""
+        try:
+            return decode_chunk(self.storage, key, data, self.run, chunk)
+        except ForeignObject as exc:
             self.bad.add(key)
+            note(exc)
             return None
 
     def _list(self, chunks: list[int], total: int) -> dict[int, Listing]:
@@ -289,12 +303,13 @@ class RunIndex:
             self.listed.add(chunk)
         prefixes = [(c, a + stem) for c in chunks for a in areas for stem in stems[c]]
         if not prefixes:
-            return {c: ({}, {}) for c in chunks}
+            return {c: Listing() for c in chunks}
         self.listings += len(prefixes)
         with ThreadPoolExecutor(min(self.threads, len(prefixes)),
                                 thread_name_prefix="list") as pool:
-            found = list(pool.map(lambda job: list(self.storage.list(job[1])), prefixes))
-        out: dict[int, Listing] = {c: ({}, {}) for c in chunks}
+            found = list(pool.map(lambda job: list(self.storage.list_objects(job[1])),
+                                  prefixes))
+        out: dict[int, Listing] = {c: Listing() for c in chunks}
         for (chunk, _), listed in zip(prefixes, found, strict=True):
-            file_listing(listed, *out[chunk])
+            out[chunk].add(listed)
         return out

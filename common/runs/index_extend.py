@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import logging
 
-import orjson
-
 from common import keys
-from common.errors import DflashError
+from common.errors import DflashError, ForeignObject
+from common.reads import bounded_get, note
 from common.runs.commit_cache import fetch
-from common.runs.index import CHUNK, KINDS, entry_of, manifest_shards, write_chunk
+from common.runs.index import (
+    CHUNK,
+    STORED,
+    Listing,
+    manifest_shards,
+    read_commit,
+    write_chunk,
+)
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -26,22 +32,25 @@ def index_after_commit(storage: Storage, run: str, shard: int, threads: int = 8)
     """
     chunk = shard // CHUNK
     try:
-        listed = storage.list(keys.generated_chunk_prefix(run, chunk))
-        commits = {s: k for k in listed if (s := keys.commit_shard(k)) is not None}
+        listing = Listing()
+        listing.add(list(storage.list_objects(keys.generated_chunk_prefix(run, chunk))))
+        commits = listing.commits
         first = chunk * CHUNK
         if len(commits) < CHUNK and (set(commits) != set(range(first, first + len(commits)))
                                      or manifest_shards(storage, run) != first + len(commits)):
             return
-        missing = [kind for kind in KINDS
-                   if not any(keys.index_entry(k) == (chunk, len(commits)) for k in
-                              storage.list(f"{keys.index_prefix(run, kind)}chunk-{chunk:04d}-"))]
-        if not missing:
+        if any(keys.index_entry(k) == (chunk, len(commits)) for k in
+               storage.list(f"{keys.index_prefix(run, STORED)}chunk-{chunk:04d}-")):
             return
-        read = {keys.commit_shard(k): orjson.loads(data)
-                for k, data in fetch(storage, [commits[s] for s in sorted(commits)], threads)}
-        for kind in missing:
-            entries = {s: e for s, c in read.items() if (e := entry_of(kind, c)) is not None}
-            write_chunk(storage, run, kind, chunk, entries)
+        read = {}
+        get = bounded_get(storage, lambda limits: limits.json_bytes)
+        for key, data in fetch(storage, [commits[s] for s in sorted(commits)], threads, get=get):
+            shard_ = keys.commit_shard(key)
+            read_commit(storage, key, data)   # a foreign one: no index for this chunk
+            read[shard_] = (listing.identities[shard_], data)
+        write_chunk(storage, run, chunk, read)
+    except ForeignObject as exc:
+        note(exc)
     except (DflashError, ValueError, KeyError) as exc:  # derived data: the commit stands
         log.warning("run %s: chunk %d not indexed after shard %d's commit: %s", run, chunk,
                     shard, exc)

@@ -16,8 +16,9 @@ import zstandard
 from common.drafter.layers import DEFAULT_K
 from common.drafter.origin import DrafterOrigin
 from common.engine.sampling import Sampling
-from common.errors import RunConfigMismatch
+from common.errors import MalformedName, RunConfigMismatch
 from common.gates.judge import GateConfig
+from common.key_layout import valid_run_id
 from common.runs.options import frozen_as_given
 from common.runs.schema import COMMIT_SCHEMA, RUN_SCHEMA, check_schema
 
@@ -40,6 +41,7 @@ class TaskOutcome(StrEnum):
     PARKED = "parked"
     PAUSED = "paused"
     LOST = "lost"  # another worker took the lease over and finishes the shard
+    REFUSED = "refused"  # not a task of any run: acked, nothing touched
 
 
 FrozenOptions = frozen_as_given()
@@ -144,8 +146,16 @@ class ShardTask:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ShardTask:
-        return cls(run=str(data["run"]), shard=int(data["shard"]))
+    def from_json(cls, data: Any) -> ShardTask:
+        """The payload as a task; :class:`MalformedName` for anything that is not one (a run id
+        outside the safe alphabet, a shard that is not a non-negative integer)."""
+        run = data.get("run") if isinstance(data, dict) else None
+        shard = data.get("shard") if isinstance(data, dict) else None
+        if not isinstance(run, str) or not valid_run_id(run):
+            raise MalformedName(f"task payload names no valid run id: {str(run)[:80]!r}")
+        if not isinstance(shard, int) or isinstance(shard, bool) or shard < 0:
+            raise MalformedName(f"task payload names no shard number: {str(shard)[:80]!r}")
+        return cls(run=run, shard=shard)
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,23 @@
 """Every stored record of a run, read one way: ``RunStore(storage, run).config()`` and the like.
 
 A missing ``run.json`` is one error everywhere (:class:`common.errors.RunNotFound`, a
-``ConfigError``: the CLI prints it and exits 1, a worker parks the shard). Torch-free, so
-``status`` and ``resume`` stay light.
+``ConfigError``: the CLI prints it and exits 1, a worker parks the shard); one that is not a run
+config is :class:`common.errors.ForeignObject`, the same way. Every read is bounded and typed
+(:mod:`common.reads`): a foreign manifest reads as not there yet, a foreign part is left out.
+Torch-free, so ``status`` and ``resume`` stay light.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from common import keys
-from common.errors import NotFound, NotReady, RunNotFound
+from common.errors import ForeignObject, NotFound, NotReady, RunNotFound
+from common.reads import note, read_json, read_rows
 from common.runs.commit_set import committed_shards
-from common.runs.records import InputManifest, RunConfig, ShardCommit, decode_jsonl_zst
+from common.runs.records import InputManifest, RunConfig, ShardCommit
+from common.runs.schemas import GENERATED_COMMIT, MANIFEST, RUN_JSON, SAMPLE
 from common.runs.trainrows import TrainingRow, training_rows
 from common.storage import Storage
 
@@ -26,14 +29,19 @@ class RunStore:
     storage: Storage
     run: str
 
-    def _json(self, key: str) -> Any:
-        return json.loads(self.storage.get(key))
-
     def config_or_none(self) -> RunConfig | None:
+        """run.json, None where it is not there; :class:`ForeignObject` where it is no run
+        config (bounded, typed, then built)."""
+        key = keys.run_config(self.run)
         try:
-            return RunConfig.from_json(self._json(keys.run_config(self.run)))
+            data = dict(read_json(self.storage, key, RUN_JSON))
         except NotFound:
             return None
+        try:
+            return RunConfig.from_json(data)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ForeignObject(key, f"not a run config ({type(exc).__name__}: {exc})") \
+                from None
 
     def config(self) -> RunConfig:
         config = self.config_or_none()
@@ -46,18 +54,28 @@ class RunStore:
         return RunNotFound(f"run {self.run!r} not found in {self.storage.root} (no run.json)")
 
     def manifest(self) -> InputManifest | None:
-        """The inputs manifest; None while enqueue has not finished reading the input."""
+        """The inputs manifest; None while enqueue has not finished reading the input (or where
+        the object there is foreign: noted)."""
         try:
-            return InputManifest.from_json(self._json(keys.inputs_manifest(self.run)))
+            return InputManifest.from_json(dict(read_json(
+                self.storage, keys.inputs_manifest(self.run), MANIFEST)))
         except NotFound:
+            return None
+        except ForeignObject as exc:
+            note(exc)
             return None
 
     def commit(self, shard: int) -> ShardCommit:
-        """A shard's generate commit; :class:`NotReady` before it is written."""
+        """A shard's generate commit; :class:`NotReady` before it is written,
+        :class:`ForeignObject` where the object there is not one."""
+        key = keys.generated_commit(self.run, shard)
         try:
-            return ShardCommit.from_json(self._json(keys.generated_commit(self.run, shard)))
+            commit = read_json(self.storage, key, GENERATED_COMMIT)
         except NotFound as exc:
             raise NotReady(f"shard {shard} of run {self.run} is not committed yet") from exc
+        if commit["shard"] != shard or commit["run"] != self.run:
+            raise ForeignObject(key, f"it names run {commit['run']} shard {commit['shard']}")
+        return ShardCommit.from_json(dict(commit))
 
     def committed(self, stage: str = "generate") -> set[int]:
         """Shards whose ``stage`` (generate or hidden) commit exists (see the run index)."""
@@ -77,8 +95,17 @@ class RunStore:
         commit = self.commit(shard)
         wanted = set(commit.sample_ids)
         rows: list[TrainingRow] = []
-        for part in sorted({commit.part_of[i] for i in wanted}):
-            for sample in decode_jsonl_zst(self.storage.get(part)):
+        for part in sorted({commit.part_of[i] for i in wanted if i in commit.part_of}):
+            for sample in self.part_rows(part):
                 if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
-                    rows.extend(training_rows(sample))
+                    rows.extend(training_rows(dict(sample)))
         return rows
+
+    def part_rows(self, part: str) -> list[Any]:
+        """A part's samples, bounded and typed; none where the part is foreign (noted: its
+        samples are missing, never a reader's failure)."""
+        try:
+            return read_rows(self.storage, part, SAMPLE)
+        except ForeignObject as exc:
+            note(exc)
+            return []

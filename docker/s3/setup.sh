@@ -2,7 +2,8 @@
 # The bucket job (compose.yaml's createbuckets), run by MinIO's `mc` image or the stand-in's: the
 # bucket, then one S3 user per role of the stack, each holding the key .env gives it
 # (S3_<ROLE>_KEY / S3_<ROLE>_SECRET) and its role's policy, docs/policies/<role>.json (mounted at
-# $POLICIES) with its placeholders filled in for this bucket and prefix. It runs at every
+# $POLICIES) with its placeholders filled in for this bucket and prefix. No secret is ever an
+# argument of a process: the root's reach mc through MC_HOST_local, each role's through stdin. It runs at every
 # `docker compose up` and converges: a policy or a secret changed since the last run replaces the
 # old one (that is how keys are rotated: docs/getting-started/compose.md).
 # Shell builtins and `mc` only: MinIO's image has no sed, grep or tr.
@@ -35,6 +36,18 @@ value_of() {
   esac
 }
 
+userinfo() {   # VALUE: percent-encoded for a URL's user or password (shell builtins only)
+  rest=$1 out=
+  while [ -n "$rest" ]; do
+    c=${rest%"${rest#?}"} rest=${rest#?}
+    case $c in
+      [A-Za-z0-9._~-]) out=$out$c ;;
+      *) out=$out$(printf '%%%02X' "'$c") ;;
+    esac
+  done
+  printf %s "$out"
+}
+
 render() {   # FILE: the policy with its placeholders filled in, on stdout
   while IFS= read -r line || [ -n "$line" ]; do
     out=
@@ -60,6 +73,15 @@ if [ "${1:-}" = "--render" ]; then   # --render ROLE: print the filled-in policy
   render "$POLICIES/$2.json"
   exit 0
 fi
+# The root's credentials reach mc through its environment (MC_HOST_<alias>), never a command
+# line: the host's process list shows every argument of every process.
+scheme=${S3_URL%%://*} host=${S3_URL#*://}
+MC_HOST_local="$scheme://$(userinfo "$MINIO_ROOT_USER"):$(userinfo "$MINIO_ROOT_PASSWORD")@$host"
+export MC_HOST_local
+if [ "${1:-}" = "--remove-user" ]; then   # --remove-user KEY: an old key, after a rotation
+  mc admin user rm local "${2:?--remove-user KEY}"
+  exit 0
+fi
 # Every role's key checked before anything changes.
 seen=" $MINIO_ROOT_USER "
 for spec in $ROLES; do
@@ -74,7 +96,6 @@ for spec in $ROLES; do
   seen="$seen$key "
   [ -f "$POLICIES/$role.json" ] || fail "no policy $POLICIES/$role.json for the $role role"
 done
-mc alias set local "$S3_URL" "$MINIO_ROOT_USER" "$MINIO_ROOT_PASSWORD" >/dev/null
 mc mb --ignore-existing "local/$S3_BUCKET"
 for spec in $ROLES; do
   role=${spec%%:*} var=${spec#*:}
@@ -82,7 +103,8 @@ for spec in $ROLES; do
   policy=/tmp/dflash-policy-$role.json
   render "$POLICIES/$role.json" > "$policy"
   mc admin policy create local "dflash-$role" "$policy" >/dev/null
-  mc admin user add local "$key" "$secret" >/dev/null
+  # The secret on mc's stdin (it reads the line when not given one), off every command line.
+  printf '%s\n' "$secret" | mc admin user add local "$key" >/dev/null
   # `policy attach` fails where the policy is attached already (MinIO's own behaviour).
   if ! out=$(mc admin policy attach local "dflash-$role" --user "$key" 2>&1); then
     case $out in

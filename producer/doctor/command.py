@@ -125,7 +125,7 @@ def check_engine_leftovers(settings: Settings) -> list[CheckResult]:
     """Engine servers that no live worker owns: each with the command that stops it."""
     from common.engine.leftovers import leftover_engines
 
-    found = leftover_engines(settings.target.cache_dir / "engines")
+    found = leftover_engines(settings.engines_dir)
     if not found:
         return [CheckResult("engine leftovers", ok=True,
                             detail="no engine server outlived its worker")]

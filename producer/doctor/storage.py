@@ -16,7 +16,8 @@ import uuid
 from common import keys
 from common.engine.preflight import CheckResult
 from common.errors import DflashError, StorageRefused
-from common.storage import LocalStorage, S3Storage, Storage, open_storage
+from common.s3_storage import S3Storage
+from common.storage import LocalStorage, Storage, open_storage
 
 log = logging.getLogger(__name__)
 

@@ -67,12 +67,12 @@ def ui_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]
 
         client = redis.Redis.from_url(settings.broker.url, decode_responses=True,
                                       socket_timeout=5, socket_connect_timeout=2)
-        views = Views(open_storage(settings.broker.storage), client)
+        views = Views(open_storage(settings.broker.storage, settings.read), client)
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         click.echo(f"dashboard: http://{shown}:{port}/  (storage {settings.broker.storage}, broker "
                    f"{settings.masked_broker_url}"
                    + (", basic auth on)" if settings.ui.auth else ", no auth)"))
-        web.run_app(make_app(views, settings.ui.auth), host=host, port=port, print=None,
-                    access_log=None)
+        web.run_app(make_app(views, settings.ui.auth, settings.ui.engine_networks), host=host,
+                    port=port, print=None, access_log=None)
 
     return ui

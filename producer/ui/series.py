@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import keys
-from common.errors import NotFound
+from common.errors import ForeignObject, NotFound
 from common.gates.partstats import SampleStat, part_stats
+from common.reads import note, part_getter, read_json, rows_or_none
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.index import RunIndex, manifest_shards, shard_total
-from common.runs.records import decode_jsonl_zst
+from common.runs.schemas import CHECKPOINT_COMMIT, SAMPLE
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,9 @@ class SeriesReader:
         entries = [e for shard_entries in self.committed.values() for e in shard_entries]
         missing = [key for part_keys in found.values() for key in part_keys
                    if key not in self.parts]
-        for key, data in fetch(self.storage, missing):
-            self.parts[key] = [SampleStat.of(s) for s in decode_jsonl_zst(data)]
+        for key, data in fetch(self.storage, missing, get=part_getter(self.storage)):
+            rows = rows_or_none(self.storage, key, SAMPLE, data)   # a foreign part: no samples
+            self.parts[key] = [SampleStat.of(s) for s in rows or []]
         for shard, part_keys in found.items():
             known = {k: self.parts[k] for k in part_keys}
             entries += [{"shard": shard, **stats}
@@ -81,9 +83,13 @@ class SeriesReader:
         for key in self.storage.list(keys.drafter_prefix(self.run)):
             if keys.checkpoint_id(key) is not None and key not in self.checkpoints:
                 try:
-                    self.checkpoints[key] = json.loads(self.storage.get(key))
-                except (NotFound, ValueError) as exc:
+                    self.checkpoints[key] = dict(read_json(self.storage, key,
+                                                           CHECKPOINT_COMMIT))
+                except NotFound as exc:
                     log.warning("ignoring checkpoint commit %s: %s", key, exc)
+                except ForeignObject as exc:
+                    note(exc)
+                    self.checkpoints[key] = {}
         by_step: dict[int, dict[str, float]] = {}
         for key in sorted(self.checkpoints, key=keys.checkpoint_id):
             commit = self.checkpoints[key]

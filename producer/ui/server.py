@@ -12,9 +12,11 @@ import asyncio
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 import logging
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from common import keys
+from common.config import UiSettings
 from common.errors import DflashError, NotFound, RunNotFound
 from producer.ui.views import Views
 
@@ -33,6 +36,8 @@ PROBE_TIMEOUT_S = 5.0   # SGLang's /health runs a one-token generation: 1 s or m
 _GAUGE = re.compile(r"^(sglang:num_running_reqs|sglang:num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)",
                     re.MULTILINE)
 VIEWS: web.AppKey[Views] = web.AppKey("views", Views)
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+NETWORKS: web.AppKey[list[IPNetwork]] = web.AppKey("engine_networks", list)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -87,14 +92,17 @@ async def run_list(request: web.Request) -> web.Response:
 
 async def engines(request: web.Request) -> web.Response:
     """Each engine the workers announced: URL, healthy or not, requests running and queued, its
-    speculative algorithm and the run's mean accept length on it."""
+    speculative algorithm and the run's mean accept length on it. Only URLs of the allowed
+    networks are probed (anyone who can write Redis announces them), never past a redirect."""
     views = request.app[VIEWS]
     run = request.match_info["run"]
     status = await asyncio.to_thread(views.recent_status, run)
     found = status["engines"]
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+    networks = request.app[NETWORKS]
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        probes = await asyncio.gather(*(_probe(session, e["url"]) for e in (found or {}).values()))
+        probes = await asyncio.gather(*(_probe(session, e["url"], networks)
+                                        for e in (found or {}).values()))
     spec = status.get("speculative") or {}
     rows = [{"name": name, **{k: engine.get(k) for k in ("url", "log", "pid", "worker")},
              **_speculative(engine, spec), **probe}
@@ -109,12 +117,42 @@ def _speculative(engine: dict[str, Any], by_worker: dict[str, Any]) -> dict[str,
             "accept_length": mine.get("accept_length")}
 
 
-async def _probe(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    result: dict[str, Any] = {"healthy": False, "running": None, "queued": None}
+async def admitted(url: str, networks: list[IPNetwork]) -> str | None:
+    """Why ``url`` may not be fetched (None: it may): an http(s) URL whose host resolves only to
+    addresses of ``networks``."""
     try:
-        async with session.get(f"{url}/health") as response:
+        parts = urllib.parse.urlsplit(str(url))
+        port = parts.port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http(s) URL"
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port or 80)
+    except OSError as exc:
+        return f"{parts.hostname} does not resolve ({exc})"
+    addresses = {ipaddress.ip_address(info[4][0]) for info in found}
+    outside = sorted(str(a) for a in addresses if not any(a in n for n in networks))
+    return f"{parts.hostname} is outside the engine networks ({', '.join(outside)})" \
+        if outside else None
+
+
+def engine_networks(spec: str) -> list[IPNetwork]:
+    """The ``ui_engine_networks`` setting as networks."""
+    return [ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",")
+            if part.strip()]
+
+
+async def _probe(session: aiohttp.ClientSession, url: str,
+                 networks: list[IPNetwork]) -> dict[str, Any]:
+    result: dict[str, Any] = {"healthy": False, "running": None, "queued": None}
+    refused = await admitted(url, networks)
+    if refused is not None:
+        return {**result, "error": f"not probed: {refused}"}
+    try:
+        async with session.get(f"{url}/health", allow_redirects=False) as response:
             result["healthy"] = response.status == 200
-        async with session.get(f"{url}/metrics") as response:
+        async with session.get(f"{url}/metrics", allow_redirects=False) as response:
             if response.status == 200:
                 for name, value in _GAUGE.findall(await response.text()):
                     result["running" if name.endswith("running_reqs") else "queued"] = \
@@ -138,11 +176,14 @@ async def index_page(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(STATIC / "index.html")
 
 
-def make_app(views: Views, auth: str = "") -> web.Application:
-    """The dashboard app over ``views``; ``auth`` (user:password) turns basic auth on."""
+def make_app(views: Views, auth: str = "",
+             networks: str = UiSettings.engine_networks) -> web.Application:
+    """The dashboard app over ``views``; ``auth`` (user:password) turns basic auth on;
+    ``networks``: where engine URLs may point (the ``ui_engine_networks`` setting)."""
     middlewares = [basic_auth(auth)] if auth else []
     app = web.Application(middlewares=[*middlewares, errors])
     app[VIEWS] = views
+    app[NETWORKS] = engine_networks(networks)
     app.router.add_get("/", index_page)
     app.router.add_get("/runs/{run}", run_page)
     app.router.add_get("/api/runs", run_list)

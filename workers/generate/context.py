@@ -44,7 +44,7 @@ def build_engine(settings: Settings) -> Engine:
     if not url:
         url = f"http://127.0.0.1:{settings.engine_server_port}"
         server = EngineServer(server_command(settings, model_path, mtp.args), url,
-                              settings.target.cache_dir / "engines", gen.engine_startup_timeout,
+                              settings.engines_dir, gen.engine_startup_timeout,
                               gen.engine_drain_timeout)
         server.start()
     return SglangEngine(url, AutoTokenizer.from_pretrained(model_path), gen.max_in_flight,

@@ -19,8 +19,10 @@ from typing import Any
 from common import keys
 from common.errors import StorageError
 from common.gates.partstats import SampleStat, part_stats, written_stamp
+from common.reads import rows_or_none
 from common.runs.index_extend import index_after_commit
-from common.runs.records import ShardCommit, ShardTask, decode_jsonl_zst, dumps, encode_jsonl_zst
+from common.runs.records import ShardCommit, ShardTask, dumps, encode_jsonl_zst
+from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.runs.summary import shard_summary
 from common.storage import Storage
@@ -46,7 +48,8 @@ class ShardParts:
                        keys.rejected_shard_prefix(run, shard)):
             for key in self.storage.list(prefix):
                 if keys.part_number(key) is not None and key not in self.known:
-                    samples = decode_jsonl_zst(self.storage.get(key))
+                    # A foreign part (noted) holds no sample: its number stays taken.
+                    samples = rows_or_none(self.storage, key, SAMPLE) or []
                     self.known[key] = [SampleStat.of(s) for s in samples]
 
     @property
@@ -74,7 +77,7 @@ class ShardParts:
 
     def _own_write(self, key: str, data: bytes) -> bool:
         """A 412 on bytes equal to ours: our own retried PUT had landed (a lost response)."""
-        if self.storage.get(key) != data:
+        if self.storage.get(key, limit=len(data)) != data:   # never more than ours is read
             return False
         log.info("run %s shard %d: %s already holds this write (a retried PUT had landed)",
                  self.task.run, self.task.shard, key.rsplit("/", 1)[-1])

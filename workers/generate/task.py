@@ -20,7 +20,9 @@ from common.engine.models import template_sha
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.queue import redis_keys
 from common.queue.celery_app import TASK_GENERATE, app
-from common.runs.records import RunConfig, ShardTask, TaskOutcome, decode_jsonl_zst
+from common.reads import read_rows
+from common.runs.records import RunConfig, ShardTask, TaskOutcome
+from common.runs.schemas import INPUT_ROW
 from common.runs.store import RunStore
 from workers.context import WorkerContext
 from workers.generate import metrics, speculative
@@ -102,7 +104,9 @@ def check_template(gen: GenerateContext, config: RunConfig) -> None:
 
 
 def load_input_shard(ctx: WorkerContext, task: ShardTask) -> list[dict[str, Any]]:
-    return decode_jsonl_zst(ctx.storage.get(keys.input_shard(task.run, task.shard)))
+    # Bounded and typed: an input shard that is not one parks this shard, naming it.
+    return [dict(row) for row in read_rows(ctx.storage, keys.input_shard(task.run, task.shard),
+                                            INPUT_ROW)]
 
 
 def hand_off(delivery: Delivery) -> None:

@@ -56,7 +56,7 @@ def choose_step(settings: Settings, run: str,
 
     if step is not None:
         return step, "asked", None
-    best = best_step(open_storage(settings.broker.storage), run)
+    best = best_step(open_storage(settings.broker.storage, settings.read), run)
     return (best[0], "best-tau", best[1]) if best else (None, "newest", None)
 
 
@@ -80,7 +80,7 @@ def load_run_drafter(settings: Settings, run: str, step: int | None,
     from common.storage import open_storage
     from workers.train.drafter.train import DrafterTrainer
 
-    storage = open_storage(settings.broker.storage)
+    storage = open_storage(settings.broker.storage, settings.read)
     config = RunStore(storage, run).config()
     check_checkpoint(storage, run, step)
     target = load_run_target(settings, config, device)

@@ -81,7 +81,7 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
     from workers.train.commands import check_checkpoint
     from workers.train.drafter.export_files import check_export_dir
 
-    store = RunStore(open_storage(settings.broker.storage), run)
+    store = RunStore(open_storage(settings.broker.storage, settings.read), run)
     config = store.config()  # a missing run or checkpoint: one line before torch is imported
     if drafter_dir is None:
         check_checkpoint(store.storage, run, step)

@@ -24,7 +24,9 @@ from torch import nn
 from common import keys
 from common.engine.models import render_chat
 from common.faults import inject
-from common.runs.records import InputManifest, RunConfig, Sampling, decode_jsonl_zst
+from common.reads import rows_or_none
+from common.runs.records import InputManifest, RunConfig, Sampling
+from common.runs.schemas import INPUT_ROW
 from common.storage import Storage
 from workers.train.drafter.specdec import (
     AcceptanceStats,
@@ -84,7 +86,7 @@ def heldout_prompts(storage: Storage, config: RunConfig, manifest: InputManifest
     for sample_id, shard in manifest.heldout[:num]:
         wanted.setdefault(int(shard), set()).add(str(sample_id))
     rows = (row for shard in sorted(wanted)
-            for row in decode_jsonl_zst(storage.get(keys.input_shard(config.run, shard)))
+            for row in rows_or_none(storage, keys.input_shard(config.run, shard), INPUT_ROW) or []
             if row["id"] in wanted[shard])
     return row_prompts(rows, tokenizer, config.sampling, num,
                        config.chat_template_kwargs)

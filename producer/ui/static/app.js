@@ -120,6 +120,13 @@ async function refreshIndex() {
   body.textContent = "";
   $("no-runs").hidden = runs.length > 0;
   for (const r of runs) {
+    if (r.error) {   // a run the dashboard cannot read: one row with why, the others as usual
+      body.append(el("tr", { "data-run": r.run },
+        el("td", {}, r.run),
+        el("td", {}, el("span", { class: "state unreadable" }, r.state)),
+        el("td", { colspan: "7", class: "error" }, r.error)));
+      continue;
+    }
     const total = r.samples_total || 0;
     const share = total ? Math.min(1, (r.samples_done + r.in_progress) / total) : 0;
     const bar = el("div", { class: "bar mini" },
