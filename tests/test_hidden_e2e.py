@@ -112,5 +112,6 @@ def test_hidden_worker_killed_mid_shard_then_resume(pipeline: Pipeline, tmp_path
     assert len(records) == len(set(records)) == sum(len(s["turns"]) for s in accepted)
     again = json.loads(pipeline.cli("resume", "--run", "hk", "--json", check=True).stdout)
     assert again["downstream"] == 0
-    assert pipeline.status("hk")["downstream"] == {"mode": "offline", "stage": "hidden",
-                                                   "committed": 2, "parked": 0}
+    assert pipeline.status("hk")["downstream"] == {
+        "mode": "offline", "stage": "hidden", "committed": 2, "parked": 0,
+        "rows_set_aside": {"too_short": 0, "too_long": 0, "cut": 0}}   # no trainer ran
