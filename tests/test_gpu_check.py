@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import ROOT
 
 PARTS = ["a extraction", "a extraction", "b train step", "b train step",
-         "c spec-decoding", "c spec-decoding", "d mask numerics"]
+         "c spec-decoding", "c spec-decoding", "d mask numerics", *["f memory plan"] * 4]
 
 
 @pytest.mark.parametrize("target", ["qwen3-8b", "qwen3.6-27b"])
@@ -32,6 +32,7 @@ def test_cpu_tiny_smoke_run_prints_the_table(target: str) -> None:
     body = [line for line in lines[header + 2:] if " | " in line]
     parts = [line.split("|")[0].strip() for line in body]
     assert "tokens equal to greedy" in result.stdout      # lossless on both shapes
+    assert result.stdout.count("x measured)") == 4         # the plan beside the measurement
     assert all(line.rstrip().endswith("| ok") for line in body)
     if target == "qwen3-8b":
         assert parts == PARTS
