@@ -348,3 +348,24 @@ def test_a_compression_bomb_or_a_truncated_object_is_foreign(run, caplog) -> Non
     assert "decompresses to 268,435,456 bytes" in caplog.text
     assert "truncated or forged" in caplog.text and "does not state its size" in caplog.text
     assert foreign_counts().get("index", 0) == 4
+
+
+def test_an_honest_writer_that_finds_its_name_taken_writes_under_another(run, monkeypatch,
+                                                                          caplog) -> None:
+    """Should a forger hit the random tag, the honest object lands under a fresh one, warned."""
+    from common.runs import index_objects
+
+    client, base = run
+    storage = _copy(base, "taken")
+    real = _stored(storage)
+    taken = keys.index_object(RUN, STORED, 0, len(real), "feedf00d")
+    storage.put_once(taken, b"a forger's object under the honest writer's next name")
+    draws = iter(["feedf00d", "c0ffee00"])
+    monkeypatch.setattr(index_objects, "fresh_tag", lambda: next(draws))
+    written = write_chunk(storage, RUN, 0, real)
+    monkeypatch.undo()
+    assert written == keys.index_object(RUN, STORED, 0, len(real), "c0ffee00")
+    assert f"index object {taken} was there already" in caplog.text
+    index = RunIndex(storage, RUN, keep=False)
+    index.bad.add(taken)
+    assert {s for r in index.scan(6) for s in r.entries} == {0, 1, 2} and index.direct == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common import keys
+from common.drafter.store import Ledger
 from common.gates.partstats import SampleStat, part_stats
 from common.runs.records import ShardCommit, dumps, encode_jsonl_zst
 from common.storage import open_storage
@@ -76,7 +77,8 @@ def test_training_metrics_over_steps_from_checkpoints(tmp_path: Path) -> None:
         metrics = {"step": str(step), "loss": loss, "slot1_accuracy": "0.4",
                    "slot_accuracy": "[0.4, 0.2]", "acceptance_length": "1.6", **extra}
         storage.put_once(keys.drafter_checkpoint("r", step, "_COMMIT.json"),
-                         dumps({"step": step, "seq": 0, "metrics": metrics}))
+                         dumps({"step": step, "seq": 0, "metrics": metrics,
+                                "ledger": Ledger().to_json()}))
     train = SeriesReader(storage, "r").read()["train"]
     assert train["step"] == [50, 100] and train["loss"] == [3.5, 2.25]
     assert train["tau"] == [None, 2.5] and train["slot2_accuracy"] == [0.2, 0.2]

@@ -138,6 +138,11 @@ def proven_entry(storage: Storage, key: str, stored: Stored, listed: Identity | 
         return None
 
 
+def fresh_tag() -> str:
+    """An index object's tag: random, so that no other key can write an honest name first."""
+    return uuid.uuid4().hex[:8]
+
+
 def write_chunk(storage: Storage, run: str, chunk: int,
                 commits: dict[int, tuple[Identity, bytes]]) -> str | None:
     """Put one index object of ``commits`` (shard -> its identity and bytes, as read) under a
@@ -153,7 +158,7 @@ def write_chunk(storage: Storage, run: str, chunk: int,
     shards = held
     data = zstandard.ZstdCompressor(level=3).compress(body)
     for _ in range(3):   # a taken name (~1 in 4e9) is never a silent loss: another tag
-        key = keys.index_object(run, STORED, chunk, len(shards), uuid.uuid4().hex[:8])
+        key = keys.index_object(run, STORED, chunk, len(shards), fresh_tag())
         try:
             if storage.put_once(key, data):
                 return key
