@@ -75,8 +75,9 @@ def engine_launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
                                           "flags the worker would pass SGLang (MTP's, "
                                           "--engine-args, --max-running-requests) (empty: "
                                           "python -m sglang.launch_server ...)."),
-        setting_option("engine_args", help="Extra SGLang launch flags; --speculative-* ones "
-                                           "here win over --mtp."),
+        setting_option("engine_args", help="Extra SGLang launch flags; a "
+                                           "--speculative-algorithm here wins over --mtp (other "
+                                           "--speculative-* flags tune MTP's)."),
         setting_option("engine_python",
                        help="Python that runs `-m sglang.launch_server` (SGLang in a venv of its "
                             "own, e.g. .venv-sglang/bin/python) [default: the worker's own "

@@ -51,13 +51,15 @@ class KeyKind(enum.StrEnum):
     LATEST = "latest checkpoint pointer"
     INDEX = "run-index object"
     PROBE = "access probe"
+    BENCH = "bench verdict"
 
 
 class Key(NamedTuple):
     """A listed key as the layout reads it. ``area``: a shard's (generated, rejected, hidden),
     a parking record's stage; ``number``: a part's, a step's, an index object's chunk; ``seq``: a
     checkpoint's sequence, an index object's count; ``name``: a checkpoint's file, an index
-    object's kind, a gate event's kind, a probe's area."""
+    object's kind, a gate event's kind, a probe's area; a bench verdict's ``area``: what decides
+    it (the GPU model, TP and engine arguments, :mod:`common.runs.bench_verdict`)."""
 
     kind: KeyKind
     run: str
@@ -86,6 +88,7 @@ _LAYOUTS = (  # (kind, exact layout, digits of ``number``): every key the templa
     (KeyKind.FAILED, rf"{_R}failed/(?:(?P<area>hidden|train)/)?{_S}/{_STAMP}\.json", 0),
     (KeyKind.GATE, rf"{_R}gates/(?P<name>pause|resume)-{_STAMP}\.json", 0),
     (KeyKind.REPORT, rf"{_R}reports/report-{_STAMP}\.png", 0),
+    (KeyKind.BENCH, rf"{_R}bench/(?P<area>[a-z0-9][a-z0-9.-]{{0,95}})/verdict-{_STAMP}\.json", 0),
     (KeyKind.RUN_CONFIG, rf"{_R}run\.json", 0),
 )
 # ASCII: ``\d`` is 0-9 only (a checkpoint's "step-00००12" is no step).

@@ -108,6 +108,17 @@ def gate_event(run: str, kind: str, stamp: str) -> str:
     return f"runs/{run}/gates/{kind}-{stamp}.json"
 
 
+def bench_prefix(run: str, decider: str = "") -> str:
+    """``bench --run``'s verdicts on the run, under what decides each (GPU model, TP, engine
+    arguments: :class:`common.runs.bench_verdict.Decider`)."""
+    return f"runs/{run}/bench/{decider}/" if decider else f"runs/{run}/bench/"
+
+
+def bench_verdict(run: str, decider: str, stamp: str) -> str:
+    """One bench's table and winner per concurrency; put-once, the newest write decides."""
+    return f"runs/{run}/bench/{decider}/verdict-{stamp}.json"
+
+
 def report_png(run: str, stamp: str) -> str:
     """A report's plots; one per ``report`` call, never overwritten."""
     return f"runs/{run}/reports/report-{stamp}.png"

@@ -48,6 +48,8 @@ def area_of(key: str) -> str:
     parts = key.split("/")
     if len(parts) > 2 and parts[0] == "runs":
         found = parse(key)
+        if found is not None and found.kind.value == "bench verdict":
+            return "bench"
         if found is not None and found.area:
             return found.area if found.kind.value != "parking record" else "failed"
         return "run.json" if parts[2] == "run.json" else parts[2]

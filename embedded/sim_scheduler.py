@@ -38,11 +38,16 @@ class LatencyModel:
 @dataclass(eq=False)
 class Job:
     prompt_len: int
-    remaining: int
+    target: list[int]                  # the plain decode's ids: what the verify checks against
     done: asyncio.Future[None]
-    rng: random.Random | None = None   # the request's own draws of accepted drafts
+    rng: random.Random | None = None   # the request's own draws of drafts
     prefilled: bool = False
     spec: SpecCounts = field(default_factory=SpecCounts)
+    out: list[int] = field(default_factory=list)   # the ids committed so far
+
+    @property
+    def remaining(self) -> int:
+        return len(self.target) - len(self.out)
 
 
 @dataclass
@@ -62,11 +67,12 @@ class Scheduler:
     # never by more than this, so a stalled process does not burst afterwards.
     MAX_LAG_S = 0.1
 
-    async def run(self, prompt_len: int, n_tokens: int, rid: str | None = None,
+    async def run(self, prompt_len: int, target: list[int], rid: str | None = None,
                   rng: random.Random | None = None) -> Job:
-        """Decode ``n_tokens`` for a prompt; the job says how many were decoded (fewer if
-        aborted: ``n_tokens - remaining``) and its verify steps."""
-        job = Job(prompt_len, n_tokens, asyncio.get_running_loop().create_future(), rng)
+        """Decode ``target``'s tokens for a prompt (through draft and verify steps with
+        speculative decoding); the job holds what was committed (fewer if aborted) and its
+        verify steps."""
+        job = Job(prompt_len, target, asyncio.get_running_loop().create_future(), rng)
         if rid is not None:
             self.by_rid[rid] = job
         self.queue.append(job)
@@ -119,18 +125,18 @@ class Scheduler:
             await asyncio.sleep(max(0.0, -lag))
             self._emit()
 
-    def _tokens(self, job: Job) -> int:
-        """Tokens ``job`` emits this step: one from its prefill (or a plain decode step), else
-        what its verify step accepts."""
-        spec = self.model.spec
+    def _tokens(self, job: Job) -> list[int]:
+        """Tokens ``job`` commits this step: one from its prefill (or a plain decode step),
+        else what its verify step accepts."""
+        spec, at = self.model.spec, len(job.out)
         if spec is None or not job.prefilled:
             job.prefilled = True
-            return 1
-        emitted = min(spec.emitted(job.rng or random.Random(0)), job.remaining)
-        job.spec.add(emitted, spec.steps)
+            return job.target[at:at + 1]
+        committed = spec.step(job.rng or random.Random(0), job.target, at)[:job.remaining]
+        job.spec.add(len(committed), spec.steps)
         self.stats["verify_steps"] += 1
-        self.stats["verified_tokens"] += emitted
-        return emitted
+        self.stats["verified_tokens"] += len(committed)
+        return committed
 
     def _emit(self) -> None:
         still = []
@@ -139,9 +145,9 @@ class Scheduler:
                 self.stats["aborted"] += 1
                 continue
             if job.remaining > 0:
-                emitted = self._tokens(job)
-                job.remaining -= emitted
-                self.stats["generated_tokens"] += emitted
+                committed = self._tokens(job)
+                job.out += committed
+                self.stats["generated_tokens"] += len(committed)
             if job.remaining == 0:
                 job.done.set_result(None)
                 self.stats["completed"] += 1

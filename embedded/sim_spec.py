@@ -6,9 +6,14 @@ SGLang's flags are taken as it takes them: ``--speculative-algorithm NEXTN`` (re
 (with top-1 always ``S + 1``, as SGLang adjusts it). ``--accept-length A`` is the mean tokens a
 verify step emits (1 to S + 1): each draft is accepted with the probability ``p`` that makes
 ``1 + p + ... + p^S = A``, drawn per request by a generator fixed by the seed and its prompt,
-so the same request gets the same figures; its output ids are those of the plain decode
-(speculation is lossless). A request's first token comes from its prefill; every later step is
-a verify step. Time (:class:`embedded.sim_scheduler.LatencyModel`): a step verifies
+so the same request gets the same figures. The tokens are committed through a real draft and
+verify step (:meth:`SpecModel.step`): the draft proposes ``S`` tokens, each the target's own
+next token with probability ``p`` and a wrong one otherwise; the verify accepts the drafts up to
+the first that differs from the target's sequence (the plain decode's ids) and adds the
+target's own token there. So the output equals the plain decode's exactly when the verify is
+right: ``--verify-fault accept-all`` (tests only) commits every draft, wrong ones included, and
+the output differs. A request's first token comes from its prefill; every later step is a
+verify step. Time (:class:`embedded.sim_scheduler.LatencyModel`): a step verifies
 ``S + 1`` tokens per request, so its ``decode_per_req_ms`` part grows with them, and the draft
 model's ``S`` forward passes add ``S x --draft-step-ms``: at a small, memory-bound batch the
 fixed ``decode_base_ms`` dominates and a step's ``A`` tokens are nearly free; at a large,
@@ -64,12 +69,31 @@ class SpecModel:
     def p(self) -> float:
         return acceptance_probability(self.accept_length, self.steps)
 
-    def emitted(self, rng: random.Random) -> int:
-        """Tokens one verify step emits: the accepted drafts, plus the target's own token."""
-        n = 1
-        while n < self.draft_tokens and rng.random() < self.p:
-            n += 1
-        return n
+    verify_fault: str = "none"
+
+    def draft(self, rng: random.Random, target: list[int], at: int) -> list[int]:
+        """The draft's ``steps`` tokens after position ``at``: the target's own with probability
+        ``p`` each, else a wrong one (past the target's end: its last token, repeated)."""
+        out = []
+        for i in range(self.steps):
+            truth = target[min(at + i, len(target) - 1)]
+            out.append(truth if rng.random() < self.p else (truth - 1 if truth > 0 else 1))
+        return out
+
+    def verify(self, drafts: list[int], target: list[int], at: int) -> list[int]:
+        """What one verify step commits: the drafts up to the first that is not the target's
+        token, then the target's own token there (SGLang's chain verify, greedy)."""
+        accepted = 0
+        while (accepted < len(drafts) and at + accepted < len(target)
+               and (drafts[accepted] == target[at + accepted]
+                    or self.verify_fault == "accept-all")):
+            accepted += 1
+        bonus = target[at + accepted: at + accepted + 1]
+        return drafts[:accepted] + bonus
+
+    def step(self, rng: random.Random, target: list[int], at: int) -> list[int]:
+        """One draft-and-verify step at position ``at`` of the target's sequence."""
+        return self.verify(self.draft(rng, target, at), target, at)
 
     def server_info(self) -> dict[str, Any]:
         return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.steps,
@@ -114,6 +138,8 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                        help="mean tokens a verify step emits (1 to steps + 1)")
     group.add_argument("--draft-step-ms", type=float, default=0.2,
                        help="one forward of the draft (MTP) head")
+    group.add_argument("--verify-fault", choices=("none", "accept-all"), default="none",
+                       help="tests only: a broken verify that commits every draft")
 
 
 def spec_model(args: argparse.Namespace) -> SpecModel | None:
@@ -133,4 +159,4 @@ def spec_model(args: argparse.Namespace) -> SpecModel | None:
         raise ValueError(f"--accept-length must be within 1 and {steps + 1} (steps + 1), "
                          "--draft-step-ms >= 0")
     return SpecModel(ALGORITHMS[algorithm.upper()], steps, topk, args.accept_length,
-                     args.draft_step_ms)
+                     args.draft_step_ms, args.verify_fault)

@@ -146,13 +146,13 @@ class Simulator:
         full = plan_output(self.vocab, ids, self.args.seed, self.args.answer_mode,
                            self.args.len_mu, self.args.len_sigma, self.args.answer_mode_rate)
         out, reason = finish(full, max_new, stops | {self.vocab.eot})
-        # Draws of accepted drafts fixed by the prompt too (the output ids never depend on them).
+        # Draws of drafts fixed by the prompt too; the verify commits the target's ids.
         rng = request_rng(self.args.seed + 1, ids) if self.spec else None
-        job = await self.scheduler.run(len(ids), len(out), rid, rng)
-        decoded = len(out) - job.remaining
-        if decoded < len(out):   # SGLang's words and shape for an aborted request
-            out, reason = out[:decoded], {"type": "abort", "message": "Aborted",
-                                          "status_code": None, "err_type": None}
+        job = await self.scheduler.run(len(ids), out, rid, rng)
+        if job.remaining:   # SGLang's words and shape for an aborted request
+            reason = {"type": "abort", "message": "Aborted", "status_code": None,
+                      "err_type": None}
+        out = job.out
         spec = job.spec.meta_info(len(out), self.spec.steps) if self.spec else {}
         return out, reason, time.monotonic() - started, spec
 

@@ -1,10 +1,18 @@
 """``dflash-pipeline bench``: throughput of an SGLang-protocol server at several concurrencies.
 
-The seed's "benchmark throughput on 1 GPU" before a long run: for each concurrency, keep that many
-``/generate`` requests in flight until ``--num`` have finished, then report output tokens/s,
-requests/s and latency percentiles, the engine's accept length where it decodes speculatively
-(SGLang's ``spec_verify_ct``: output tokens / verify steps), and the best setting. Synthetic
-prompts here; ``bench --run`` (:mod:`producer.bench_run`) draws the run's own.
+The seed's "benchmark throughput on 1 GPU" before a long run: for each concurrency, a closed
+loop keeps that many ``/generate`` requests in flight (a finished one is followed at once by the
+next) until ``--num`` have finished, then reports output tokens/s over the steady window
+(:func:`steady_row`), requests/s and latency percentiles, the engine's accept length where it
+decodes speculatively (SGLang's ``spec_verify_ct``: output tokens / verify steps), and the best
+setting. Synthetic prompts here; ``bench --run`` (:mod:`producer.bench_loop`) runs the run's own
+conversations, every turn, as the worker does.
+
+The steady window opens when as many requests have finished as are kept in flight (the first
+wave, which started together, is over) and closes at the last request sent (after it, the batch
+drains to nothing, where a speculative engine always looks fast). Each request's output tokens
+count in proportion to the share of its time inside the window. A bench with too few requests
+for a window (``--num`` at most the concurrency) measures the whole span, and says so.
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ class BenchRow:
     verified_tokens: int = 0    # output tokens of the requests that had verify steps
     mtp: str | None = None      # bench --run: the configuration measured (off, on)
     p90_s: float = 0.0
+    window: tuple[float, float] = (0.0, 0.0)   # seconds since the first request was sent
+    steady: bool = True         # False: too few requests for a steady window (the whole span)
+    total_tokens: int = 0       # output tokens of every request (the window's are above)
+    conversations: int = 0      # bench --run: conversations run (every turn each)
+    window_requests: int = 0    # requests answered inside the window
 
     @property
     def tokens_per_s(self) -> float:
@@ -41,7 +54,8 @@ class BenchRow:
 
     @property
     def requests_per_s(self) -> float:
-        return self.requests / self.seconds
+        """Requests answered inside the window, per second of it."""
+        return (self.window_requests or self.requests) / self.seconds
 
     @property
     def accept_length(self) -> float | None:
@@ -53,7 +67,9 @@ class BenchRow:
                "output_tokens_per_s": round(self.tokens_per_s, 1),
                "requests_per_s": round(self.requests_per_s, 2),
                "latency_p50_s": round(self.p50_s, 3), "latency_p90_s": round(self.p90_s, 3),
-               "latency_p99_s": round(self.p99_s, 3), "accept_length": self.accept_length}
+               "latency_p99_s": round(self.p99_s, 3), "accept_length": self.accept_length,
+               "window_s": [round(w, 3) for w in self.window], "steady": self.steady,
+               "total_output_tokens": self.total_tokens, "conversations": self.conversations}
         return row if self.mtp is None else {"mtp": self.mtp, **row}
 
 
@@ -62,9 +78,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _one(session: aiohttp.ClientSession, url: str,
-               body: dict[str, Any]) -> tuple[int, float, int]:
-    """(output tokens, latency, verify steps) of one request."""
+@dataclass(frozen=True)
+class Sent:
+    """One request as the closed loop saw it: sent, answered, its output tokens and verify
+    steps."""
+
+    start: float
+    end: float
+    tokens: int
+    verify_steps: int = 0
+
+
+async def post(session: aiohttp.ClientSession, url: str,
+               body: dict[str, Any]) -> tuple[Sent, dict[str, Any]]:
+    """One ``/generate`` request: what it took and what came back (DflashError for a non-200)."""
     started = time.perf_counter()
     async with session.post(f"{url}/generate", json=body) as response:
         if response.status != 200:
@@ -74,7 +101,40 @@ async def _one(session: aiohttp.ClientSession, url: str,
     meta = data.get("meta_info", {})
     tokens = meta.get("completion_tokens", len(data.get("output_ids", [])))
     verify = meta.get(VERIFY_CT)
-    return int(tokens), time.perf_counter() - started, verify if isinstance(verify, int) else 0
+    return Sent(started, time.perf_counter(), int(tokens),
+                verify if isinstance(verify, int) else 0), data
+
+
+def _share(sent: Sent, lo: float, hi: float) -> float:
+    """The share of ``sent``'s time inside [lo, hi]."""
+    span = sent.end - sent.start
+    inside = max(0.0, min(sent.end, hi) - max(sent.start, lo))
+    return inside / span if span > 0 else float(lo <= sent.end <= hi)
+
+
+def steady_row(sent: list[Sent], concurrency: int, mtp: str | None = None,
+               conversations: int = 0) -> BenchRow:
+    """The row of a closed loop's requests, its rate taken over the steady window."""
+    if not sent:
+        raise DflashError("no request was answered: nothing to measure")
+    first = min(s.start for s in sent)
+    ends = sorted(s.end for s in sent)
+    opens, closes = (ends[concurrency - 1] if len(ends) > concurrency else None,
+                     max(s.start for s in sent))
+    steady = opens is not None and closes > opens
+    lo, hi = (opens, closes) if steady else (first, ends[-1])
+    shares = [_share(s, lo, hi) for s in sent]
+    latencies = [s.end - s.start for s in sent]
+    verified = [(s, w) for s, w in zip(sent, shares, strict=True) if s.verify_steps]
+    return BenchRow(concurrency, len(sent),
+                    round(sum(s.tokens * w for s, w in zip(sent, shares, strict=True))),
+                    max(hi - lo, 1e-9), statistics.median(latencies), percentile(latencies, 0.99),
+                    verify_steps=round(sum(s.verify_steps * w for s, w in verified)),
+                    verified_tokens=round(sum(s.tokens * w for s, w in verified)), mtp=mtp,
+                    p90_s=percentile(latencies, 0.9), window=(lo - first, hi - first),
+                    steady=steady, total_tokens=sum(s.tokens for s in sent),
+                    conversations=conversations,
+                    window_requests=sum(1 for s in sent if lo < s.end <= hi))
 
 
 def synthetic_bodies(num: int, prompt_len: int, max_new_tokens: int,
@@ -93,19 +153,12 @@ async def measure(url: str, concurrency: int, bodies: list[dict[str, Any]],
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=concurrency)) as s:
-        async def bounded(body: dict[str, Any]) -> tuple[int, float, int]:
+        async def bounded(body: dict[str, Any]) -> Sent:
             async with slots:
-                return await _one(s, url, body)
+                return (await post(s, url, body))[0]
 
-        started = time.perf_counter()
-        results = await asyncio.gather(*(bounded(b) for b in bodies))
-        seconds = time.perf_counter() - started
-    latencies = [lat for _, lat, _ in results]
-    return BenchRow(concurrency, len(bodies), sum(t for t, _, _ in results), seconds,
-                    statistics.median(latencies), percentile(latencies, 0.99),
-                    verify_steps=sum(v for _, _, v in results),
-                    verified_tokens=sum(t for t, _, v in results if v), mtp=mtp,
-                    p90_s=percentile(latencies, 0.9))
+        sent = await asyncio.gather(*(bounded(b) for b in bodies))
+    return steady_row(list(sent), concurrency, mtp)
 
 
 async def run_level(url: str, concurrency: int, num: int, prompt_len: int,
@@ -128,11 +181,18 @@ def render_table(rows: list[BenchRow]) -> str:
     best = max(rows, key=lambda r: r.tokens_per_s)
     mtp = any(r.mtp is not None for r in rows)
     lines = [("mtp " if mtp else "") + f"{'concurrency':>11} {'out tok/s':>10} {'req/s':>8} "
-             f"{'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'accept':>7}"]
+             f"{'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'accept':>7}  window s"]
     lines += [(f"{r.mtp or '-':<4}" if mtp else "")
               + f"{r.concurrency:>11} {r.tokens_per_s:>10.1f} {r.requests_per_s:>8.2f} "
               f"{r.p50_s:>8.3f} {r.p90_s:>8.3f} {r.p99_s:>8.3f} "
-              f"{r.accept_length if r.accept_length is not None else '-':>7}" for r in rows]
+              f"{r.accept_length if r.accept_length is not None else '-':>7}  "
+              f"{r.window[0]:.1f}-{r.window[1]:.1f}" + ("" if r.steady else " (whole span)")
+              for r in rows]
+    lines.append("rates over the steady window: from the first wave's end to the last request "
+                 "sent (warm-up and drain left out)")
+    if not all(r.steady for r in rows):
+        lines.append("whole span: too few requests for a steady window at that concurrency; "
+                     "raise --num above it")
     lines.append(f"best: concurrency {best.concurrency} ({best.tokens_per_s:.1f} output tok/s"
                  + (f", mtp {best.mtp}" if best.mtp else "") + "); use --max-in-flight "
                  f"{best.concurrency} on the generate workers")

@@ -26,7 +26,11 @@ DEFAULT_LEVELS, DEFAULT_PROMPT_LEN, DEFAULT_MAX_NEW = "16,64,256", 256, 512
 MODES = ("off", "on")
 
 
-def _levels(concurrency: str) -> list[int]:
+def _levels(concurrency: str | None, in_flight: int) -> list[int]:
+    """The concurrencies to measure: ``--concurrency``'s, else the defaults and the worker's own
+    ``--max-in-flight``."""
+    if concurrency is None:
+        return sorted({*(int(c) for c in DEFAULT_LEVELS.split(",")), in_flight})
     try:
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
     except ValueError:
@@ -57,8 +61,12 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
     @setting_option("engine_url", show_default=False,
                     help="SGLang-protocol server to measure as it runs, e.g. "
                          "http://127.0.0.1:30000 (needed without --run).")
-    @click.option("--concurrency", default=DEFAULT_LEVELS, show_default=True,
-                  help="Comma-separated numbers of requests kept in flight.")
+    @click.option("--concurrency", default=None,
+                  help="Comma-separated numbers of requests kept in flight [default: "
+                       f"{DEFAULT_LEVELS} and --max-in-flight].")
+    @setting_option("max_in_flight", type=click.IntRange(min=1),
+                    help="The generate workers' in-flight cap: measured among the "
+                         "concurrencies by default, and the one whose verdict --mtp auto takes.")
     @click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,
                   help="Requests per concurrency level (--run: prompts drawn from the run).")
     @click.option("--prompt-len", type=click.IntRange(min=1), default=None,
@@ -84,14 +92,17 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
                        "visible].")
     @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
     @common_options
-    def command(settings: Settings, run: str | None, engine_url: str | None, concurrency: str,
+    def command(settings: Settings, run: str | None, engine_url: str | None,
+                concurrency: str | None,
                 num: int, prompt_len: int | None, max_new_tokens: int | None,
                 mtp_modes: str | None, gpus: int, model: str | None, gpu: int | None,
                 as_json: bool, **overrides: Any) -> None:
         """Measure output tokens/s, requests/s, latency and accept length at several
         concurrencies; with --run, on the run's own prompts, with MTP off and on, and project
         the run's hours."""
-        levels, modes = _levels(concurrency), _modes(mtp_modes)
+        settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        levels = _levels(concurrency, settings.generate.max_in_flight)
+        modes = _modes(mtp_modes)
         if run is None:
             _synthetic(engine_url, levels, num, prompt_len or DEFAULT_PROMPT_LEN,
                        max_new_tokens or DEFAULT_MAX_NEW, mtp_modes, as_json)
@@ -100,21 +111,23 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
             if given is not None:
                 raise OptionRefused(f"{name} is for synthetic prompts; --run asks with the "
                                     "run's own")
-        settings = replace(settings, engine_url=engine_url or "",
-                           **{k: v for k, v in overrides.items() if v is not None})
+        settings = replace(settings, engine_url=engine_url or "")
         if gpus < settings.generate.tp:
             raise OptionRefused(f"--gpus {gpus} holds no engine of --tp {settings.generate.tp}")
         from producer.bench_run import bench_run
         from producer.projection import render_projection
 
-        rows, projection = bench_run(settings, run, modes, levels, num, gpus, model, gpu)
+        result = bench_run(settings, run, modes, levels, num, gpus, model, gpu)
         if as_json:
-            click.echo(json.dumps({"rows": [r.to_json() for r in rows],
-                                   "projection": projection.to_json()}, sort_keys=True))
+            click.echo(json.dumps({"rows": [r.to_json() for r in result.rows],
+                                   "projection": result.projection.to_json(),
+                                   "verdict": {"key": result.verdict, "note": result.note}},
+                                  sort_keys=True))
         else:
             from producer.bench import render_table
 
-            click.echo(render_table(rows) + "\n" + render_projection(projection))
+            click.echo(render_table(result.rows) + "\n" + render_projection(result.projection)
+                       + f"\nverdict: {result.verdict or '-'} ({result.note})")
 
     return command
 

@@ -1,12 +1,16 @@
-"""``bench --run RUN``: the run's own prompts through the engine a worker would start.
+"""``bench --run RUN``: the run's own conversations through the engine a worker would start.
 
-Draws ``--num`` rows from the run's input shards (seeded), renders each first turn with the
-target's chat template as the worker does (the run's thinking mode per row, its template
-options and tools), asks with the run's sampling and ``max_new_tokens`` (capped to the room the
-server's context leaves), and measures each configuration of ``--mtp`` (off, on: both by default
-where the target states an MTP head and MTP keeps the run's sampling) at each concurrency, on an
+Draws ``--num`` rows from the run's input shards (seeded) and runs each conversation, every
+turn, as the worker does (:mod:`producer.bench_loop`: the run's thinking mode per row, template
+options, tools, sampling and ``max_new_tokens`` capped to the room the server's context leaves,
+the quality gates stopping a conversation), in a closed loop at each concurrency (the worker's
+own ``--max-in-flight`` among them by default), for each configuration of ``--mtp`` (off, on:
+both by default where the target states an MTP head and MTP keeps the run's sampling), on an
 engine started as the worker starts it (:mod:`producer.bench_engine`), or on ``--engine-url``'s
-server as it runs. Then :mod:`producer.projection` turns the rates into the run's hours left.
+server as it runs. Where both configurations were measured, the rows are stored as the run's
+verdict for this GPU model, TP and engine arguments (:mod:`common.runs.bench_verdict`), which a
+worker's ``--mtp auto`` follows. Then :mod:`producer.projection` turns the rates into the run's
+hours left.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import urllib.error
 import urllib.request
@@ -24,29 +29,34 @@ import aiohttp
 
 from common import keys
 from common.config import Settings
-from common.engine.models import render_chat, resolve_model_path, stop_token_ids, template_sha
-from common.engine.mtp import MtpChoice, choose_mtp, lossless_refusal, target_shape
-from common.engine.serving import engine_command, sampling_params, visible_devices
+from common.engine.lossless import lossless_refusal
+from common.engine.models import resolve_model_path, stop_token_ids, template_sha
+from common.engine.mtp import MtpChoice, MtpWorker, target_shape
+from common.engine.serving import engine_command, visible_devices
 from common.engine.speculative import server_algorithm
-from common.errors import ConfigError, DflashError, EngineError, OptionRefused
+from common.errors import ConfigError, DflashError, EngineError, OptionRefused, StorageRefused
 from common.reads import rows_or_none
+from common.runs.bench_verdict import Decider, write_verdict
 from common.runs.commit_cache import CommitDigest
 from common.runs.index import RunIndex, shard_total
 from common.runs.records import RunConfig
 from common.runs.schemas import INPUT_ROW
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
-from producer.bench import BenchRow, measure
+from producer.bench import BenchRow
 from producer.bench_engine import free_port, launched
+from producer.bench_loop import Conversations, run_loop
 from producer.projection import Projection, project
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RunPrompts:
-    bodies: list[dict[str, Any]]   # /generate bodies, max_new_tokens not yet fitted
-    turns: float                   # mean assistant turns per drawn row
+class BenchResult:
+    rows: list[BenchRow]
+    projection: Projection
+    verdict: str | None = None   # the stored verdict's key (None: not stored, see ``note``)
+    note: str = ""
 
 
 def draw_rows(storage: Storage, run: str, num: int, seed: int) -> list[dict[str, Any]]:
@@ -66,21 +76,6 @@ def draw_rows(storage: Storage, run: str, num: int, seed: int) -> list[dict[str,
     return rows[:num]
 
 
-def run_prompts(rows: list[dict[str, Any]], config: RunConfig, tokenizer: Any,
-                stop_ids: list[int]) -> RunPrompts:
-    """Each row's first turn as the worker renders it, with the run's sampling."""
-    bodies = []
-    for row in rows:
-        text = render_chat(tokenizer, list(row["turns"][0]),
-                           config.sampling.thinking_for(row["id"]),
-                           config.chat_template_kwargs, row.get("tools"))
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        bodies.append({"input_ids": ids, "stream": False, "sampling_params": sampling_params(
-            config.sampling, config.sampling.max_new_tokens, stop_ids)})
-    turns = sum(len(r["turns"]) for r in rows) / len(rows) if rows else 1.0
-    return RunPrompts(bodies, turns)
-
-
 def _get(url: str) -> Any:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
@@ -89,22 +84,11 @@ def _get(url: str) -> Any:
         raise DflashError(f"cannot read {url}: {exc}") from exc
 
 
-def fitted(bodies: list[dict[str, Any]], url: str) -> list[dict[str, Any]]:
-    """The bodies with ``max_new_tokens`` capped to the room the server's context leaves."""
+def server_context(url: str) -> int | None:
+    """The server's context length (``/v1/models``' ``max_model_len``), None where unstated."""
     models = _get(f"{url}/v1/models").get("data") or [{}]
-    context = models[0].get("max_model_len")
-    if not isinstance(context, int):
-        return bodies
-    out = []
-    for body in bodies:
-        room = context - len(body["input_ids"])
-        if room >= 1:
-            params = dict(body["sampling_params"], max_new_tokens=min(
-                body["sampling_params"]["max_new_tokens"], room))
-            out.append({**body, "sampling_params": params})
-    if not out:
-        raise DflashError(f"no drawn prompt fits the server's {context}-token context")
-    return out
+    context = models[0].get("max_model_len") if isinstance(models[0], dict) else None
+    return context if isinstance(context, int) else None
 
 
 def configurations(settings: Settings, modes: list[str] | None, shape: Any,
@@ -114,17 +98,22 @@ def configurations(settings: Settings, modes: list[str] | None, shape: Any,
     choices: dict[str, MtpChoice] = {}
     for mode in modes or ["off", "on"]:
         try:
-            choice = choose_mtp(replace(settings, mtp=mode), shape)
+            worker = MtpWorker.of(replace(settings, mtp=mode), shape)
         except OptionRefused:
             if asked:
                 raise
             continue
+        choice = worker.turned(mode == "on", f"asked {mode}"
+                               + (f": {worker.recipe()}" if mode == "on" else ""))
         if choice.user_algorithm is not None:
             if asked:
-                raise OptionRefused("DFLASH_ENGINE_ARGS sets its own --speculative-* flags: "
-                                    "bench measures them as given (drop --mtp)")
+                raise OptionRefused("DFLASH_ENGINE_ARGS sets its own --speculative-algorithm: "
+                                    "bench measures it as given (drop --mtp)")
             return {"on": choice}
-        refusal = lossless_refusal(choice.algorithm, choice.device, config.sampling)
+        if mode == "on" and not choice.on:
+            continue
+        refusal = lossless_refusal(choice.algorithm, choice.device, config.sampling,
+                                   settings.generate.engine_args, os.environ)
         if refusal is not None:
             if asked:
                 raise OptionRefused(f"--mtp on: {refusal}")
@@ -146,9 +135,10 @@ def committed(storage: Storage, run: str) -> tuple[int, int]:
 
 def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: list[int],
               num: int, gpus: int, model: str | None = None, gpu: int | None = None,
-              seed: int = 0) -> tuple[list[BenchRow], Projection]:
-    """The rows of every configuration and concurrency, and the run's projection; ``model``
-    (else the run's own) is the target, ``gpu`` the first GPU of the engine (else all)."""
+              seed: int = 0) -> BenchResult:
+    """The rows of every configuration and concurrency, the run's projection, and the stored
+    verdict; ``model`` (else the run's own) is the target, ``gpu`` the first GPU of the engine
+    (else all)."""
     storage = open_storage(settings.broker.storage, settings.read)
     store = RunStore(storage, run)
     config, manifest = store.config(), store.manifest()
@@ -163,36 +153,64 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
     if config.chat_template_sha and template_sha(tokenizer.chat_template) \
             != config.chat_template_sha:
         raise ConfigError(f"{model_path}'s chat template is not the one run {run!r} froze")
-    prompts = run_prompts(draw_rows(storage, run, num, seed), config, tokenizer,
-                          stop_token_ids(model_path))
+    drawn = draw_rows(storage, run, num, seed)
+    if not drawn:
+        raise ConfigError(f"run {run!r} has no readable input rows to bench")
+    work = Conversations(drawn, config, tokenizer, stop_token_ids(model_path), None)
+    rows = _measure_all(settings, run, modes, levels, work, model_path, gpu)
+    done = committed(storage, run)
+    remaining = max(manifest.rows - manifest.rejected - done[0], 0)
+    turns = sum(len(r["turns"]) for r in drawn) / len(drawn)
+    projection = project(rows, remaining, done, turns, gpus, settings.generate.tp)
+    key, note = store_verdict(storage, settings, run, rows, gpu)
+    return BenchResult(rows, projection, key, note)
+
+
+def _measure_all(settings: Settings, run: str, modes: list[str] | None, levels: list[int],
+                 work: Conversations, model_path: Any, gpu: int | None) -> list[BenchRow]:
+    """Each configuration's rows: on ``--engine-url``'s server as it runs, else on an engine
+    started per configuration."""
     if settings.generate.engine_url:
         if modes is not None:
             raise OptionRefused("--mtp needs bench to start the engine; --engine-url's server "
                                 "is measured as it runs")
-        rows = _measure(settings.generate.engine_url.rstrip("/"), None, prompts, levels)
-    else:
-        rows = []
-        for mode, choice in configurations(settings, modes, target_shape(model_path),
-                                           config).items():
-            log.info("bench %s: %s", run, choice.line())
-            port = free_port()
-            argv = engine_command(settings, model_path, choice.args, port=port,
-                                  max_running_requests=max(levels))
-            gpus_env = visible_devices(gpu, settings.generate.tp) if gpu is not None else None
-            with launched(argv, f"http://127.0.0.1:{port}", settings.engines_dir,
-                          settings.generate.engine_startup_timeout, gpus_env) as url:
-                rows += _measure(url, mode, prompts, levels)
-    done = committed(storage, run)
-    remaining = max(manifest.rows - manifest.rejected - done[0], 0)
-    return rows, project(rows, remaining, done, prompts.turns, gpus, settings.generate.tp)
+        return _measure(settings.generate.engine_url.rstrip("/"), None, work, levels)
+    rows: list[BenchRow] = []
+    for mode, choice in configurations(settings, modes, target_shape(model_path),
+                                       work.config).items():
+        log.info("bench %s: %s", run, choice.line())
+        port = free_port()
+        argv = engine_command(settings, model_path, choice.args, port=port,
+                              max_running_requests=max(levels))
+        gpus_env = visible_devices(gpu, settings.generate.tp) if gpu is not None else None
+        with launched(argv, f"http://127.0.0.1:{port}", settings.engines_dir,
+                      settings.generate.engine_startup_timeout, gpus_env) as url:
+            rows += _measure(url, mode, work, levels)
+    return rows
 
 
-def _measure(url: str, mode: str | None, prompts: RunPrompts, levels: list[int]) -> list[BenchRow]:
-    bodies = fitted(prompts.bodies, url)
+def _measure(url: str, mode: str | None, work: Conversations,
+             levels: list[int]) -> list[BenchRow]:
     if mode is None:   # a running server: its own flags say whether it drafts
         mode = "on" if server_algorithm(_get(f"{url}/get_server_info")) else "off"
+    work = replace(work, context=server_context(url))
     try:
-        return [asyncio.run(measure(url, level, bodies, mode)) for level in levels]
+        return [asyncio.run(run_loop(url, level, work, mode)) for level in levels]
     except aiohttp.ClientError as exc:
         raise EngineError(f"the engine at {url} failed during the bench: {exc}") from exc
 
+
+def store_verdict(storage: Storage, settings: Settings, run: str, rows: list[BenchRow],
+                  gpu: int | None) -> tuple[str | None, str]:
+    """Store the rows as the run's verdict where MTP on and off were both measured on an
+    engine the bench started; (its key, or None and why not)."""
+    if settings.generate.engine_url:
+        return None, "not stored: a server at --engine-url is measured as it runs"
+    decider = Decider.of(settings, gpu, dict(os.environ))
+    try:
+        written = write_verdict(storage, run, decider, [r.to_json() for r in rows])
+    except StorageRefused as exc:
+        return None, f"not stored: {exc}"
+    if written is None:
+        return None, "not stored: MTP on and off were not both measured"
+    return written[0], f"stored for {decider.gpu}, tp {decider.tp}, engine {decider.engine}"

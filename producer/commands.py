@@ -233,6 +233,8 @@ def render_status(status: dict[str, Any]) -> str:
                      f"resume --run {status['run']} --accept-gates` to continue")
     lines += [f"  engine {name}: {e['url']}" + (f" (log {e['log']})" if e.get("log") else "")
               for name, e in sorted((status.get("engines") or {}).items())]
+    lines += [f"  mtp    {name}: {m['mtp']} ({m['mode']}): {m['reason']}"
+              for name, m in (status.get("mtp") or {}).items()]
     lines += [f"  mtp    {name}: {s['algorithm'] or '?'}, accept length {s['accept_length']} "
               f"tokens per verify step ({s['output_tokens']} tokens in {s['verify_steps']} steps)"
               for name, s in (status.get("speculative") or {}).items()]

@@ -6,8 +6,9 @@
 
 Output tokens per sample come from the committed samples (every generated turn, rejected
 samples too: engine time spent), or before any commit from the bench's own replies (mean tokens
-per reply x mean assistant turns per drawn row). Each configuration's rate is its best row (the
-concurrency to run the workers at). The seed's run: 902,087 samples.
+per conversation, every turn run as the worker runs it). Each configuration's rate is its best
+row (the concurrency to run the workers at), taken over the bench's steady window. The seed's
+run: 902,087 samples.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Projection:
 
     @property
     def best(self) -> str | None:
-        hours = self.hours
-        return min(hours, key=lambda mode: hours[mode]) if hours else None
+        """The configuration that finishes first: the faster one (also with nothing left)."""
+        rates = {mode: rate for mode, rate in self.rates.items() if rate > 0}
+        return max(rates, key=lambda mode: rates[mode]) if rates else None
 
     def to_json(self) -> dict[str, Any]:
         return {"remaining_output_tokens": self.remaining_output_tokens, "gpus": self.gpus,
@@ -65,8 +67,11 @@ def project(rows: Sequence[BenchRow], remaining_samples: int,
     """The projection of ``rows`` (labelled by configuration) for a run with
     ``remaining_samples`` left and ``committed`` (samples, output tokens) so far."""
     samples, tokens = committed
+    conversations = sum(r.conversations for r in rows)
     if samples:
         per_sample, source = tokens / samples, "committed"
+    elif conversations:   # the bench ran whole conversations, every turn, as the worker
+        per_sample, source = sum(r.total_tokens for r in rows) / conversations, "bench"
     else:
         replies = sum(r.requests for r in rows)
         per_sample = sum(r.output_tokens for r in rows) / replies * bench_turns if replies else 0

@@ -18,7 +18,7 @@ import redis
 from common import keys
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
-from common.engine.speculative import by_worker
+from common.engine.speculative import by_worker, choices_by_worker
 from common.gates.monitor import pause_from_storage
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
@@ -112,6 +112,8 @@ class StatusReader:
             "engines": live["engines"] if up else None,
             # Per worker: its engine's speculative algorithm and mean accept length (null: Redis)
             "speculative": live["speculative"] if up else None,
+            # Per worker: whether it generates the run through the MTP head, and why.
+            "mtp": live["mtp"] if up else None,
             "downstream": self._downstream(config, live, total),
             # The drafter shape frozen at enqueue (None: the target's, or a worker option's).
             "drafter": drafter_summary(config.drafter, config.target_layer_ids),
@@ -244,7 +246,8 @@ class StatusReader:
             pipe.get(redis_keys.redis_paused(self.run))
             pipe.hgetall(TRAIN.keys(self.run).metrics)
             pipe.hgetall(redis_keys.redis_speculative(self.run))
-            partial, events, engines, gates, window, pause, train, spec = pipe.execute()
+            pipe.hgetall(redis_keys.redis_mtp(self.run))
+            partial, events, engines, gates, window, pause, train, spec, mtp = pipe.execute()
         except redis.RedisError:
             return None
         tokens_per_s, samples_per_s = _rates(events)
@@ -263,6 +266,7 @@ class StatusReader:
             "pause": json.loads(pause) if pause else None,
             "train": train,
             "speculative": by_worker(spec),
+            "mtp": choices_by_worker(mtp),
         }
 
 @dataclass(frozen=True)

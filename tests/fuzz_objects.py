@@ -107,7 +107,8 @@ def forgeries(rng: random.Random, run: str, templates: dict[str, Any],
               batch: int = 0) -> list[Forged]:
     """Every role's forgeries against ``run`` (and a forged run of the producer's), the bodies
     drawn from ``templates`` (real records of the run: commit, manifest, checkpoint, sample,
-    input row, resume, pause, index object's decoded JSON, and its count of shards). In a key,
+    input row, resume, pause, bench verdict, index object's decoded JSON, and its count of
+    shards). In a key,
     ``{shard}`` is a shard past the run's last, ``{part}`` a part number no worker wrote,
     ``{step}`` a step past every real one, ``{tag}`` an index tag that lists before any random
     one, ``{stamp}`` a gate stamp that sorts before every real one; each ``batch`` (0 to 8)
@@ -126,6 +127,7 @@ def forgeries(rng: random.Random, run: str, templates: dict[str, Any],
     add("producer", "runs/{run}/inputs/shard-{shard}.jsonl.zst", "input_row", True, True)
     add("producer", "runs/{run}/inputs/_MANIFEST.json", "manifest")   # taken: refused
     add("producer", "runs/{run}/gates/resume-{stamp}.json", "resume")
+    add("producer", "runs/{run}/bench/unknown-tp1-0123abcd/verdict-{stamp}.json", "bench")
     add("generate", "runs/{run}/generated/shard-000000/part-{part}.jsonl.zst", "sample", True,
         True)
     add("generate", "runs/{run}/rejected/shard-000001/part-{part}.jsonl.zst", "sample", True,

@@ -21,9 +21,13 @@ from producer.projection import SEED_SAMPLES, project
 from tests.conftest import HYBRID, Pipeline, TinyTarget
 from tests.test_generate_e2e import _write_jsonl
 
-SIM_CMD = (f"{sys.executable} -m embedded.simulator --host 127.0.0.1 --port {{port}} "
-           "--model-path {model} --max-running 256 --decode-base-ms 4 --decode-per-req-ms 0.1 "
-           "--len-mu 5 --len-sigma 0.3 --accept-length 2.5 {engine_args}")
+SIM_BASE = (f"{sys.executable} -m embedded.simulator --host 127.0.0.1 --port {{port}} "
+            "--model-path {model} --max-running 256 --decode-base-ms 4 --decode-per-req-ms 0.1 "
+            "--len-mu 5 --len-sigma 0.3 ")
+SIM_CMD = SIM_BASE + "--accept-length 2.5 {engine_args}"
+# At 4 in flight: 2x faster through MTP (3.5 tokens a step), or 3x slower (1.05, dear drafts).
+FAST_CMD = SIM_BASE + "--accept-length 3.5 {engine_args}"
+SLOW_CMD = SIM_BASE + "--accept-length 1.05 --draft-step-ms 4 {engine_args}"
 
 
 def _row(mtp: str, concurrency: int, tokens_per_s: float) -> BenchRow:
@@ -51,8 +55,8 @@ def test_the_projection_is_the_hand_arithmetic_at_the_seeds_size() -> None:
     assert early.source == "bench" and early.tokens_per_sample == pytest.approx(2 * per_reply)
 
 
-def _bench(pipeline: Pipeline, run: str, *args: str) -> dict:
-    result = pipeline.cli("bench", "--run", run, "--engine", "sglang", "--engine-cmd", SIM_CMD,
+def _bench(pipeline: Pipeline, run: str, *args: str, cmd: str = SIM_CMD) -> dict:
+    result = pipeline.cli("bench", "--run", run, "--engine", "sglang", "--engine-cmd", cmd,
                           "--gpus", "8", "--json", *args)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -74,15 +78,16 @@ def test_mtp_wins_at_a_memory_bound_batch_and_loses_at_a_compute_bound_one(
     rate = {r["mtp"]: r for r in small["rows"]}
     assert set(rate) == {"off", "on"}, "a target with an MTP head is benched both ways"
     assert rate["off"]["accept_length"] is None and 1.5 < rate["on"]["accept_length"] <= 4
-    assert rate["on"]["output_tokens"] == rate["off"]["output_tokens"], "MTP is lossless"
+    assert rate["on"]["total_output_tokens"] == rate["off"]["total_output_tokens"], "lossless"
+    assert all(r["conversations"] == 8 for r in small["rows"])
     assert rate["on"]["output_tokens_per_s"] > rate["off"]["output_tokens_per_s"]
     projection = small["projection"]
     assert projection["hours"]["on"] < projection["hours"]["off"] and projection["best"] == "on"
-    # The projection is its own rows' arithmetic: 128 rows left, one turn each.
+    # The projection is its own rows' arithmetic: 128 rows left, tokens per whole conversation.
     tokens = projection["remaining_output_tokens"]
     assert projection["remaining_samples"] == 128 and projection["gpus"] == 8
-    assert tokens == round(128 * sum(r["output_tokens"] for r in small["rows"])
-                           / sum(r["requests"] for r in small["rows"]))
+    assert tokens == round(128 * sum(r["total_output_tokens"] for r in small["rows"])
+                           / sum(r["conversations"] for r in small["rows"]))
     for mode, row in rate.items():
         hours = tokens / (row["output_tokens_per_s"] * 8) / 3600
         assert projection["hours"][mode] == pytest.approx(hours, rel=0.01)
@@ -95,6 +100,7 @@ def test_mtp_wins_at_a_memory_bound_batch_and_loses_at_a_compute_bound_one(
                          SIM_CMD, "--concurrency", "2", "--num", "4", "--mtp", "on")
     assert table.returncode == 0, table.stderr
     assert "accept" in table.stdout and "projection: 128 samples left" in table.stdout
+    assert "window s" in table.stdout and "verdict: - (not stored: MTP on and off" in table.stdout
 
 
 def test_bench_run_refuses_bad_input_with_one_line(pipeline: Pipeline, tmp_path: Path) -> None:
@@ -120,3 +126,44 @@ def test_bench_run_refuses_bad_input_with_one_line(pipeline: Pipeline, tmp_path:
     plain = json.loads(pipeline.cli(*base, "--concurrency", "2", "--num", "4", "--json",
                                     check=True).stdout)
     assert {r["mtp"] for r in plain["rows"]} == {"off"} and plain["projection"]["best"] == "off"
+
+
+def _choice_lines(pipeline: Pipeline, name: str, run: str) -> list[str]:
+    log = (pipeline.log_dir / f"{name}.log").read_text()
+    return [line for line in log.splitlines() if f"run {run}: mtp " in line]
+
+
+@pytest.mark.parametrize("target_model", [HYBRID], indirect=True)
+def test_auto_follows_the_runs_own_bench(pipeline: Pipeline, tmp_path: Path,
+                                         target_model: TinyTarget) -> None:
+    """A bench that finds MTP slower makes ``--mtp auto`` generate the run without it; one that
+    finds it faster, through it. Each worker starts its engine with MTP on (the head's rule) and
+    relaunches it where the run's verdict says off."""
+    from tests.conftest import free_port
+    from tests.test_generate_e2e import _committed_samples, _mt_bench_rows
+
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(8))   # two turns each
+    pipeline.env["DFLASH_MODEL"] = target_model.name   # the workers' target
+    for run, cmd, winner in (("slow", SLOW_CMD, "off"), ("fast", FAST_CMD, "on")):
+        pipeline.cli("enqueue", "--input", src, "--run", run, "--model", target_model.name,
+                     "--shard-size", "4", "--max-new-tokens", "300", "--max-reject-rate", "1",
+                     "--skip-gate", "duplicates", check=True)
+        bench = _bench(pipeline, run, "--concurrency", "4", "--num", "8", cmd=cmd)
+        rate = {r["mtp"]: r["output_tokens_per_s"] for r in bench["rows"]}
+        assert (rate["on"] > rate["off"]) == (winner == "on"), rate
+        assert all(r["steady"] for r in bench["rows"]), bench["rows"]
+        assert bench["verdict"]["key"].startswith(f"runs/{run}/bench/unknown-tp1-")
+        worker = pipeline.start_worker(f"w{run}", "--engine", "sglang", "--engine-cmd", cmd,
+                                       "--max-in-flight", "4", "--mtp", "auto",
+                                       DFLASH_ENGINE_PORT=str(free_port()))
+        pipeline.wait_done(run, timeout=300)
+        lines = _choice_lines(pipeline, f"w{run}", run)
+        assert len(lines) == 1 and f"mtp {winner} (auto): bench " in lines[0], lines
+        assert "at concurrency 4" in lines[0]
+        mine = next(v for k, v in pipeline.status(run)["mtp"].items() if k.startswith(f"w{run}@"))
+        assert mine["mtp"] == winner and mine["reason"].startswith("bench ")
+        algorithms = {s["engine"].get("speculative_algorithm")
+                      for s in _committed_samples(pipeline.env["DFLASH_STORAGE"], run)}
+        assert algorithms == ({"NEXTN"} if winner == "on" else {None}), algorithms
+        worker.terminate()
+        worker.wait(timeout=60)

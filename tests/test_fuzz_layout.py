@@ -111,6 +111,10 @@ def templates(storage: Any, run: str) -> dict[str, Any]:
         "input_row": decode_jsonl_zst(storage.get(keys.input_shard(run, 0)))[0],
         "resume": {"accepted": True, "checked": 1, "max_reject_rate": 0.5, "pause_after": 10},
         "pause": {"reason": "forged", "at": 1.0},
+        "bench": {"run": run, "gpu": "unknown", "tp": 1, "engine": "0123abcd",
+                  "stamp": "20260101T000000.000000", "rows": [
+                      {"mtp": "off", "concurrency": 8, "output_tokens_per_s": 100.0},
+                      {"mtp": "on", "concurrency": 8, "output_tokens_per_s": 200.0}]},
         "index": {"v": 2, "run": run, "kind": "commits", "chunk": 0, "shards": {
             str(commit["shard"]): {"etag": "0" * 32, "size": 1, "body": "{}"}}},
         "index_count": len(commits)}

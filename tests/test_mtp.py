@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from common.config import load_settings
-from common.engine.mtp import choose_mtp, hybrid_spec_args, lossless_refusal
+from common.engine.lossless import lossless_refusal
+from common.engine.mtp import choose_mtp, hybrid_spec_args
 from common.engine.sampling import Sampling
 from common.engine.serving import engine_command, mamba_spec_states_per_request, mtp_engine_args
 from common.engine.speculative import by_worker, sample_totals, spec_figures

@@ -3,7 +3,11 @@ real Redis, a real worker, moto's S3, and the simulator standing in for SGLang o
 launched with the flags the worker passes (``{engine_args}``: NEXTN, the hybrid's mamba cache
 strategy, the running cap). The figures are stored per turn and shown per worker by status, the
 dashboard's Engines panel and the worker's metrics; MTP off stores the same tokens, no figures.
-Sampling through MTP where SGLang's verify commits the argmax (the CPU) parks the run's shards.
+Sampling through MTP where SGLang's verify commits the argmax (the CPU), or with a parameter
+its verify does not apply exactly (min-p, penalties), parks the run's shards under ``--mtp on``
+and runs them without MTP under ``auto``. The simulator commits its tokens through a real
+draft-and-verify step, so "the same tokens" below would fail for a broken verify
+(tests/test_simulator_spec.py breaks it on purpose).
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ def _stop(worker) -> None:  # noqa: ANN001
     worker.wait(timeout=60)
 
 
-def _mtp_lines(pipeline: Pipeline, name: str) -> list[str]:
+def _mtp_lines(pipeline: Pipeline, name: str, run: str | None = None) -> list[str]:
+    """The worker's line as its engine starts, or (``run``) its choice for that run."""
     log = (pipeline.log_dir / f"{name}.log").read_text()
-    return [line for line in log.splitlines() if "] mtp " in line]
+    mark = "] engine starts with mtp " if run is None else f"] run {run}: mtp "
+    return [line for line in log.splitlines() if mark in line]
 
 
 @pytest.mark.parametrize("target_model", [HYBRID], indirect=True)
@@ -58,6 +64,8 @@ def test_the_pipeline_generates_through_mtp_and_keeps_the_figures(
     pipeline.wait_done("with", timeout=300)
     lines = _mtp_lines(pipeline, "mtpw")
     assert len(lines) == 1 and "mtp on (on): asked on, SGLang on the GPU: NEXTN" in lines[0]
+    ran = _mtp_lines(pipeline, "mtpw", "with")
+    assert len(ran) == 1 and "mtp on (on): asked on: NEXTN, 3 steps" in ran[0], ran
     samples = _committed_samples(pipeline.env["DFLASH_STORAGE"], "with")
     turns = [t for s in samples for t in s["turns"]]
     assert len(samples) == 8 and all(s["engine"]["speculative_algorithm"] == "NEXTN"
@@ -97,7 +105,40 @@ def test_the_pipeline_generates_through_mtp_and_keeps_the_figures(
         assert "speculative" not in json.dumps(other["turns"])
         assert "speculative_algorithm" not in other["engine"]
     assert pipeline.status("without")["speculative"] == {}
+    assert [m["mtp"] for m in pipeline.status("without")["mtp"].values()] == ["off"]
     _stop(plain)
+
+
+@pytest.mark.parametrize("target_model", [HYBRID], indirect=True)
+def test_a_sampler_the_verify_changes_parks_under_on_and_runs_plain_under_auto(
+        pipeline: Pipeline, tmp_path: Path, target_model: TinyTarget) -> None:
+    """min-p (and a presence penalty) are not applied exactly by SGLang's verify: ``--mtp on``
+    parks the run's shards naming the parameter; ``auto`` generates the run without MTP and
+    ``status`` says why."""
+    src = _write_jsonl(tmp_path / "in.jsonl", _mt_bench_rows(4))
+    pipeline.env["DFLASH_MODEL"] = target_model.name
+    _enqueue(pipeline, src, "minp-on", "--min-p", "0.05")
+    on = _worker(pipeline, "onw", "--mtp", "on")
+    wait_until(lambda: pipeline.read_status("minp-on")["parked"], 120, "the shard to park")
+    parked = pipeline.read_status("minp-on")["parked"]
+    assert parked and all("--mtp on: NEXTN would not keep the target's distribution: min_p 0.05"
+                          in p["reason"] for p in parked), parked
+    assert pipeline.read_status("minp-on")["samples"]["done"] == 0
+    _stop(on)
+    _enqueue(pipeline, src, "minp-auto", "--min-p", "0.05", "--presence-penalty", "1.5")
+    auto = _worker(pipeline, "autow", "--mtp", "auto")
+    assert "mtp on (auto): the target states an MTP head" in _mtp_lines(pipeline, "autow")[0]
+    pipeline.wait_done("minp-auto", timeout=300)
+    assert "mtp off (auto): the run's sampling" in _mtp_lines(pipeline, "autow", "minp-auto")[0]
+    samples = _committed_samples(pipeline.env["DFLASH_STORAGE"], "minp-auto")
+    assert len(samples) == 4 and "speculative" not in json.dumps(samples)
+    status = pipeline.status("minp-auto")
+    mine = next(v for k, v in status["mtp"].items() if k.startswith("autow@"))
+    assert mine["mtp"] == "off" and mine["mode"] == "auto"
+    assert "min_p 0.05" in mine["reason"] and "presence_penalty 1.5" in mine["reason"]
+    shown = pipeline.cli("status", "--run", "minp-auto", check=True).stdout
+    assert "off (auto): the run's sampling is not kept exactly" in shown
+    _stop(auto)
 
 
 @pytest.mark.parametrize("target_model", [HYBRID], indirect=True)

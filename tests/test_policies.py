@@ -37,7 +37,8 @@ ROLE_FILES = sorted(POLICIES.glob("*.json"))
 AWS_ONLY = sorted((POLICIES / "aws").glob("*.json"))
 BUCKET = "my-bucket"
 # Each role's areas under runs/<run>/ (the table of docs/guides/least-privilege.md).
-AREAS = {"producer": ["run.json", "inputs/*", "rejected/input/*", "gates/resume-*", "index/*"],
+AREAS = {"producer": ["run.json", "inputs/*", "rejected/input/*", "gates/resume-*", "index/*",
+                      "bench/*"],
          "generate": ["generated/*", "rejected/shard-*", "gates/pause-*", "failed/shard-*",
                       "index/*"],
          "hidden": ["hidden/*", "failed/hidden/*", "index/*"],
@@ -45,7 +46,8 @@ AREAS = {"producer": ["run.json", "inputs/*", "rejected/input/*", "gates/resume-
          "reader": [], "export-s3": []}
 NESTED = ["inputs", "rejected/input", "generated/shard-000001", "rejected/shard-000001",
           "hidden/shard-000001", "drafter", "drafter/step-000002", "failed/shard-000001",
-          "failed/hidden", "failed/train", "gates", "reports", "index", "index/digests"]
+          "failed/hidden", "failed/train", "gates", "reports", "index", "index/digests",
+          "bench", "bench/cpu-tp1-0123abcd"]
 
 
 def fill(path: Path, prefix: str) -> dict[str, Any]:
@@ -160,7 +162,8 @@ def role_keys(run: str) -> dict[str, list[str]]:
     written = {
         "producer": [keys.run_config(run), keys.input_shard(run, shard),
                      keys.inputs_manifest(run), keys.rejected_input_rows(run, 0),
-                     keys.gate_event(run, "resume", stamp), keys.doctor_probe("inputs", "0" * 32)],
+                     keys.gate_event(run, "resume", stamp), keys.doctor_probe("inputs", "0" * 32),
+                     keys.bench_verdict(run, "nvidia-h100-80gb-hbm3-tp1-0123abcd", stamp)],
         "generate": [keys.generated_part(run, shard, 0), keys.generated_commit(run, shard),
                      keys.rejected_part(run, shard, 0), keys.gate_event(run, "pause", stamp),
                      keys.failed_shard(run, shard, stamp), keys.access_probe("generated")],

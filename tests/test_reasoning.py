@@ -11,8 +11,8 @@ import pytest
 from common.engine.sampling import Sampling
 from common.gates.judge import GateConfig, TokenInfo, inspect_turn, judge
 from common.gates.reasoning import opened_by_prompt, split_ids
+from common.gates.turns import answer_message, render_prompt
 from tests.conftest import TinyTarget
-from workers.generate.regeneration import answer_message, render_prompt
 
 
 @pytest.fixture(scope="module")

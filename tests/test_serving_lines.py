@@ -152,19 +152,29 @@ def test_mamba_cache_check_uses_sglangs_own_ratio() -> None:
     assert check_mamba_cache(shape, "", 128) is None             # no speculative decoding
     unset = check_mamba_cache(shape, "--speculative-algorithm DFLASH", 128, 16)
     assert unset is not None and unset.status == "PASS"          # SGLang fits it itself
-    assert "3 state slots per running request" in unset.detail
+    # unstated: SGLang's "auto" resolves to extra_buffer on a GPU with the overlap scheduler
+    assert "5 state slots per running request" in unset.detail
     small = check_mamba_cache(shape, "--speculative-algorithm DFLASH --max-running-requests 8 "
                                      "--speculative-num-draft-tokens 4 --max-mamba-cache-size 10",
                               128)
     assert small is not None and small.status == "WARN"
-    assert "caps the engine at 3 running requests of the 8 wanted" in small.detail
+    assert "caps the engine at 2 running requests of the 8 wanted" in small.detail
     assert "drop --max-mamba-cache-size" in small.fix
     enough = check_mamba_cache(shape, "--speculative-algorithm DFLASH --max-running-requests 8 "
-                                      "--max-mamba-cache-size 24", 128)
-    assert enough is not None and enough.status == "PASS"        # 8 x 3, whatever the drafts
+                                      "--max-mamba-cache-size 40", 128)
+    assert enough is not None and enough.status == "PASS"        # 8 x 5, whatever the drafts
+    plain = check_mamba_cache(shape, "--speculative-algorithm DFLASH --max-running-requests 8 "
+                                     "--mamba-radix-cache-strategy no_buffer "
+                                     "--max-mamba-cache-size 24", 128)
+    assert plain is not None and plain.status == "PASS"          # 8 x 3 without the buffer
+    lazy = check_mamba_cache(shape, "--speculative-algorithm DFLASH --max-running-requests 8 "
+                                    "--mamba-radix-cache-strategy extra_buffer_lazy "
+                                    "--max-mamba-cache-size 32", 128)
+    assert lazy is not None and lazy.status == "PASS"            # 8 x 4: one tracking slot
+    assert "4 state slots per running request" in lazy.detail
     extra = check_mamba_cache(shape, "--speculative-algorithm DFLASH --max-running-requests 8 "
                                      "--mamba-radix-cache-strategy extra_buffer "
-                                     "--max-mamba-cache-size 24", 128)
+                                     "--max-mamba-cache-size 32", 128)
     assert extra is not None and extra.status == "WARN"          # 5 slots each with the buffer
     # A drafter to serve counts even before DFLASH_ENGINE_ARGS names the algorithm.
     drafter_only = check_mamba_cache(shape, "--max-mamba-cache-size 6", 4, drafter_block_size=16)

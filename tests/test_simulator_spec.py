@@ -1,4 +1,6 @@
-"""The SGLang simulator's speculative decoding: lossless, SGLang's figures, what it refuses."""
+"""The SGLang simulator's speculative decoding: lossless through a real draft-and-verify step,
+SGLang's figures, what it refuses; a broken verify changes the output, so the equality checks
+here and in the end-to-end tests can fail."""
 
 from __future__ import annotations
 
@@ -15,16 +17,24 @@ NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
 
+PROMPTS = [[11 + i, 12, 13, 14] for i in range(24)]
+
+
+def same_outputs(plain: Any, spec: Any, prompts: list[list[int]]) -> bool:
+    """Whether the speculative server answers every prompt with the plain server's ids."""
+    return all(plain.generate(p, max_new_tokens=4096)["output_ids"]
+               == spec.generate(p, max_new_tokens=4096)["output_ids"] for p in prompts)
+
+
 def test_speculative_decoding_is_lossless_with_sglangs_figures(start: Any) -> None:
     plain = start("--time-scale", "0.02")
     spec = start("--time-scale", "0.02", *NEXTN, "--accept-length", "2.5", "--enable-metrics")
     tokens = steps = 0
-    prompts = [[11 + i, 12, 13, 14] for i in range(24)]
-    for prompt in prompts:
-        a, b = plain.generate(prompt, max_new_tokens=4096), spec.generate(prompt,
-                                                                          max_new_tokens=4096)
-        assert a["output_ids"] == b["output_ids"], "speculation changed the output"
-        assert not [k for k in a["meta_info"] if k.startswith("spec_")]
+    assert same_outputs(plain, spec, PROMPTS), "speculation changed the output"
+    for prompt in PROMPTS:
+        b = spec.generate(prompt, max_new_tokens=4096)
+        assert not [k for k in plain.generate(prompt, max_new_tokens=8)["meta_info"]
+                    if k.startswith("spec_")]
         m = b["meta_info"]
         assert m["spec_accept_length"] == m["completion_tokens"] / m["spec_verify_ct"]
         assert m["spec_num_proposed_drafts"] == 3 * m["spec_verify_ct"]
@@ -41,6 +51,17 @@ def test_speculative_decoding_is_lossless_with_sglangs_figures(start: Any) -> No
     assert info["internal_states"][0]["avg_spec_accept_length"] > 1
     assert plain.call("/get_server_info")[1]["speculative_algorithm"] is None
     assert "sglang:spec_accept_length" in spec.call("/metrics")[1]
+
+
+def test_a_broken_verify_changes_the_output(start: Any) -> None:
+    """The verify commits every draft, wrong ones included: the equality check fails."""
+    plain = start("--time-scale", "0.02")
+    broken = start("--time-scale", "0.02", *NEXTN, "--accept-length", "2.5",
+                   "--verify-fault", "accept-all")
+    assert not same_outputs(plain, broken, PROMPTS[:6])
+    first = broken.generate(PROMPTS[0], max_new_tokens=4096)
+    right = plain.generate(PROMPTS[0], max_new_tokens=4096)
+    assert len(first["output_ids"]) == len(right["output_ids"])   # same length, other tokens
 
 
 @pytest.mark.parametrize("flags", [("--speculative-algorithm", "DFLASH"),

@@ -36,6 +36,8 @@ REFRESH_S = 1.0
 # A bound on waits for what the next refresh shows, not a timing check: generous enough for the
 # page's five API calls on 2 cores under other load; a page that stopped refreshing still fails.
 ONE_REFRESH_S = REFRESH_S + 30.0
+# The live run's engine drafts (the simulator's NEXTN): the Engines panel shows its accept length.
+DRAFTING = ("--speculative-algorithm", "NEXTN", "--accept-length", "2.5")
 
 
 @pytest.fixture
@@ -97,7 +99,7 @@ def _shows(driver: object, element_id: str, expected: str, what: str) -> None:
 
 def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_path: Path,
                                      browser: object) -> None:
-    with simulated_worker(pipeline, model_cache, "--time-scale", "3.0"), \
+    with simulated_worker(pipeline, model_cache, "--time-scale", "3.0", *DRAFTING), \
             running_ui(pipeline.env, tmp_path / "ui.log") as ui:
         pipeline.cli("enqueue", "--input", write_prompts(tmp_path / "in.jsonl", 32), "--run",
                      "live", "--shard-size", "8", check=True)
@@ -135,6 +137,7 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
                   ONE_REFRESH_S, "the throughput chart")
         _shot(browser, tmp_path, "done")
         assert console_errors(browser) == []
+        _engines_fit(browser, tmp_path, pipeline)
 
         browser.get(f"{ui.url}/?refresh={REFRESH_S}")
         row = '#runs tr[data-run="live"]'
@@ -145,6 +148,51 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
                   ONE_REFRESH_S, "the runs page: the run is done")
         _shot(browser, tmp_path, "runs")
         assert console_errors(browser) == []
+
+
+# Whether the Engines panel shows every column without a horizontal scroll bar: its content is
+# no wider than the panel, and each cell ends inside it.
+_ENGINES_FIT = """
+const panel = document.querySelector("#engines").closest(".panel");
+const right = panel.getBoundingClientRect().right;
+const cells = [...document.querySelectorAll("#engines td")];
+return {rows: document.querySelectorAll("#engines tr").length,
+        scroll: panel.scrollWidth - panel.clientWidth,
+        outside: cells.filter((c) => c.getBoundingClientRect().right > right + 0.5).length};
+"""
+
+
+# A second engine as a worker on a cloud host announces it (its name and URL as long as such
+# hosts' are); the dashboard cannot reach it from here, so its row says why.
+CLOUD_HOST = "ip-172-31-45-118.us-west-2.compute.internal"
+
+
+def _engines_fit(driver: object, tmp_path: Path, pipeline: Pipeline) -> None:
+    """At 1280 px wide, the Engines panel shows every column without horizontal scroll."""
+    import redis
+
+    from common.queue import redis_keys
+
+    client = redis.Redis.from_url(pipeline.env["DFLASH_BROKER_URL"], decode_responses=True)
+    client.hset(redis_keys.redis_engines(), f"{CLOUD_HOST}:gpu7", json.dumps(
+        {"url": f"http://{CLOUD_HOST}:30007", "log": "/var/cache/dflash-pipeline/engines/"
+         "engine-30007.log", "pid": 4242, "worker": f"generate-gpu7@{CLOUD_HOST}",
+         "algorithm": "NEXTN"}))
+    driver.set_window_size(1280, 1000)
+    try:
+        wait_page(driver, lambda d: d.execute_script(_ENGINES_FIT)["rows"] > 1, ONE_REFRESH_S,
+                  "the Engines panel's rows at 1280 px")
+        fit = driver.execute_script(_ENGINES_FIT)
+        _shot(driver, tmp_path, "engines-1280")
+        assert fit["scroll"] <= 0 and fit["outside"] == 0, fit
+        # Each row's probe is its own engine's: the one here answers, the far one does not.
+        health = {r[0]: r[2] for r in (row.split("\t") for row in driver.execute_script(
+            "return [...document.querySelectorAll('#engines tr')].map("
+            "(tr) => [...tr.cells].map((c) => c.innerText).join('\\t'))"))}
+        assert health[f"{CLOUD_HOST}:gpu7"] == "unhealthy", health
+        assert [v for k, v in health.items() if k != f"{CLOUD_HOST}:gpu7"] == ["healthy"]
+    finally:
+        driver.set_window_size(1440, 1400)
 
 
 def _bars(driver: object) -> dict[str, int]:

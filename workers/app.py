@@ -38,17 +38,18 @@ def _load_engine(sender: object = None, **_: object) -> None:
     port, host = settings.worker.metrics_port, settings.worker.metrics_host
     if port:
         try:
-            metrics.serve(host, port, lambda: float(getattr(context.engine, "in_flight", 0)))
+            metrics.serve(host, port, lambda: float(getattr(context.current, "in_flight", 0)))
         except OSError as exc:
             raise SystemExit(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
 
 @worker_ready.connect
 def _say_mtp(**_: object) -> None:
-    """The worker's one line on MTP (which, and why), once Celery's logging is set up."""
+    """The worker's line on MTP as its engine starts (which, and why), once Celery's logging is
+    set up; each run then logs its own choice at its first task."""
     mtp = getattr(get_generate_context().engine, "mtp", None)
     if mtp is not None:
-        log.info("%s", mtp.line())
+        log.info("engine starts with %s", mtp.line())
 
 
 @worker_shutting_down.connect

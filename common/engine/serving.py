@@ -30,9 +30,11 @@ NEXTN = "NEXTN"   # SGLang's name for a checkpoint's own MTP head as the draft (
 # SGLang's Qwen3.5/Qwen3-Next recipes: 3 MTP steps, a chain (top-1), 4 tokens verified per step.
 MTP_STEPS, MTP_TOPK, MTP_DRAFT_TOKENS = 3, 1, 4
 DFLASH_BLOCK_SIZE = 16
-# SGLang's mamba state slots per running request (mem_cache/kv_cache_configurator.py,
-# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO), up to 2 more with the extra-buffer strategy;
-# 1 without the radix cache. Speculative intermediate states are a separate allocation.
+# SGLang's mamba state slots per running request (mem_cache/kv_cache_configurator.py
+# _calculate_mamba_ratio: MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO), plus the extra buffer's
+# tracking slots (mem_cache/allocation_sizing.py get_mamba_tracking_slots: 2 with the overlap
+# scheduler, 1 without it or with extra_buffer_lazy); 1 without the radix cache. Speculative
+# intermediate states are a separate allocation.
 MAMBA_SLOTS_PER_REQUEST, MAMBA_EXTRA_BUFFER_SLOTS = 3, 2
 
 
@@ -82,7 +84,7 @@ def engine_command(settings: Settings, model_path: Path, mtp_args: Sequence[str]
     generate = settings.generate
     running = generate.max_in_flight if max_running_requests is None else max_running_requests
     fields = {"port": port, "model": model_path, "gpu": settings.worker.gpu, "tp": generate.tp}
-    extra = [*mtp_args, *(part.format(**fields) for part in shlex.split(generate.engine_args))]
+    extra = [*mtp_args, *(filled(part, fields) for part in shlex.split(generate.engine_args))]
     if generate.engine_cmd:
         flags = engine_flags(extra, running)
         argv: list[str] = []
@@ -90,7 +92,7 @@ def engine_command(settings: Settings, model_path: Path, mtp_args: Sequence[str]
             if part == ENGINE_ARGS_FIELD:
                 argv += flags
             else:
-                argv.append(part.format(**fields, engine_args=shlex.join(flags)))
+                argv.append(filled(part, {**fields, "engine_args": shlex.join(flags)}))
         return argv
     # One builder for this line and the printed serving lines; its flags are held to the pinned
     # release's own names (tests/test_serving_lines.py).
@@ -98,6 +100,15 @@ def engine_command(settings: Settings, model_path: Path, mtp_args: Sequence[str]
                        mem_fraction_static=settings.generate.mem_fraction_static, engine_args=extra,
                        python=settings.generate.engine_python or sys.executable,
                        max_running_requests=running)
+
+
+def filled(part: str, fields: dict[str, Any]) -> str:
+    """``part`` with each ``{name}`` of ``fields`` replaced by its value and nothing else
+    touched: an argument such as ``--json-model-override-args '{"rope_scaling": {...}}'`` keeps
+    its braces (``str.format`` would take them for fields)."""
+    for name, value in fields.items():
+        part = part.replace("{" + name + "}", str(value))
+    return part
 
 
 def visible_devices(gpu: int, tp: int) -> str:
@@ -153,12 +164,33 @@ def _concurrency_args(max_running_requests: int | None) -> list[str]:
 
 
 def mamba_slots_per_request(engine_args: str | Sequence[str]) -> int:
-    """State slots SGLang gives each running request of a hybrid target, by its own ratio."""
+    """State slots SGLang gives each running request of a hybrid target, by its own ratio and
+    the strategy its flags resolve to on a GPU (``auto``: ``extra_buffer`` with the overlap
+    scheduler, ``srt/arg_groups/overrides.py`` ``_mamba_radix_cache_resolution``)."""
     argv = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
     if "--disable-radix-cache" in argv:
         return 1
-    extra = any("extra_buffer" in part for part in argv)
-    return MAMBA_SLOTS_PER_REQUEST + (MAMBA_EXTRA_BUFFER_SLOTS if extra else 0)
+    strategy = next((v for n, v in reversed(_flag_values(argv))
+                     if n == "--mamba-radix-cache-strategy"), "auto")
+    overlap = "--disable-overlap-schedule" not in argv
+    if strategy == "auto":   # SGLang on a GPU: extra_buffer with the overlap scheduler
+        strategy = "extra_buffer" if overlap else "no_buffer"   # (overrides.py, line 477)
+    if not strategy.startswith("extra_buffer"):
+        return MAMBA_SLOTS_PER_REQUEST
+    lazy = strategy == "extra_buffer_lazy"
+    return MAMBA_SLOTS_PER_REQUEST + (1 if lazy or not overlap else MAMBA_EXTRA_BUFFER_SLOTS)
+
+
+def _flag_values(argv: list[str]) -> list[tuple[str, str]]:
+    """``(--flag, value)`` pairs of ``argv``, in order (``--flag v`` and ``--flag=v``)."""
+    pairs = []
+    for i, part in enumerate(argv):
+        name, eq, value = part.partition("=")
+        if eq:
+            pairs.append((name, value))
+        elif part.startswith("--") and i + 1 < len(argv):
+            pairs.append((name, argv[i + 1]))
+    return pairs
 
 
 def mamba_spec_states_per_request(engine_args: str | Sequence[str]) -> int:

@@ -13,6 +13,7 @@ algorithm and mean accept length (total tokens / total verify steps, SGLang's ow
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -71,3 +72,17 @@ def by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     for entry in workers.values():
         entry["accept_length"] = accept_length(entry[TOKENS], entry[STEPS])
     return dict(sorted(workers.items()))
+
+
+def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """A run's Redis hash of MTP choices (:func:`common.queue.redis_keys.redis_mtp`) as
+    ``{worker: {mtp, mode, reason}}``; malformed entries left out."""
+    found = {}
+    for worker, value in sorted(raw.items()):
+        try:
+            entry = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason")}
+    return found

@@ -12,7 +12,8 @@ other code reads ``config.json`` keys of a target.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,41 @@ CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions")
 MTP_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "mtp")
 NO_MTP_HEAD = ("the target states no MTP head (text_config.mtp_num_hidden_layers or "
                "num_nextn_predict_layers)")
+NO_MTP_WEIGHTS = ("the target's config states an MTP head but its weights hold none (no mtp.* "
+                  "tensor, nor a layer past num_hidden_layers, in {where})")
+INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def weight_names(model_dir: Path) -> tuple[list[str], str] | None:
+    """The tensor names a checkpoint's files list (its index, else the single file's header)
+    and which file said so; None where there is neither (a config-only directory)."""
+    index = model_dir / INDEX_FILE
+    try:
+        if index.is_file():
+            names = json.loads(index.read_text()).get("weight_map", {})
+            return list(names) if isinstance(names, dict) else [], INDEX_FILE
+        single = model_dir / SINGLE_FILE
+        if single.is_file():
+            with single.open("rb") as f:   # the header: 8 bytes of length, then JSON
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(min(size, 100 * 2**20)))
+            return [k for k in header if k != "__metadata__"], SINGLE_FILE
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{model_dir}: cannot list the weights' tensors: {exc}") from None
+    return None
+
+
+def head_in_weights(names: list[str], num_layers: int) -> bool:
+    """Whether tensor ``names`` hold an MTP head: Qwen3.5/3.6's ``mtp.*``, MiMo's
+    ``model.mtp_layers.*``, or DeepSeek-V3/GLM-4.5's extra layers past ``num_hidden_layers``."""
+    for name in names:
+        if name.startswith("mtp.") or ".mtp" in name or "mtp_layers" in name:
+            return True
+        match = _LAYER.search(name)
+        if match is not None and int(match.group(1)) >= num_layers:
+            return True
+    return False
 
 
 def _text_settings(data: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +123,7 @@ class TargetShape:
     tie_word_embeddings: bool
     rope_theta: float | None
     has_mtp: bool = False
+    mtp_missing: str = ""   # why a head the config states is not taken (its weights lack it)
     # The attention and MLP shape of a full-attention layer (a drafter copies it).
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
@@ -137,7 +174,12 @@ class TargetShape:
             raise ConfigError(f"{path} is not readable JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} is not a JSON object")
-        return cls.from_dict(data, str(path))
+        shape = cls.from_dict(data, str(path))
+        listed = weight_names(Path(model_dir)) if shape.has_mtp else None
+        if listed is not None and not head_in_weights(listed[0], shape.num_layers):
+            return replace(shape, has_mtp=False,
+                           mtp_missing=NO_MTP_WEIGHTS.format(where=listed[1]))
+        return shape
 
     @classmethod
     def of(cls, config: Any) -> TargetShape:

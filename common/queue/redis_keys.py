@@ -161,6 +161,12 @@ def redis_paused(run: str) -> str:
     return f"dflash:{run}:paused"
 
 
+def redis_mtp(run: str) -> str:
+    """Hash worker -> JSON {mtp, mode, reason}: whether that worker generates the run through
+    the target's MTP head, and why (:mod:`workers.generate.mtp_run`)."""
+    return f"dflash:{run}:generate:mtp"
+
+
 def redis_engines() -> str:
     """Hash host:gpu -> JSON {url, log, pid, worker, algorithm} of the engine servers workers
     started (worker: its Celery node; algorithm: its speculative one, or null)."""

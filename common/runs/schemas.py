@@ -181,6 +181,21 @@ class PauseRecord(TypedDict):
     window: NotRequired[dict[Str, Any] | None]
 
 
+class BenchRowRecord(TypedDict):
+    mtp: Literal["off", "on"]
+    concurrency: Annotated[StrictInt, Field(ge=1)]
+    output_tokens_per_s: Annotated[Number, Field(ge=0)]
+
+
+class BenchVerdictRecord(TypedDict):
+    run: Str
+    gpu: Str
+    tp: Annotated[StrictInt, Field(ge=1)]
+    engine: Str
+    stamp: Str
+    rows: list[BenchRowRecord]
+
+
 class ResumeRecord(TypedDict):
     accepted: StrictBool
     checked: Count
@@ -252,3 +267,4 @@ RESUME = TypeAdapter(ResumeRecord)
 PARKING = TypeAdapter(ParkingRecord)
 CHECKPOINT_COMMIT = TypeAdapter(CheckpointCommit)
 HIDDEN_INDEX = TypeAdapter(HiddenIndexRecord)
+BENCH_VERDICT = TypeAdapter(BenchVerdictRecord)

@@ -100,13 +100,14 @@ async def engines(request: web.Request) -> web.Response:
     found = status["engines"]
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
     networks = request.app[NETWORKS]
+    engines = sorted((found or {}).items())
     async with aiohttp.ClientSession(timeout=timeout) as session:
         probes = await asyncio.gather(*(_probe(session, e["url"], networks)
-                                        for e in (found or {}).values()))
+                                        for _, e in engines))
     spec = status.get("speculative") or {}
     rows = [{"name": name, **{k: engine.get(k) for k in ("url", "log", "pid", "worker")},
              **_speculative(engine, spec), **probe}
-            for (name, engine), probe in zip(sorted((found or {}).items()), probes, strict=True)]
+            for (name, engine), probe in zip(engines, probes, strict=True)]
     return _json({"run": run, "redis": found is not None, "engines": rows})
 
 

@@ -40,10 +40,15 @@ GENERATE = Launch("generate", app="workers.app", gpus=lambda settings: settings.
                 help="Use this running SGLang-protocol server instead of starting one.")
 @engine_launch_options
 @setting_option("mtp", type=click.Choice(MTP_MODES),
-                help="Generate through the target's own MTP head (SGLang's NEXTN): auto is on "
-                     "where the target states one and SGLang runs on a GPU, off on the CPU "
-                     "(its verify commits the argmax when sampling); on where it cannot run is "
-                     "an error. The worker's log says which, and why.")
+                help="Generate through the target's own MTP head (SGLang's NEXTN), decided per "
+                     "run at its first task: auto follows the run's `bench --run` verdict for "
+                     "this GPU model, TP and engine arguments at the concurrency nearest "
+                     "--max-in-flight, else is on where the target states a head and SGLang "
+                     "samples on a GPU; a run whose sampling the verify would change (min-p, "
+                     "penalties; sampling on the CPU) runs without it. on: every run through "
+                     "the head (such a run's shards park, naming the parameter); where it "
+                     "cannot run at all it is an error. The log and `status` say which, and "
+                     "why.")
 @setting_option("engine_drain_timeout", type=click.FloatRange(min=0),
                 help="Seconds a stopping engine may finish its running requests before its "
                      "process tree is killed.")

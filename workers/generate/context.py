@@ -1,35 +1,50 @@
-"""The generate stage's per-process state: the worker's context plus the engine, built once."""
+"""The generate stage's per-process state: the worker's context plus the engine, in one
+configuration at a time.
+
+One engine serves one configuration (MTP on or off). A task whose run needs the other waits
+until the engine's current tasks finish (new tasks of the running configuration wait behind it,
+so it is never starved); then the engine is stopped and started again in the configuration that
+task needs (:meth:`GenerateContext.serving`). The wait holds the shard's lease, so no other
+worker takes it meanwhile.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import redis
 
 from common.config import Settings
 from common.engine.models import resolve_model_path, stop_token_ids
-from common.engine.mtp import choose_mtp, target_shape
+from common.engine.mtp import MtpChoice, MtpWorker, target_shape
 from common.errors import ConfigError
 from common.gates.judge import TokenInfo
 from common.queue import redis_keys
+from common.runs.bench_verdict import Decider, read_verdict
+from common.runs.records import RunConfig
 from workers.context import WorkerContext, get_context
 from workers.generate.engines.base import Engine, EngineLoop
 from workers.generate.engines.cpu import CpuEngine
+from workers.generate.mtp_run import decide, record_choice
 
 log = logging.getLogger(__name__)
 
 
-def build_engine(settings: Settings) -> Engine:
-    """The worker's engine: in-process CPU model, or an SGLang server (started or given)."""
+def build_engine(settings: Settings, mtp: MtpChoice) -> Engine:
+    """The worker's engine in configuration ``mtp``: in-process CPU model, or an SGLang server
+    (started with the MTP flags where ``mtp.on``, or given)."""
     model_path, gen = resolve_model_path(settings), settings.generate
     if gen.engine not in ("cpu", "sglang"):
         raise ConfigError(f"unknown engine {gen.engine!r}; choose cpu or sglang")
-    mtp = choose_mtp(settings, target_shape(model_path))   # logged once the worker is ready
     if gen.engine == "cpu":
         cpu = CpuEngine(model_path, batch_size=gen.batch_size)
         cpu.mtp = mtp
@@ -58,22 +73,94 @@ class GenerateContext:
 
     worker: WorkerContext
     _engine: Engine | None = None
-    _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    _users: int = 0                    # tasks generating on the engine now
+    _wanted: bool | None = None        # the configuration a waiting task needs
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _runs: dict[str, MtpChoice] = field(default_factory=dict)
     loop: EngineLoop = field(default_factory=EngineLoop)
 
+    @cached_property
+    def mtp(self) -> MtpWorker:
+        """What this worker can do with the MTP head (from its settings and the target)."""
+        settings = self.worker.settings
+        return MtpWorker.of(settings, target_shape(resolve_model_path(settings)))
+
+    @cached_property
+    def decider(self) -> Decider:
+        settings = self.worker.settings
+        return Decider.of(settings, settings.worker.gpu, dict(os.environ))
+
     def close_engine(self) -> None:
-        with self._engine_lock:
+        with self._cond:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
 
     @property
     def engine(self) -> Engine:
-        """Built once; concurrent shards wait for the first build instead of racing it."""
-        with self._engine_lock:
+        """The engine as it runs now; built in the starting configuration when there is none."""
+        with self._cond:
             if self._engine is None:
-                self._engine = build_engine(self.worker.settings)
+                self._engine = build_engine(self.worker.settings, self.mtp.start())
             return self._engine
+
+    @property
+    def current(self) -> Engine | None:
+        """The engine, if one runs (never waits: for metrics)."""
+        return self._engine
+
+    def choice_for(self, config: RunConfig, worker: str) -> MtpChoice:
+        """The run's configuration on this worker, decided at its first task (logged, stored
+        for status); ConfigError where ``--mtp on`` cannot keep the run's sampling."""
+        if config.run not in self._runs:
+            settings = self.worker.settings
+            verdict = (read_verdict(self.worker.storage, config.run, self.decider)
+                       if self.mtp.mode == "auto" and self.mtp.can() else None)
+            choice = decide(self.mtp, config.run, config.sampling, verdict,
+                            settings.generate.max_in_flight, settings.generate.engine_args,
+                            os.environ)
+            log.info("run %s: %s", config.run, choice.line())
+            record_choice(self.worker.redis, config.run, worker, choice)
+            self._runs[config.run] = choice
+        return self._runs[config.run]
+
+    @contextmanager
+    def serving(self, choice: MtpChoice) -> Iterator[Engine]:
+        """The engine in ``choice``'s configuration, held until the block ends; relaunched in
+        it once no task is generating on the other one."""
+        with self._cond:
+            while not self._serves(choice):
+                if self._users == 0:
+                    self._relaunch(choice)
+                    break
+                self._wanted = choice.on
+                self._cond.wait()
+            self._users += 1
+            engine = self._engine
+        assert engine is not None
+        try:
+            yield engine
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+    def _serves(self, choice: MtpChoice) -> bool:
+        mtp = getattr(self._engine, "mtp", None)
+        running = mtp is not None and mtp.on == choice.on
+        return running and self._wanted in (None, choice.on)
+
+    def _relaunch(self, choice: MtpChoice) -> None:
+        """Stop the engine and start it in ``choice``'s configuration (the lock held)."""
+        if self._engine is not None:
+            log.info("engine: relaunching with mtp %s (%s)", "on" if choice.on else "off",
+                     choice.reason)
+            self._engine.close()
+            self._engine = None
+        self._engine = build_engine(self.worker.settings, choice)
+        self._wanted = None
+        self.__dict__.pop("tokens", None)
+        announce_engine(self.worker, self._engine)
 
     @cached_property
     def tokens(self) -> TokenInfo:
@@ -107,12 +194,18 @@ def announce_engine(context: WorkerContext, engine: Engine, worker: str | None =
     server, url = getattr(engine, "server", None), getattr(engine, "url", None)
     if url is None:  # the in-process CPU engine has no server to show
         return
-    record = ({"url": server.url, "log": str(server.log_path), "pid": server.proc.pid}
-              if server is not None else {"url": url, "log": None, "pid": None})
-    record.update(worker=worker, algorithm=getattr(engine, "algorithm", None))
+    record: dict[str, Any] = ({"url": server.url, "log": str(server.log_path),
+                               "pid": server.proc.pid}
+                              if server is not None else {"url": url, "log": None, "pid": None})
+    record.update(worker=worker or _announced.get("worker"),
+                  algorithm=getattr(engine, "algorithm", None))
+    _announced["worker"] = record["worker"]
     try:
         context.redis.hset(redis_keys.redis_engines(),
                            f"{socket.gethostname()}:gpu{context.settings.worker.gpu}",
                            json.dumps(record))
     except redis.RedisError as err:
         log.warning("engine location not published: %s", err)
+
+
+_announced: dict[str, str | None] = {}   # the worker name the engine was first announced under

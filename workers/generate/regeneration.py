@@ -19,7 +19,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.engine.models import render_chat
 from common.engine.sampling import Sampling
 from common.errors import EngineRefusesAll, RequestRefused
 from common.gates.judge import (
@@ -31,7 +30,7 @@ from common.gates.judge import (
     inspect_turn,
     judge,
 )
-from common.gates.reasoning import split_ids
+from common.gates.turns import answer_message, decode, render_prompt
 from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
 # A shard parks (instead of storing every sample as rejected) when this many of its first
@@ -45,40 +44,6 @@ class ShardCounters:
 
     requests: int = 0
     answered: int = 0   # requests the engine answered (2xx)
-
-
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: Sampling | bool,
-                  template_kwargs: dict[str, Any] | None = None,
-                  tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """The chat template applied once, thinking on or off, tokenized without extra specials."""
-    if isinstance(thinking, Sampling):
-        thinking = thinking.thinking
-    text = render_chat(tokenizer, messages, thinking, template_kwargs, tools)
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        # The Rust tokenizer directly: same ids, without the Python wrapper's per-call overhead.
-        return backend.encode(text, add_special_tokens=False).ids
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def _decode(tokenizer: Any, ids: list[int]) -> str:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return (backend.decode(ids, skip_special_tokens=False) if backend is not None
-            else tokenizer.decode(ids, skip_special_tokens=False))
-
-
-def answer_message(tokenizer: Any, tokens: TokenInfo, prompt_ids: list[int],
-                   output_ids: list[int]) -> dict[str, Any]:
-    """The assistant message of a reply, split on its token ids (:mod:`common.gates.reasoning`)."""
-    def text(ids: list[int]) -> str:
-        decoded = _decode(tokenizer, ids)
-        for token in tokens.special_texts:
-            decoded = decoded.replace(token, "")
-        return decoded.strip()
-
-    split = split_ids(tokens, prompt_ids, output_ids, lambda ids: not text(ids))
-    return {"role": "assistant", "content": text(split.answer),
-            "reasoning_content": text(split.reasoning) if split.reasoning is not None else ""}
 
 
 def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
@@ -185,7 +150,7 @@ async def _turn_of(job: Job, request: GenRequest, convo: _Conversation, number: 
     tokenizer = job.engine.tokenizer
     answer = answer_message(tokenizer, job.tokens, request.input_ids, result.output_ids)
     facts = inspect_turn(job.tokens, request.input_ids, result.output_ids,
-                         _decode(tokenizer, result.output_ids), answer["content"],
+                         decode(tokenizer, result.output_ids), answer["content"],
                          result.finish_reason)
     verdict = judge([facts], job.gates, thinking, first=number)
     if verdict["passed"]:

@@ -1,10 +1,11 @@
 """The generate worker's side of speculative decoding (MTP): lossless or refused, and seen.
 
-A shard of a run whose sampling the engine's verify would change (MTP on the CPU at
-temperature > 0: :func:`common.engine.mtp.lossless_refusal`) is parked with that reason before any
-request is sent. Each written part adds its turns' verify steps and tokens to the run's Redis
-figures under this worker's name (``status`` shows algorithm and mean accept length) and to the
-worker's Prometheus metrics.
+A shard of a run whose sampling the engine's verify would change (:func:`common.engine.lossless.
+lossless_refusal`: the user's own algorithm, or a server's at ``--engine-url``) is parked with
+that reason before any request is sent; the worker's own MTP choice is made per run
+(:mod:`workers.generate.mtp_run`). Each written part adds its turns' verify steps and tokens to
+the run's Redis figures under this worker's name (``status`` shows algorithm and mean accept
+length) and to the worker's Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import redis
 
-from common.engine.mtp import lossless_refusal
+from common.engine.lossless import lossless_refusal
 from common.engine.sampling import Sampling
 from common.engine.speculative import ALGORITHM, STEPS, TOKENS, field, sample_totals
 from common.errors import ConfigError

@@ -27,6 +27,7 @@ from common.runs.store import RunStore
 from workers.context import WorkerContext
 from workers.generate import metrics, speculative
 from workers.generate.context import GenerateContext, get_generate_context
+from workers.generate.engines.base import Engine
 from workers.generate.monitor import RunMonitor
 from workers.generate.parts import PartBuffer, ShardParts
 from workers.generate.regeneration import Job, ShardCounters, regenerate
@@ -59,45 +60,53 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
     with delivery.claim() as lease:
         if ctx.storage.exists(commit_key):
             return TaskOutcome.ALREADY_COMMITTED
-        check_template(gen, config)
-        speculative.check_lossless(gen.engine, config.sampling, task.run)
-        rows = load_input_shard(ctx, task)
-        parts = ShardParts(ctx.storage, task)
-        parts.refresh()
-        done = parts.done_ids
-        todo = [row for row in rows if row["id"] not in done]
-        log.info("run %s shard %d: %d samples, %d already in %d parts, generating %d",
-                 task.run, task.shard, len(rows), len(rows) - len(todo), len(parts.known),
-                 len(todo))
-        progress = Progress(ctx, task, worker, monitor, gen.engine)
-        generate = ctx.settings.generate
-        buffer = PartBuffer(parts, generate.part_samples, generate.part_seconds,
-                            before_write=monitor.claim_answers, on_write=progress.part_written,
-                            worker=worker)
-        job = Job(gen.engine, config.sampling, config.gates, task.shard, progress.counters,
-                  gen.tokens, config.chat_template_kwargs)
-        samples = regenerate(gen.loop, job, todo)
-        with closing(samples):
-            for sample in samples:
-                lease.check()
-                buffer.add(sample)
-                if ctx.stopping.is_set():
-                    buffer.flush()
-                    raise ShuttingDown(f"worker stopping; {len(parts.done_ids)} samples kept")
-                if progress.pause:
-                    raise RunPaused(f"run paused by its quality gates: {progress.pause['reason']}")
-        buffer.flush()
-        progress.flush_requests()
-        commit = parts.commit([row["id"] for row in rows], worker)
-        log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
-        metrics.COMMITS.labels(task.run).inc()
-        forget_progress(ctx, task)
+        choice = gen.choice_for(config, worker)
+        with gen.serving(choice) as engine:
+            generate_rows(delivery, lease, gen, engine, config, monitor)
     return TaskOutcome.COMMITTED
 
 
-def check_template(gen: GenerateContext, config: RunConfig) -> None:
+def generate_rows(delivery: Delivery, lease: Any, gen: GenerateContext, engine: Engine,
+                  config: RunConfig, monitor: RunMonitor) -> None:
+    """Generate the shard's missing rows on ``engine``, write their parts and commit."""
+    ctx, task, worker = delivery.ctx, delivery.task, delivery.worker
+    check_template(engine, config)
+    speculative.check_lossless(engine, config.sampling, task.run)
+    rows = load_input_shard(ctx, task)
+    parts = ShardParts(ctx.storage, task)
+    parts.refresh()
+    done = parts.done_ids
+    todo = [row for row in rows if row["id"] not in done]
+    log.info("run %s shard %d: %d samples, %d already in %d parts, generating %d",
+             task.run, task.shard, len(rows), len(rows) - len(todo), len(parts.known), len(todo))
+    progress = Progress(ctx, task, worker, monitor, engine)
+    generate = ctx.settings.generate
+    buffer = PartBuffer(parts, generate.part_samples, generate.part_seconds,
+                        before_write=monitor.claim_answers, on_write=progress.part_written,
+                        worker=worker)
+    job = Job(engine, config.sampling, config.gates, task.shard, progress.counters, gen.tokens,
+              config.chat_template_kwargs)
+    samples = regenerate(gen.loop, job, todo)
+    with closing(samples):
+        for sample in samples:
+            lease.check()
+            buffer.add(sample)
+            if ctx.stopping.is_set():
+                buffer.flush()
+                raise ShuttingDown(f"worker stopping; {len(parts.done_ids)} samples kept")
+            if progress.pause:
+                raise RunPaused(f"run paused by its quality gates: {progress.pause['reason']}")
+    buffer.flush()
+    progress.flush_requests()
+    commit = parts.commit([row["id"] for row in rows], worker)
+    log.info("run %s shard %d: committed %d samples", task.run, task.shard, commit.samples)
+    metrics.COMMITS.labels(task.run).inc()
+    forget_progress(ctx, task)
+
+
+def check_template(engine: Engine, config: RunConfig) -> None:
     """Refuse to generate with a chat template other than the one frozen in run.json."""
-    mine = template_sha(getattr(gen.engine.tokenizer, "chat_template", None))
+    mine = template_sha(getattr(engine.tokenizer, "chat_template", None))
     if config.chat_template_sha and mine != config.chat_template_sha:
         raise ConfigError(f"run {config.run!r} was enqueued with chat template "
                           f"{config.chat_template_sha}, this worker's model has {mine}")
