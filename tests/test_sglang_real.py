@@ -62,7 +62,7 @@ def _call(url: str, path: str, body: Any = None) -> tuple[int, Any]:
 def _prompts(tiny: Path, n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from workers.generate.regeneration import render_prompt
+    from common.gates.turns import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     return [render_prompt(tokenizer, [{"role": "user", "content": row["turns"][0]}], Sampling())
@@ -104,11 +104,14 @@ def test_real_server_is_token_exact_and_its_limits_are_read_back(
 def test_real_metrics_feed_the_dashboards_engine_probe(sglang_url: str) -> None:
     import aiohttp
 
-    from producer.ui.server import _probe
+    from common.config import load_settings
+    from producer.ui.server import _probe, engine_networks
+
+    networks = engine_networks(load_settings({}).ui.engine_networks)   # loopback among them
 
     async def probe() -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            return await _probe(session, sglang_url)
+            return await _probe(session, sglang_url, networks)
 
     assert asyncio.run(probe()) == {"healthy": True, "running": 0, "queued": 0}
 
@@ -244,7 +247,7 @@ def test_worker_on_the_real_engine_commits_rejects_overflow_and_survives_kills(
     require_sglang()
     from transformers import AutoTokenizer
 
-    from workers.generate.regeneration import render_prompt
+    from common.gates.turns import render_prompt
 
     long_prompt = len(render_prompt(AutoTokenizer.from_pretrained(tiny), [
         {"role": "user", "content": _long_rows(1)[0]["turns"][0]}], Sampling()))
