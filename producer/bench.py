@@ -12,7 +12,8 @@ The steady window opens when as many requests have finished as are kept in fligh
 wave, which started together, is over) and closes at the last request sent (after it, the batch
 drains to nothing, where a speculative engine always looks fast). Each request's output tokens
 count in proportion to the share of its time inside the window. A bench with too few requests
-for a window (``--num`` at most the concurrency) measures the whole span, and says so.
+for a window (one shorter than a median request: every slot turns over at least once in it)
+measures the whole span, and says so.
 """
 
 from __future__ import annotations
@@ -121,10 +122,11 @@ def steady_row(sent: list[Sent], concurrency: int, mtp: str | None = None,
     ends = sorted(s.end for s in sent)
     opens, closes = (ends[concurrency - 1] if len(ends) > concurrency else None,
                      max(s.start for s in sent))
-    steady = opens is not None and closes > opens
+    latencies = [s.end - s.start for s in sent]
+    # Steady only if every slot turned over at least once inside (a median request's time).
+    steady = opens is not None and closes - opens >= statistics.median(latencies)
     lo, hi = (opens, closes) if steady else (first, ends[-1])
     shares = [_share(s, lo, hi) for s in sent]
-    latencies = [s.end - s.start for s in sent]
     verified = [(s, w) for s, w in zip(sent, shares, strict=True) if s.verify_steps]
     return BenchRow(concurrency, len(sent),
                     round(sum(s.tokens * w for s, w in zip(sent, shares, strict=True))),

@@ -77,6 +77,7 @@ class GenerateContext:
     _wanted: bool | None = None        # the configuration a waiting task needs
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _runs: dict[str, MtpChoice] = field(default_factory=dict)
+    _deciding: threading.Lock = field(default_factory=threading.Lock)
     loop: EngineLoop = field(default_factory=EngineLoop)
 
     @cached_property
@@ -112,6 +113,10 @@ class GenerateContext:
     def choice_for(self, config: RunConfig, worker: str) -> MtpChoice:
         """The run's configuration on this worker, decided at its first task (logged, stored
         for status); ConfigError where ``--mtp on`` cannot keep the run's sampling."""
+        with self._deciding:   # two shards of a new run: one decision, one line
+            return self._decided(config, worker)
+
+    def _decided(self, config: RunConfig, worker: str) -> MtpChoice:
         if config.run not in self._runs:
             settings = self.worker.settings
             verdict = (read_verdict(self.worker.storage, config.run, self.decider)
