@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from common import keys
 from common.errors import DflashError
@@ -228,8 +229,8 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
             lock.reacquire()  # LockError: the pass outlived its lock; another one took over
             try:
                 sent = reconcile_run(storage, app, client, run, lease_ttl, waiting, flags)
-            except (redis.RedisError, redis.exceptions.LockError):
-                raise   # the pass's own trouble: the caller retries the pass
+            except (redis.RedisError, redis.exceptions.LockError, OperationalError):
+                raise   # the pass's own trouble (kombu's publish wraps Redis's): the caller retries
             except Exception as err:  # noqa: BLE001 - one run never stops the others
                 # One run's storage trouble, an object that does not read (someone wrote it by
                 # hand), or a bug met on its data: logged with the run, and the pass goes on.
