@@ -11,6 +11,8 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import MISSING
+from enum import Enum
 from typing import Any
 
 import click
@@ -43,7 +45,9 @@ def setup_logging(verbose: bool) -> None:
 def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
     """A click option for the setting ``name`` (a flat name): its variable and shown default come
     from :class:`common.config.Settings`; unset (None) means "as the settings say"."""
-    kw.setdefault("show_default", mask_url(str(FIELDS[name][1].default)))
+    default = FIELDS[name][1].default
+    kw.setdefault("show_default", mask_url(str(default.value if isinstance(default, Enum)
+                                               else default)))
     return click.option(*_decls(name, decls), default=None, envvar=env_name(name),
                         show_envvar=True, **kw)
 
@@ -52,6 +56,8 @@ def command_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[...,
     """A click option declared in :mod:`common.options`: its default and variable come from
     there (shown unless it is None or off); ``decls`` may name the parameter (``"as_json"``)."""
     default = OPTIONS[name].default
+    default = None if default is MISSING else default   # a required option declares none
+    default = default.value if isinstance(default, Enum) else default   # click shows the text
     if default is not False and not (default is None and kw.get("required")):
         kw["default"] = default   # a flag's off and a required option's none stay click's own
         if default is not None:

@@ -15,9 +15,11 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
+from common.choices import Checkpointing, EngineKind, MtpMode
 from common.errors import ConfigError
 from embedded.tinyconsts import TINY_MODELS, TINY_QWEN3
 
@@ -29,11 +31,6 @@ ENV_PREFIX = "DFLASH_"
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 DEVICES = "auto, cpu, cuda, cuda:N or mps"
 """What a device setting accepts (checked at load, so a typo names its variable)."""
-MTP_MODES = ("auto", "on", "off")
-CHECKPOINTING_MODES = ("auto", "on", "off")
-"""What ``DFLASH_TRAIN_ACTIVATION_CHECKPOINTING`` (``worker train --activation-checkpointing``)
-takes."""
-"""What ``DFLASH_MTP`` (``worker generate --mtp``) takes."""
 # A URL's userinfo runs to the last "@" before the host: a password may hold a raw "@" (or ":").
 _USERINFO = re.compile(r"(?<=://)([^\s'\"<>@]*@)+")
 
@@ -59,12 +56,11 @@ def env_name(name: str) -> str:
 
 
 def setting(default: Any, *, flat: str = "", zero_ok: bool = False, secret: bool = False,
-            device: bool = False, choices: tuple[str, ...] = ()) -> Any:
+            device: bool = False) -> Any:
     """A declared field: ``flat`` replaces prefix + name (a variable older than its section),
     ``zero_ok`` lets a number be 0 (off, the default, or an index), ``secret`` hides it in repr,
-    ``device`` checks it against :data:`DEVICE`, ``choices`` lists the values it takes."""
-    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device,
-            "choices": choices}
+    ``device`` checks it against :data:`DEVICE` (a choice's values are its enum's)."""
+    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device}
     return field(default=default, metadata=meta)
 
 
@@ -119,7 +115,7 @@ class GenerateSettings:
     part_samples: int = 64   # a part is written every so many samples...
     part_seconds: float = 60.0   # ...or every so many seconds, whichever comes first
     batch_size: int = 16   # sequences the CPU engine decodes at once
-    engine: str = "cpu"
+    engine: EngineKind = EngineKind.CPU
     # SGLang engine: an external server (engine_url) or one the worker starts (engine_cmd, or
     # `python -m sglang.launch_server` built from model/tp/mem_fraction_static/engine_args).
     engine_url: str = ""
@@ -128,7 +124,7 @@ class GenerateSettings:
     # Generation through the target's own MTP head (SGLang's NEXTN): auto is on where the target
     # states one and SGLang runs on a GPU (common/engine/mtp.py says why, in the worker's start
     # line).
-    mtp: str = setting("auto", choices=MTP_MODES)
+    mtp: MtpMode = MtpMode.AUTO
     # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
     # worker's own.
     engine_python: str = ""
@@ -169,7 +165,7 @@ class TrainSettings:
     batch_tokens: int = setting(0, zero_ok=True)
     # Recompute the drafter's layers in the backward: auto (where a micro-batch would not fit
     # without, by the memory plan), on, off.
-    activation_checkpointing: str = setting("auto", choices=CHECKPOINTING_MODES)
+    activation_checkpointing: Checkpointing = Checkpointing.AUTO
     eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)
     eval_prompts: int = 8
     eval_max_new_tokens: int = 256
@@ -242,7 +238,8 @@ class Settings:
         a flat value wins over its section's."""
         for name, cls in SECTIONS.items():
             section = values.pop(name, None) or cls()
-            flat = {f.name: values.pop(key) for key, f in section_fields(cls) if key in values}
+            flat = {f.name: _as_field(values.pop(key), f) for key, f in section_fields(cls)
+                    if key in values}
             object.__setattr__(self, name, replace(section, **flat) if flat else section)
         if values:
             raise TypeError(f"unknown settings: {', '.join(sorted(values))}")
@@ -281,9 +278,20 @@ class Settings:
         return self.target.model in TINY_MODELS
 
 
+def _as_field(value: Any, f: Field[Any]) -> Any:
+    """A choice given as its text (a keyword, ``replace``) as its enum's member."""
+    return type(f.default)(value) if isinstance(f.default, Enum) else value
+
+
 def _coerce(name: str, raw: str, f: Field[Any]) -> object:
     """A variable's text as its field's type; the error is one line naming the variable."""
     kind = type(f.default)
+    if issubclass(kind, Enum):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ConfigError(f"{env_name(name)}={raw!r} is not one of "
+                              f"{', '.join(member.value for member in kind)}") from None
     try:
         value = kind(raw) if kind is not Path else Path(raw).expanduser()
     except ValueError as exc:
@@ -293,8 +301,6 @@ def _coerce(name: str, raw: str, f: Field[Any]) -> object:
         raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
     if meta.get("device") and not DEVICE.fullmatch(str(value)):
         raise ConfigError(f"{env_name(name)}={raw!r} is not a device: {DEVICES}")
-    if meta.get("choices") and value not in meta["choices"]:
-        raise ConfigError(f"{env_name(name)}={raw!r} is not one of {', '.join(meta['choices'])}")
     return value
 
 

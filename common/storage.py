@@ -18,7 +18,8 @@ from pathlib import Path
 
 from common.config import ReadSettings
 from common.errors import ConfigError, NotFound, StorageError
-from common.storage_api import Storage, StoredObject  # noqa: F401 - the storage's one import
+from common.storage_api import Storage as Storage
+from common.storage_api import StoredObject as StoredObject
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from common.choices import EngineKind, EnumChoice
 from common.cli import command_option, engine_launch_options, setting_option
 from common.config import Settings
 from common.errors import DflashError, OptionRefused
@@ -84,7 +85,7 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
     @setting_option("model", show_default=False,
                     help="Target model: an embedded name or a local directory (bench --run: "
                          "[default: the run's]).")
-    @setting_option("engine", type=click.Choice(["cpu", "sglang"]),
+    @setting_option("engine", type=EnumChoice(EngineKind),
                     help="Generation engine (bench --run: sglang).")
     @engine_launch_options
     @click.option("--gpu", type=click.IntRange(min=0), default=None,

@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from common import keys
+from common.choices import EngineKind
 from common.config import Settings
 from common.engine.lossless import lossless_refusal
 from common.engine.models import resolve_model_path, stop_token_ids, template_sha
@@ -144,7 +145,7 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
     config, manifest = store.config(), store.manifest()
     if manifest is None:
         raise ConfigError(f"run {run!r} is still being enqueued: its size is not known yet")
-    if settings.generate.engine != "sglang" and not settings.generate.engine_url:
+    if settings.generate.engine is not EngineKind.SGLANG and not settings.generate.engine_url:
         raise OptionRefused("bench --run measures SGLang: --engine sglang (or --engine-url)")
     model_path = resolve_model_path(replace(settings, model=model or config.model))
     from transformers import AutoTokenizer

@@ -14,10 +14,11 @@ from typing import Any
 import click
 
 from common.cli import command_option, common_options, run_click_options, setting_option
-from common.config import TINY_MODELS, Settings, load_settings
+from common.config import Settings, load_settings
 from common.entry_points import COMMANDS, EntryPointGroup
 from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
 from common.runs.options import RunOptions
+from embedded.tinyconsts import TINY_MODELS
 from producer.services import open_services as _services
 
 

@@ -18,15 +18,17 @@ from common.config import Settings
 from common.drafter.layers import DEFAULT_K
 from common.drafter.origin import OriginKind, drafter_summary, enqueue_origin
 from common.engine.models import chat_template_of, resolve_model_path, template_sha
+from common.engine.sampling import Sampling
 from common.engine.sampling_rules import check_sampling
 from common.engine.target import TargetShape
 from common.engine.target_sampling import resolve_max_new_tokens, resolve_sampling, sampling_line
 from common.engine.thinking import parse_thinking
 from common.errors import ConfigError, InputError
-from common.inputs.layouts import FORMATS, template_fields
+from common.inputs.layouts import FORMATS
 from common.inputs.sources import is_glob
+from common.inputs.templates import template_fields
 from common.runs.options import RunOptions, as_given
-from common.runs.records import RunConfig, RunState, Sampling
+from common.runs.records import RunConfig, RunState
 from common.storage import Storage
 from producer.enqueue import EnqueueReport
 from producer.fit import ContextCheck, context_length

@@ -27,6 +27,7 @@ from pathlib import Path
 import click
 import redis
 
+from common.choices import Mode
 from common.config import load_settings
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK
@@ -148,7 +149,7 @@ def run_demo(options: DemoOptions) -> int:
         config = build_run_config(settings, RunOptions(
             run=run, input=(options.input_path,), shard_size=options.shard_size,
             max_new_tokens=options.max_new_tokens, temperature=0.7, top_p=0.95, top_k=50,
-            mode="online" if online else "offline", epochs=options.epochs))
+            mode=Mode.ONLINE if online else Mode.OFFLINE, epochs=options.epochs))
         exe = [sys.executable, "-m", "producer.cli"]
         worker_env = {**THREAD_ENV, **env} if online else env
         workers = {"worker": _spawn([*exe, "worker", "generate"], worker_env,

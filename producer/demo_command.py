@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from common.cli import EXIT_FAILURE, setting_option, setup_logging
+from common.cli import setting_option, setup_logging
 from common.errors import DflashError
+from common.exit_codes import EXIT_FAILURE
 
 DEMO_EPOCHS = 3
 """More than one pass, as the recipes train, sized for two CPU cores (a run's default is

@@ -24,7 +24,7 @@ from typing import Any
 from common.engine.models import render_chat
 from common.engine.sampling import Sampling
 from common.engine.target import TargetShape
-from common.inputs.rows import uses_tools
+from common.inputs.tools import uses_tools
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,14 @@ from dataclasses import replace
 import click
 
 from common import keys
+from common.choices import Checkpointing, EnumChoice
 from common.cli import command_option, setting_option
 from common.config import Settings, load_settings
 from common.errors import DflashError
 from common.exit_codes import EXIT_FAILURE
 from common.plan.compute import DEFAULT_UTILIZATION, RowLength
 from common.plan.shapes import DrafterDims, TargetDims
-from common.plan.verdict import CHECKPOINTING, Hardware, TrainingPlan, gib, plan_for
+from common.plan.verdict import Hardware, TrainingPlan, gib, plan_for
 
 
 def _target(settings: Settings, model: str) -> TargetDims:
@@ -143,7 +144,7 @@ def render(plan: TrainingPlan) -> str:
 @click.option("--gpu-memory-gib", type=click.FloatRange(min=1), default=None,
               help="Memory of each GPU in GiB [default: this host's first GPU].")
 @click.option("--fsdp", is_flag=True, help="Shard the drafter and its optimizer state (FSDP2).")
-@click.option("--activation-checkpointing", type=click.Choice(CHECKPOINTING), default="auto",
+@click.option("--activation-checkpointing", type=EnumChoice(Checkpointing), default="auto",
               show_default=True, help="Recompute the drafter's layers in the backward (auto: "
                                       "where a step does not fit without).")
 @click.option("--max-anchors", type=click.IntRange(min=1), default=None,

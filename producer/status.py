@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from common import keys
+from common.choices import Mode
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
 from common.engine.speculative import by_worker, choices_by_worker
@@ -165,11 +166,11 @@ class StatusReader:
     def _downstream(self, config: Any, live: dict[str, Any] | None,
                     total: int) -> dict[str, Any]:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
-        stage = "train" if config.mode == "online" else "hidden"
+        stage = "train" if config.mode is Mode.ONLINE else "hidden"
         parked = len(live["stages"][stage].parked) if live is not None else None
         from common.drafter.store import latest_metrics, read_ledger
 
-        if config.mode != "online":
+        if config.mode is not Mode.ONLINE:
             self.hidden = self.hidden or CommitSet(self.storage, self.run)
             done = self.hidden.update(total)
             # Training from the stored states, where a trainer has checkpointed.

@@ -6,15 +6,10 @@ Layer ``i`` here is HF's ``output_hidden_states[i + 1]`` (index 0 is the embeddi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 
+from common.choices import Layout
 from common.engine.target import TargetShape
 from common.errors import ConfigError
-
-
-class Layout(StrEnum):
-    DFLASH = "dflash"
-    EAGLE3 = "eagle3"
 
 
 def dflash_layer_ids(num_layers: int, k: int = 5) -> list[int]:

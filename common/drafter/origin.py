@@ -23,6 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.choices import Layout
 from common.drafter.shape import (
     ARCHITECTURE,
     DrafterShapeError,
@@ -188,7 +189,7 @@ def enqueue_origin(options: RunOptions,
         stated = origin.layer_ids if origin else None
     except DrafterShapeError as exc:
         raise OptionRefused(str(exc)) from None
-    if options.layout != "dflash":
+    if options.layout is not Layout.DFLASH:
         if origin:
             raise OptionRefused("--drafter-config/--init-drafter shape a DFlash drafter: "
                                 f"use --layout dflash, not {options.layout}")

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.choices import EngineKind, MtpMode
 from common.config import Settings
 from common.engine.lossless import ARGMAX_PLATFORMS, GREEDY_SOURCE, engine_platform, flag_value
 from common.engine.serving import (
@@ -41,7 +42,6 @@ from common.errors import OptionRefused
 # scheduler (srt/arg_groups/overrides.py _mamba_radix_cache_resolution); stated here, so the
 # slots this project computes (common.engine.serving.mamba_slots_per_request) are SGLang's.
 MAMBA_STRATEGY = "extra_buffer"
-MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def target_shape(model_dir: Path) -> TargetShape | None:
 def engine_device(settings: Settings, env: Mapping[str, str] | None = None) -> str:
     """The platform SGLang verifies on (:func:`common.engine.lossless.engine_platform`); the
     CPU engine is ``cpu``."""
-    if settings.generate.engine != "sglang":
+    if settings.generate.engine is not EngineKind.SGLANG:
         return "cpu"
     return engine_platform(settings.generate.engine_args, os.environ if env is None else env)
 
@@ -117,7 +117,7 @@ class MtpWorker:
         user = flag_value(_argv(settings.generate.engine_args), "--speculative-algorithm")
         cannot = _cannot(settings, shape)
         if cannot is not None or user is not None:
-            if mode == "on" and cannot is not None:
+            if mode is MtpMode.ON and cannot is not None:
                 raise OptionRefused(f"--mtp on: {cannot}")
             return cls(mode, device, None, cannot, user)
         assert shape is not None   # _cannot: a head is stated
@@ -137,17 +137,17 @@ class MtpWorker:
     def start(self) -> MtpChoice:
         """The configuration before any run is known: ``auto`` on where a head is stated and
         SGLang's verify samples (a GPU)."""
-        if self.mode == "off":
+        if self.mode is MtpMode.OFF:
             return self.turned(False, "asked off")
         if self.head_args is None:
             return self.turned(False, self.cannot or "")
         where = (f"{ARGMAX_PLATFORMS[self.device]} (greedy runs only)"
                  if self.device in ARGMAX_PLATFORMS else "the GPU")
-        if self.mode == "auto" and self.device in ARGMAX_PLATFORMS:
+        if self.mode is MtpMode.AUTO and self.device in ARGMAX_PLATFORMS:
             return self.turned(False, f"SGLang runs on {ARGMAX_PLATFORMS[self.device]}, where "
                                f"its verify commits the argmax even when sampling "
                                f"({GREEDY_SOURCE}); --mtp on for greedy runs")
-        why = "asked on" if self.mode == "on" else "the target states an MTP head"
+        why = "asked on" if self.mode is MtpMode.ON else "the target states an MTP head"
         return self.turned(True, f"{why}, SGLang on {where}: {self.recipe()}")
 
     def recipe(self) -> str:
@@ -168,7 +168,7 @@ def choose_mtp(settings: Settings, shape: TargetShape | None,
 
 def _cannot(settings: Settings, shape: TargetShape | None) -> str | None:
     """Why this worker cannot generate through the MTP head, or None."""
-    if settings.generate.engine != "sglang":
+    if settings.generate.engine is not EngineKind.SGLANG:
         return "the CPU engine has no speculative decoding (use --engine sglang)"
     if settings.generate.engine_url:
         return ("the server at --engine-url runs with the flags it was started with (start it "

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+from common.choices import FinishReason
+
 THINK, END_THINK = "<think>", "</think>"
 # Template markers that must never appear as text inside an answer.
 MARKERS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", THINK, END_THINK)
@@ -90,7 +92,7 @@ class TokenInfo:
 class TurnFacts:
     """What one generated turn looks like, read from its ids and its decoded text."""
 
-    finish_reason: str
+    finish_reason: FinishReason
     output_tokens: int
     thinking_tokens: int
     opened: bool
@@ -121,8 +123,9 @@ def inspect_turn(info: TokenInfo, prompt_ids: list[int], output_ids: list[int], 
     prefilled = opened_by_prompt(info, prompt_ids)
     opened = prefilled or THINK in text
     closed = END_THINK in text
-    return TurnFacts(finish_reason, len(output_ids), _thinking_tokens(info, output_ids, prefilled),
-                     opened, closed, answer, _leak(info, output_ids, text, finish_reason))
+    finish = FinishReason.parse(finish_reason)   # an engine's or a stored sample's text
+    return TurnFacts(finish, len(output_ids), _thinking_tokens(info, output_ids, prefilled),
+                     opened, closed, answer, _leak(info, output_ids, text, finish))
 
 
 def _thinking_tokens(info: TokenInfo, ids: list[int], prefilled: bool) -> int:
@@ -134,16 +137,18 @@ def _thinking_tokens(info: TokenInfo, ids: list[int], prefilled: bool) -> int:
     return end - start
 
 
-def _leak(info: TokenInfo, ids: list[int], text: str, finish_reason: str) -> str | None:
+def _leak(info: TokenInfo, ids: list[int], text: str,
+          finish_reason: FinishReason) -> str | None:
     """The first stray special token or template marker, if any."""
-    body = ids[:-1] if finish_reason == "stop" and ids and ids[-1] in info.specials else ids
+    ends_on_stop = finish_reason is FinishReason.STOP and ids and ids[-1] in info.specials
+    body = ids[:-1] if ends_on_stop else ids
     if not info.specials.isdisjoint(body):
         stray = next(t for t in body if t in info.specials)
         return f"special token id {stray} inside the output"
     for marker in MARKERS:
         count = text.count(marker)
         allowed = 1 if marker in (THINK, END_THINK) else 0
-        if marker not in (THINK, END_THINK) and finish_reason == "stop" \
+        if marker not in (THINK, END_THINK) and finish_reason is FinishReason.STOP \
                 and text.rstrip().endswith(marker):
             allowed = 1
         if count > allowed:
@@ -163,7 +168,7 @@ def judge(turns: list[TurnFacts], gates: GateConfig, thinking: bool,
     found: list[tuple[Reason, str]] = []
     for index, turn in enumerate(turns):
         where = f"turn {index + first}"
-        if gates.reject_truncated and turn.finish_reason != "stop":
+        if gates.reject_truncated and turn.finish_reason is not FinishReason.STOP:
             found.append((Reason.TRUNCATED, f"{where}: finish_reason {turn.finish_reason} "
                                             f"after {turn.output_tokens} tokens"))
         unclosed = thinking and turn.opened and not turn.closed

@@ -23,7 +23,8 @@ from common.gates.partstats import EXAMPLE_FIELDS, SampleStat
 from common.queue import redis_keys
 from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import THREADS, fetch
-from common.runs.index import SUMMARIES, RunIndex, ScanPlan, shard_total
+from common.runs.index import RunIndex, ScanPlan, shard_total
+from common.runs.index_objects import SUMMARIES
 from common.runs.schemas import SAMPLE
 from common.runs.summary import RunSummary, answer_order, shard_summary
 from common.storage import Storage

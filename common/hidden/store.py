@@ -37,6 +37,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from common import keys
+from common.choices import Layout
 from common.errors import ForeignObject, HiddenStateError, NotFound
 from common.reads import note, read_json
 from common.runs.records import dumps
@@ -68,7 +69,7 @@ class HiddenMeta:
     @property
     def has_last(self) -> bool:
         """EAGLE-3 keeps the last layer's state (HF ``hidden_states[-1]``) separately."""
-        return self.layout == "eagle3"
+        return self.layout == Layout.EAGLE3
 
 
 @dataclass(frozen=True)

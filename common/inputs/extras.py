@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from common.errors import BadRow
-from common.inputs.rows import check_text, type_name
+from common.inputs.text import check_text, type_name
 
 Turns = list[list[dict]]
 

@@ -41,16 +41,14 @@ from common.inputs.rows import (
     OPENAI_ROLES,
     SHAREGPT_ROLES,
     Conversation,
-    check_text,
     content_id,
     group_turns,
-    jsonable,
-    normalize_tools,
     parse_messages,
     sample_id,
-    type_name,
 )
 from common.inputs.templates import from_template, template_fields
+from common.inputs.text import check_text, jsonable, type_name
+from common.inputs.tools import normalize_tools
 
 FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "ultrachat", "instances", "dolly",
            "alpaca", "prompt")

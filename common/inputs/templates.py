@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 
 from common.errors import BadRow, ConfigError
-from common.inputs.rows import type_name
+from common.inputs.text import type_name
 
 
 def template_fields(template: str) -> set[str]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from common.choices import Checkpointing
 from common.plan.compute import (
     DEFAULT_UTILIZATION,
     RowLength,
@@ -29,7 +30,6 @@ from common.plan.memory import Device, GiB, Micro, StepMemory, logits_chunk_for
 from common.plan.shapes import DrafterDims, TargetDims
 
 RESERVE_GIB = 1.5
-CHECKPOINTING = ("auto", "on", "off")
 BUDGET_STEP = 256          # budgets are multiples of this many tokens
 MAX_BUDGET = 65536         # past this a larger micro-batch no longer speeds a step up
 MAX_TOKENS = 1 << 20       # the longest row the plan looks for
@@ -62,7 +62,7 @@ class TrainingPlan:
     drafter: DrafterDims
     hardware: Hardware
     tokens: int
-    checkpointing_mode: str = "auto"
+    checkpointing_mode: Checkpointing = Checkpointing.AUTO
     max_anchors: int = 512
     rows: tuple[RowLength, ...] = ()
     utilization: float = DEFAULT_UTILIZATION
@@ -70,9 +70,7 @@ class TrainingPlan:
     step: StepMemory = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.checkpointing_mode not in CHECKPOINTING:
-            raise ValueError(f"activation checkpointing is auto, on or off, not "
-                             f"{self.checkpointing_mode!r}")
+        object.__setattr__(self, "checkpointing_mode", Checkpointing(self.checkpointing_mode))
         object.__setattr__(self, "step", self.row_memory(self.tokens))
 
     @classmethod
@@ -86,8 +84,8 @@ class TrainingPlan:
 
     def _fitted(self, micro: Micro) -> StepMemory:
         """The micro-batch's memory with checkpointing as the mode says (auto: only if needed)."""
-        if self.checkpointing_mode != "auto":
-            return self.memory(micro, self.checkpointing_mode == "on")
+        if self.checkpointing_mode is not Checkpointing.AUTO:
+            return self.memory(micro, self.checkpointing_mode is Checkpointing.ON)
         plain = self.memory(micro, False)
         return plain if plain.total <= self.hardware.usable else self.memory(micro, True)
 
@@ -210,7 +208,8 @@ def _advice(plan: TrainingPlan) -> list[str]:
     if ranks and not (not hw.fsdp and hw.num_gpus > 1 and plan.with_hardware(fsdp=True).fits):
         fixes.append(f"more ranks: --fsdp over {ranks} GPUs")
     if plan.resident_fits:
-        if plan.checkpointing_mode == "off" and replace(plan, checkpointing_mode="on").fits:
+        recomputed = replace(plan, checkpointing_mode=Checkpointing.ON)
+        if plan.checkpointing_mode is Checkpointing.OFF and recomputed.fits:
             fixes.append("activation checkpointing on (--activation-checkpointing on)")
         longest = plan.max_tokens_that_fit
         if longest > 0:

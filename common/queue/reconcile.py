@@ -24,6 +24,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from common import keys
+from common.choices import Layout, Mode
 from common.errors import DflashError
 from common.keys import parse_shard_name
 from common.queue import redis_keys
@@ -131,13 +132,13 @@ def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
     generated = store.committed("generate")
     if not plan.paused:  # a paused run generates nothing new; `resume --accept-gates` lifts it
         plan.due[GENERATE.name] = set(range(manifest.shards)) - generated
-    if config.mode == "online":
+    if config.mode is Mode.ONLINE:
         _plan_training(plan, storage, run, generated, GENERATE.name)
         return plan
     hidden = store.committed("hidden")
     plan.due[HIDDEN.name] = generated - hidden
     plan.upstream[HIDDEN.name] = GENERATE.name
-    if config.layout == "dflash":  # offline training only once a trainer ran
+    if config.layout is Layout.DFLASH:  # offline training only once a trainer ran
         _plan_training(plan, storage, run, hidden, HIDDEN.name, started_only=True)
     return plan
 

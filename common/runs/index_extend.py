@@ -12,14 +12,8 @@ from common import keys
 from common.errors import DflashError, ForeignObject
 from common.reads import bounded_get, note
 from common.runs.commit_cache import fetch
-from common.runs.index import (
-    CHUNK,
-    STORED,
-    Listing,
-    manifest_shards,
-    read_commit,
-    write_chunk,
-)
+from common.runs.index import CHUNK, manifest_shards
+from common.runs.index_objects import STORED, Listing, read_commit, write_chunk
 from common.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ settings reference and run.json's schema are generated from them, and the comman
 :class:`common.runs.records.RunConfig` that every worker reads back. Adding an option is one field
 here plus the code that uses it::
 
-    epochs: int = run_option(RECIPE_EPOCHS, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
-                             help="Passes the drafter trains over ...")
+    epochs: int = run_option(RECIPE_EPOCHS, type=click.IntRange(min=1),
+                             help="Passes the drafter trains over ...")   # in FrozenOptions
 
 Defaults of values that fill a record (sampling, gates, the held-out split) are the record's
 own, never restated; ``None`` means "as the target says" where the help shows what that is.
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
-from enum import StrEnum
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 import click
 
+from common.choices import EnumChoice, Layout, Mode
 from common.engine.sampling import MAX_NEW_TOKENS_CAP, Sampling
 from common.gates.judge import SKIPPABLE_GATES, GateConfig
 from common.inputs.layouts import FORMATS
@@ -34,19 +34,15 @@ from common.runs.splits import HELDOUT_FRACTION, HELDOUT_MIN
 DRAFTER_LAYERS = 5   # DFlash's drafter depth for an 8B-class target (its published configs)
 
 
-class Frozen(StrEnum):
-    """How run.json freezes an option."""
-
-    AS_GIVEN = "as given"   # under its own name, as the user gave it (RunConfig's own field)
-    RESOLVED = "resolved"   # resolved against the target into a record (sampling, gates, ...)
+_MISSING: Any = MISSING
 
 
-def run_option(default: Any, *, help: str, frozen: Frozen = Frozen.RESOLVED,  # noqa: A002
+def run_option(default: Any = _MISSING, *, help: str,  # noqa: A002
                decls: tuple[str, ...] = (), **click_kw: Any) -> Any:
-    """A declared run option: ``default``, its ``--help`` text, how run.json freezes it, extra
-    flag names and click's own keywords (a required option has no default)."""
-    meta = {"help": help, "frozen": frozen, "decls": decls, "click": click_kw}
-    return field(default=default, metadata=meta)
+    """A declared run option: ``default`` (none: a required option), its ``--help`` text, extra
+    flag names and click's own keywords; whether run.json freezes it as given is its class."""
+    meta = {"help": help, "decls": decls, "click": click_kw}
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
 
 def _template_kwargs(ctx: click.Context, param: click.Parameter,
@@ -81,33 +77,73 @@ def _unescape(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return None if value is None else value.replace("\\n", "\n").replace("\\t", "\t")
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What ``enqueue`` is asked: the input, sampling, layout, drafter, epochs and gates."""
+@dataclass(frozen=True, kw_only=True)
+class FrozenOptions:
+    """The run options run.json freezes as given, under their own names: the first fields of
+    both :class:`RunOptions` and :class:`common.runs.records.RunConfig`."""
 
-    run: str = run_option(None, frozen=Frozen.AS_GIVEN, required=True,
+    run: str = run_option(required=True,
                           help="Run id (letters, digits, ._-).")
-    input: tuple[str, ...] = run_option(
-        None, required=True, multiple=True,
-        help="A JSONL/JSON/Parquet/Arrow file, a directory of them (a Hugging Face dataset "
-             "too), a quoted glob, or s3://bucket/key, prefix/ or glob; repeatable.")
-    format: str = run_option("auto", frozen=Frozen.AS_GIVEN, type=click.Choice(FORMATS),
+    format: str = run_option("auto", type=click.Choice(FORMATS),
                              help="Row layout; auto detects it per row.")
     prompt_field: str | None = run_option(
-        None, frozen=Frozen.AS_GIVEN, help="Field holding the prompt for --format prompt.")
+        None, help="Field holding the prompt for --format prompt.")
     prompt_template: str | None = run_option(
-        None, frozen=Frozen.AS_GIVEN, callback=_unescape,
+        None, callback=_unescape,
         help="Build the prompt from the row's fields instead, e.g. '{instruction}\\n\\n"
              "{context}' (\\n is a newline); placeholders name fields only: {field} or "
              "{field:spec}.")
     strict_fields: bool = run_option(
-        False, frozen=Frozen.AS_GIVEN, is_flag=True,
+        False, is_flag=True,
         help="Reject a row with text no prompt uses (a string, or text in a list or object "
              "field), instead of reporting it.")
-    shard_size: int = run_option(256, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
+    shard_size: int = run_option(256, type=click.IntRange(min=1),
                                  help="Conversations per shard (one task each).")
-    limit: int | None = run_option(None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
+    limit: int | None = run_option(None, type=click.IntRange(min=1),
                                    help="Read at most this many input rows.")
+    mode: Mode = run_option(
+        Mode.OFFLINE, type=EnumChoice(Mode),
+        help="After a shard's commit: offline stores target hidden states (queue hidden); "
+             "online trains the drafter on the fly (queue train, nothing stored).")
+    layout: Layout = run_option(Layout.DFLASH, type=EnumChoice(Layout),
+                                help="Target layers kept for the drafter.")
+    heldout_fraction: float = run_option(
+        HELDOUT_FRACTION, type=click.FloatRange(0, 1, max_open=True),
+        help="Samples (by id hash) never trained on, decoded by eval-drafter.")
+    heldout_min: int = run_option(HELDOUT_MIN, type=click.IntRange(min=0),
+                                  help="Hold out at least this many samples (at most half a "
+                                       "small input).")
+    epochs: int = run_option(
+        RECIPE_EPOCHS, type=click.IntRange(min=1),
+        help="Passes the drafter trains over the run's training rows (the published DFlash "
+             "recipe's 10); the learning-rate schedule is epochs x rows / rows per step long. "
+             "Later epochs revisit the samples in a new seeded order.")
+    max_train_tokens: int | None = run_option(
+        None, type=click.IntRange(min=2),
+        help="Train on the first N tokens of longer rows (SpecForge's recipe cuts at 4096) "
+             "[default: whole rows; plan-training says what fits]; status counts the rows cut.")
+    patience: int | None = run_option(
+        None, type=click.IntRange(min=1),
+        help="Stop training after this many end-of-epoch evaluations without a better held-out "
+             "acceptance length [default: never; every epoch trains].")
+
+
+    def __post_init__(self) -> None:
+        # A choice is its member from here on, however it came (click, run.json, a test's text).
+        object.__setattr__(self, "mode", Mode(self.mode))
+        object.__setattr__(self, "layout", Layout(self.layout))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(FrozenOptions):
+    """What ``enqueue`` is asked: the options above, and those resolved against the target
+    into run.json's records (input, sampling, gates, the drafter's shape).
+    """
+
+    input: tuple[str, ...] = run_option(
+        required=True, multiple=True,
+        help="A JSONL/JSON/Parquet/Arrow file, a directory of them (a Hugging Face dataset "
+             "too), a quoted glob, or s3://bucket/key, prefix/ or glob; repeatable.")
     max_new_tokens: int | None = run_option(
         None, type=click.IntRange(min=1),
         help="Generation budget per assistant turn [default: what the target's context "
@@ -142,13 +178,6 @@ class RunOptions:
         None, callback=_template_kwargs, metavar="JSON",
         help="Options every render passes to the target's chat template, frozen in run.json, "
              "e.g. '{\"preserve_thinking\": true}' (thinking itself: --thinking).")
-    mode: str = run_option(
-        "offline", frozen=Frozen.AS_GIVEN, type=click.Choice(["offline", "online"]),
-        help="After a shard's commit: offline stores target hidden states (queue hidden); "
-             "online trains the drafter on the fly (queue train, nothing stored).")
-    layout: str = run_option("dflash", frozen=Frozen.AS_GIVEN,
-                             type=click.Choice(["dflash", "eagle3"]),
-                             help="Target layers kept for the drafter.")
     target_layers: str | None = run_option(
         None,
         help="Target layers of the dflash layout: K (the DFlash spread of K layers), a comma "
@@ -173,25 +202,6 @@ class RunOptions:
              "safetensors, as export-drafter writes and z-lab publishes): its shape is checked "
              "and frozen as with --drafter-config, and its directory and weights digest too; "
              "train workers read it at that path and verify the digest.")
-    heldout_fraction: float = run_option(
-        HELDOUT_FRACTION, frozen=Frozen.AS_GIVEN, type=click.FloatRange(0, 1, max_open=True),
-        help="Samples (by id hash) never trained on, decoded by eval-drafter.")
-    heldout_min: int = run_option(HELDOUT_MIN, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=0),
-                                  help="Hold out at least this many samples (at most half a "
-                                       "small input).")
-    epochs: int = run_option(
-        RECIPE_EPOCHS, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
-        help="Passes the drafter trains over the run's training rows (the published DFlash "
-             "recipe's 10); the learning-rate schedule is epochs x rows / rows per step long. "
-             "Later epochs revisit the samples in a new seeded order.")
-    max_train_tokens: int | None = run_option(
-        None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=2),
-        help="Train on the first N tokens of longer rows (SpecForge's recipe cuts at 4096) "
-             "[default: whole rows; plan-training says what fits]; status counts the rows cut.")
-    patience: int | None = run_option(
-        None, frozen=Frozen.AS_GIVEN, type=click.IntRange(min=1),
-        help="Stop training after this many end-of-epoch evaluations without a better held-out "
-             "acceptance length [default: never; every epoch trains].")
     min_supervised_tokens: int = run_option(
         GateConfig.min_supervised_tokens, type=click.IntRange(min=0),
         help="Reject a sample with a turn of fewer generated tokens (2 x the DFlash block "
@@ -231,30 +241,9 @@ class RunOptions:
 
 def as_given(options: RunOptions) -> dict[str, Any]:
     """The options run.json freezes as given, by name."""
-    return {f.name: getattr(options, f.name) for f in fields(RunOptions)
-            if f.metadata["frozen"] == Frozen.AS_GIVEN}
-
-
-def frozen_as_given() -> type:
-    """A dataclass of every option run.json freezes as given, each with its declared type and
-    default (none for a required one): :class:`common.runs.records.RunConfig` builds on it, so such
-    an option is declared here alone."""
-    spec = []
-    for f in fields(RunOptions):
-        if f.metadata["frozen"] == Frozen.AS_GIVEN:
-            required = f.metadata["click"].get("required")
-            spec.append((f.name, f.type, field() if required else field(default=f.default)))
-    base = make_dataclass("FrozenOptions", spec, frozen=True, kw_only=True)
-    base.__module__ = __name__   # Python 3.11 names no module; typing resolves hints from it
-    return base
+    return {f.name: getattr(options, f.name) for f in fields(FrozenOptions)}
 
 
 def run_option_fields() -> list[Field[Any]]:
     """Every declared run option, in the order ``enqueue --help`` lists them."""
     return list(fields(RunOptions))
-
-
-def default_of(name: str) -> Any:
-    """A run option's declared default (for records whose field it fills)."""
-    found = {f.name: f for f in fields(RunOptions)}[name]
-    return None if found.default is MISSING else found.default

@@ -19,7 +19,7 @@ from common.engine.sampling import Sampling
 from common.errors import MalformedName, RunConfigMismatch
 from common.gates.judge import GateConfig
 from common.key_layout import valid_run_id
-from common.runs.options import frozen_as_given
+from common.runs.options import FrozenOptions
 from common.runs.schema import COMMIT_SCHEMA, RUN_SCHEMA, check_schema
 
 CODE_VERSION = "0.1.0"
@@ -44,15 +44,12 @@ class TaskOutcome(StrEnum):
     REFUSED = "refused"  # not a task of any run: acked, nothing touched
 
 
-FrozenOptions = frozen_as_given()
-
-
 @dataclass(frozen=True, kw_only=True)
-class RunConfig(FrozenOptions):  # type: ignore[misc, valid-type]
+class RunConfig(FrozenOptions):
     """Everything that decides a run's output; written once to ``run.json`` and then frozen.
 
     The options frozen as given (run, format, shard size, mode, layout, epochs, ...) are the
-    declared run options' own fields (:func:`common.runs.options.frozen_as_given`); the fields
+    declared run options' own fields (:class:`common.runs.options.FrozenOptions`); the fields
     below are what enqueue resolves against the target.
     """
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from common.choices import EngineKind
 from common.cli import setting_option
 from common.config import Settings
 from common.engine.preflight import (
@@ -93,7 +94,7 @@ def serve_line(settings: Settings, drafter: Path) -> CheckResult:
 
 def _gpu_host(settings: Settings) -> bool:
     """SGLang is configured here, or NVML sees a GPU."""
-    if settings.generate.engine == "sglang":
+    if settings.generate.engine is EngineKind.SGLANG:
         return True
     try:
         return bool(visible_gpus())

@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
+from common.choices import EngineKind, EnumChoice, MtpMode
 from common.cli import command_option, common_options, engine_launch_options, setting_option
-from common.config import MTP_MODES, Settings
+from common.config import Settings
 from common.engine.models import resolve_model_path
 from common.engine.mtp import choose_mtp, target_shape
 from workers.launch import Launch, exec_worker
@@ -20,7 +21,7 @@ SGLANG_SHARDS = 2
 
 def mtp_preflight(settings: Settings) -> None:
     """``--mtp on`` where MTP cannot run: one error line now (exit 2), not per shard."""
-    if settings.generate.mtp == "on":
+    if settings.generate.mtp is MtpMode.ON:
         choose_mtp(settings, target_shape(resolve_model_path(settings)))
 
 
@@ -35,11 +36,11 @@ GENERATE = Launch("generate", app="workers.app", gpus=lambda settings: settings.
                 help="Shards held at once (they share one engine) [default: 2 with --engine "
                      "sglang, so the next shard fills the engine while one drains; 1 with the "
                      "CPU engine].")
-@setting_option("engine", type=click.Choice(["cpu", "sglang"]), help="Generation engine.")
+@setting_option("engine", type=EnumChoice(EngineKind), help="Generation engine.")
 @setting_option("engine_url",
                 help="Use this running SGLang-protocol server instead of starting one.")
 @engine_launch_options
-@setting_option("mtp", type=click.Choice(MTP_MODES),
+@setting_option("mtp", type=EnumChoice(MtpMode),
                 help="Generate through the target's own MTP head (SGLang's NEXTN), decided per "
                      "run at its first task: auto follows the run's `bench --run` verdict for "
                      "this GPU model, TP and engine arguments at the concurrency nearest "
@@ -61,6 +62,6 @@ def worker_generate(settings: Settings, gpu: int | None, concurrency: int | None
     """Run a Celery worker on queue `generate` with its engine (CPU model or SGLang server)."""
     if concurrency is None:
         engine = overrides.get("engine") or settings.generate.engine
-        concurrency = SGLANG_SHARDS if engine == "sglang" else 1
+        concurrency = SGLANG_SHARDS if engine is EngineKind.SGLANG else 1
     exec_worker(settings, GENERATE, gpu=gpu, concurrency=concurrency, name=name,
                 loglevel=loglevel, overrides=overrides)

@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from common.choices import EngineKind, MtpMode
 from common.config import Settings
 from common.engine.models import resolve_model_path, stop_token_ids
 from common.engine.mtp import MtpChoice, MtpWorker, target_shape
@@ -45,7 +46,7 @@ def build_engine(settings: Settings, mtp: MtpChoice) -> Engine:
     model_path, gen = resolve_model_path(settings), settings.generate
     if gen.engine not in ("cpu", "sglang"):
         raise ConfigError(f"unknown engine {gen.engine!r}; choose cpu or sglang")
-    if gen.engine == "cpu":
+    if gen.engine is EngineKind.CPU:
         cpu = CpuEngine(model_path, batch_size=gen.batch_size)
         cpu.mtp = mtp
         return cpu
@@ -120,7 +121,7 @@ class GenerateContext:
         if config.run not in self._runs:
             settings = self.worker.settings
             verdict = (read_verdict(self.worker.storage, config.run, self.decider)
-                       if self.mtp.mode == "auto" and self.mtp.can() else None)
+                       if self.mtp.mode is MtpMode.AUTO and self.mtp.can() else None)
             choice = decide(self.mtp, config.run, config.sampling, verdict,
                             settings.generate.max_in_flight, settings.generate.engine_args,
                             os.environ)

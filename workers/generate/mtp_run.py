@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 import redis
 
+from common.choices import MtpMode
 from common.engine.lossless import inexact, lossless_refusal
 from common.engine.mtp import MtpChoice, MtpWorker
 from common.engine.sampling import Sampling
@@ -43,16 +44,16 @@ def decide(worker: MtpWorker, run: str, sampling: Sampling, verdict: Verdict | N
         if refusal is not None:
             raise ConfigError(f"run {run}: {refusal}")
         return choice
-    if worker.mode == "off" or not worker.can():
+    if worker.mode is MtpMode.OFF or not worker.can():
         return worker.start()
     refusal = lossless_refusal("NEXTN", worker.device, sampling, engine_args, env)
     if refusal is not None:
-        if worker.mode == "on":
+        if worker.mode is MtpMode.ON:
             raise ConfigError(f"run {run}: --mtp on: {refusal}")
         why = "; ".join(inexact("NEXTN", worker.device, sampling, engine_args, env))
         return worker.turned(False, f"the run's sampling is not kept exactly by SGLang's "
                                     f"speculative verify: {why}")
-    if worker.mode == "on":
+    if worker.mode is MtpMode.ON:
         return worker.turned(True, f"asked on: {worker.recipe()}")
     pick = verdict.at(in_flight) if verdict is not None else None
     if pick is None:

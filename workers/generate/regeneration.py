@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.choices import FinishReason
 from common.engine.sampling import Sampling
 from common.errors import EngineRefusesAll, RequestRefused
 from common.gates.judge import (
@@ -207,7 +208,7 @@ def _quality(convo: _Conversation, gates: GateConfig, thinking: bool) -> dict[st
 
 def _refused_turn(request: GenRequest, refused: RequestRefused) -> dict[str, Any]:
     """A turn the engine never generated: its prompt, no output, and why."""
-    return {"prompt_ids": request.input_ids, "output_ids": [], "finish_reason": "abort",
+    return {"prompt_ids": request.input_ids, "output_ids": [], "finish_reason": FinishReason.ABORT,
             "prompt_tokens": len(request.input_ids), "completion_tokens": 0, "latency_s": 0.0,
             "refused": {"reason": str(refused.reason), "message": str(refused)}}
 

@@ -16,6 +16,7 @@ import redis
 from celery import Task
 
 from common import keys
+from common.choices import Mode
 from common.engine.models import template_sha
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.queue import redis_keys
@@ -122,7 +123,7 @@ def hand_off(delivery: Delivery) -> None:
     """Queue the committed shard downstream: hidden states (offline) or training (online)."""
     ctx, task = delivery.ctx, delivery.task
     config = RunStore(ctx.storage, task.run).config()
-    if config.mode == "online":  # the trainer skips a shard its ledger has already
+    if config.mode is Mode.ONLINE:  # the trainer skips a shard its ledger has already
         publish_downstream(delivery, TRAIN, done=False)
     else:
         publish_downstream(delivery, HIDDEN,

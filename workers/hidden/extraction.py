@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common.drafter.layers import Layout, layer_ids
+from common.choices import Layout
+from common.drafter.layers import layer_ids
 from common.engine.target import TargetShape
 from common.errors import HiddenStateError
 from common.hidden.store import HiddenMeta, HiddenRecord, check_record

@@ -17,6 +17,7 @@ from typing import Any
 from celery import Task
 
 from common import keys
+from common.choices import Layout
 from common.errors import ShuttingDown
 from common.faults import inject
 from common.hidden.store import HiddenShardWriter, write_hidden_commit
@@ -73,7 +74,7 @@ def process_hidden(delivery: Delivery) -> TaskOutcome:
 
 def hand_off(delivery: Delivery) -> None:
     """A drafter trainer, if one runs for this run, learns from the stored features."""
-    if RunStore(delivery.ctx.storage, delivery.task.run).config().layout == "dflash":
+    if RunStore(delivery.ctx.storage, delivery.task.run).config().layout is Layout.DFLASH:
         publish_downstream(delivery, TRAIN, done=False)
 
 
@@ -86,7 +87,7 @@ def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:
     path = resolve_model_path(replace(ctx.settings, model=config.model))
     frozen = tuple(config.target_layer_ids) if config.target_layer_ids else None
     wanted = ExtractorConfig(str(path), layout=config.layout, k=config.target_layers,
-                             layer_ids=frozen if config.layout == "dflash" else None,
+                             layer_ids=frozen if config.layout is Layout.DFLASH else None,
                              device=ctx.settings.hidden.device)
     with _extractor_lock:
         if wanted not in _extractors:

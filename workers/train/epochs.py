@@ -20,6 +20,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from common.choices import Mode
 from common.drafter.store import Ledger
 from common.queue.celery_app import TRAIN, app
 from common.queue.dispatch import publish_shard
@@ -40,7 +41,7 @@ QUIET_REVISION = 0.02
 
 def upstream_stage(config: RunConfig) -> str:
     """The stage whose commits the trainer takes: generation online, hidden states offline."""
-    return "generate" if config.mode == "online" else "hidden"
+    return "generate" if config.mode is Mode.ONLINE else "hidden"
 
 
 def note_shard(ledger: Ledger, shard: int, rows: int, rows_per_step: int) -> None:

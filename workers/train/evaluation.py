@@ -23,9 +23,10 @@ from torch import nn
 
 from common import keys
 from common.engine.models import render_chat
+from common.engine.sampling import Sampling
 from common.faults import inject
 from common.reads import rows_or_none
-from common.runs.records import InputManifest, RunConfig, Sampling
+from common.runs.records import InputManifest, RunConfig
 from common.runs.schemas import INPUT_ROW
 from common.storage import Storage
 from workers.train.drafter.specdec import (

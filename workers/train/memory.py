@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from common.choices import Checkpointing
 from common.config import Settings
 from common.errors import PlanDoesNotFit
 from common.plan.memory import GiB, Micro
@@ -83,8 +84,8 @@ def configure(trainer: Any, plan: TrainingPlan | None, settings: Settings) -> No
     budget = settings.train.batch_tokens or (plan.budget if plan else CPU_BATCH_TOKENS)
     trainer.batch_tokens = max(1, budget)   # 0 from the plan: every row alone
     block = trainer.block_size
-    if plan is None or mode != "auto":
-        trainer.checkpointing = lambda part: mode == "on"
+    if plan is None or mode is not Checkpointing.AUTO:
+        trainer.checkpointing = lambda part: mode is Checkpointing.ON
     else:
         trainer.checkpointing = lambda part: plan.checkpointing_for(micro_of(part, block))
 

@@ -27,8 +27,9 @@ from common.errors import GroupLost, NothingToTrain, RankFailed
 from common.faults import inject
 from workers.train.drafter.features import FeaturedRow
 from workers.train.drafter.microbatch import Accumulated, Drawn, label_weight, micro_batches
+from workers.train.drafter.recipe import StepMetrics
 from workers.train.drafter.schedule import Schedule
-from workers.train.drafter.train import DrafterTrainer, StepMetrics
+from workers.train.drafter.train import DrafterTrainer
 from workers.train.process_group import Group, current_group
 
 log = logging.getLogger(__name__)

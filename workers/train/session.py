@@ -90,8 +90,9 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
         new_drafter,
         origin_phrase,
     )
+    from workers.train.drafter.recipe import TrainConfig
     from workers.train.drafter.target_loader import load_target
-    from workers.train.drafter.train import DrafterTrainer, TrainConfig
+    from workers.train.drafter.train import DrafterTrainer
     from workers.train.memory import check_resident, configure, rank_plan
 
     path = resolve_model_path(replace(ctx.settings, model=config.model))

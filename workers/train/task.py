@@ -23,6 +23,7 @@ import redis
 from celery import Task
 
 from common import keys
+from common.choices import Mode
 from common.drafter.store import save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
@@ -34,6 +35,7 @@ from common.runs.trainrows import TrainingRow
 from workers.context import WorkerContext
 from workers.lease import Lease
 from workers.stage import TRAIN, Delivery, run_delivery
+from workers.train.drafter.features import TrainRow, plain_row
 from workers.train.epochs import (
     end_epoch,
     epoch_complete,
@@ -46,7 +48,6 @@ from workers.train.memory import fits_row
 from workers.train.process_group import current_group, group_fields
 from workers.train.session import Session, get_session
 from workers.train.tensorboard import log_step
-from workers.train.trainer import TrainRow, plain_row
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def process_train(delivery: Delivery) -> TaskOutcome:
                      f"training finished ({ledger.finished})" if ledger.finished else
                      f"already trained in epoch {ledger.epoch + 1}")
             return TaskOutcome.ALREADY_COMMITTED
-        rows = training_rows(ctx, store, session, task, online=config.mode == "online")
+        rows = training_rows(ctx, store, session, task, online=config.mode is Mode.ONLINE)
         note_shard(ledger, task.shard, len(rows), ctx.settings.train.rows_per_step)
         revise_schedule(ctx, session, store, config, f"shard {task.shard} read")
         train_rows(ctx, lease, session, config, task, rows)

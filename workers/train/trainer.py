@@ -11,8 +11,8 @@ from workers.train.drafter.features import TrainRow, plain_row  # noqa: F401 - r
 
 if TYPE_CHECKING:
     from workers.train.drafter.model import DFlashDraftModel
+    from workers.train.drafter.recipe import StepMetrics
     from workers.train.drafter.schedule import Schedule
-    from workers.train.drafter.train import StepMetrics
 
 
 class Trainer(Protocol):

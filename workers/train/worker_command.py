@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from common.choices import Checkpointing, EnumChoice
 from common.cli import setting_option
-from common.config import CHECKPOINTING_MODES
 from workers.train.group import TRAIN_LAUNCH
 from workers.worker_cli import stage_worker
 
@@ -31,7 +31,7 @@ worker_train = stage_worker(
                         "above it goes alone (0: the memory plan's budget for this GPU, 32768 "
                         "on the CPU)."),
     setting_option("train_activation_checkpointing", "--activation-checkpointing",
-                   type=click.Choice(CHECKPOINTING_MODES),
+                   type=EnumChoice(Checkpointing),
                    help="Recompute the drafter's layers in the backward (auto: for the "
                         "micro-batches that would not fit without, by the memory plan)."),
     setting_option("train_eval_steps", "--eval-steps", type=click.IntRange(min=0),

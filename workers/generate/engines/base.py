@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from common.choices import FinishReason
 from common.engine.sampling import Sampling
 from common.errors import RequestRefused
 from common.gates.judge import Reason
@@ -64,7 +65,7 @@ def fit_request(request: GenRequest, limits: ServerLimits | None) -> tuple[GenRe
 @dataclass(frozen=True, slots=True)
 class GenResult:
     output_ids: list[int]
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
     latency_s: float

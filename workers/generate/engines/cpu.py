@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.choices import FinishReason
 from common.errors import EngineError
 from workers.generate.engines.base import GenRequest, GenResult
 
@@ -123,7 +124,7 @@ class CpuEngine:
         stopped = bool(output) and output[-1] in self.stop_ids
         return GenResult(
             output_ids=output,
-            finish_reason="stop" if stopped else "length",
+            finish_reason=FinishReason.STOP if stopped else FinishReason.LENGTH,
             prompt_tokens=len(request.input_ids),
             completion_tokens=len(output),
             latency_s=latency,

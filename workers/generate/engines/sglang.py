@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from common.choices import FinishReason
 from common.engine.mtp import MtpChoice
 from common.engine.serving import sampling_params
 from common.engine.speculative import server_algorithm, spec_figures
@@ -36,11 +37,10 @@ class RetryableEngineError(EngineError):
     """The engine is restarting, overloaded or aborted the request: try again."""
 
 
-def parse_finish_reason(meta: dict[str, Any]) -> str:
+def parse_finish_reason(meta: dict[str, Any]) -> FinishReason:
     """SGLang reports ``{"type": "stop"|"length"|"abort", ...}``; older builds a bare string."""
     reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
-    return kind if kind in ("stop", "length", "abort") else "abort"
+    return FinishReason.parse(reason.get("type") if isinstance(reason, dict) else reason)
 
 
 def parse_response(body: Any, request: GenRequest, latency: float) -> GenResult:
@@ -56,7 +56,7 @@ def parse_response(body: Any, request: GenRequest, latency: float) -> GenResult:
         raise EngineError("/generate response has no integer output_ids; SGLang must return "
                           "token ids (input_ids requests do)")
     finish = parse_finish_reason(meta)
-    if finish == "abort":
+    if finish is FinishReason.ABORT:
         raise RetryableEngineError(f"request aborted by the engine: {meta.get('finish_reason')}")
     prompt_tokens = int(meta.get("prompt_tokens", len(request.input_ids)))
     completion_tokens = int(meta.get("completion_tokens", len(output_ids)))

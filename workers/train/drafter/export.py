@@ -26,10 +26,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from common.drafter.shape import SLIDING
 from common.engine.target import TargetShape
 from common.errors import DrafterMismatch
+from workers.train.drafter.config import DFlashConfig
 from workers.train.drafter.export_files import CONFIG_FILE, WEIGHTS_FILE, check_export_dir
-from workers.train.drafter.model import SLIDING, DFlashConfig, DFlashDraftModel
+from workers.train.drafter.model import DFlashDraftModel
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,12 @@ import torch
 from torch import nn
 
 from common.drafter.origin import DrafterOrigin, OriginKind, describe_origin, verify_weights
+from common.drafter.shape import DrafterShapeError
 from common.engine.target import TargetShape
 from common.runs.records import RunConfig
-from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
-from workers.train.drafter.shape import DrafterShapeError, differences, shaped_config
+from workers.train.drafter.config import DFlashConfig
+from workers.train.drafter.model import DFlashDraftModel
+from workers.train.drafter.shape import differences, shaped_config
 
 log = logging.getLogger(__name__)
 

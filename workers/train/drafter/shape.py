@@ -19,7 +19,7 @@ from common.drafter.shape import (  # noqa: F401 - re-exported: the trainer's on
     read_shape,
 )
 from common.engine.target import TargetShape
-from workers.train.drafter.model import DFlashConfig
+from workers.train.drafter.config import DFlashConfig
 
 
 def shaped_config(base: DFlashConfig, shape: dict[str, Any],

@@ -44,6 +44,7 @@ from workers.train.drafter.blocks import (
     sample_anchors,
     slot_weights,
 )
+from workers.train.drafter.config import DFlashConfig
 from workers.train.drafter.features import FeaturedRow, TrainRow, plain_row
 from workers.train.drafter.masks import batch_masks, flex_available
 from workers.train.drafter.microbatch import (
@@ -54,7 +55,7 @@ from workers.train.drafter.microbatch import (
     label_weight,
     micro_batches,
 )
-from workers.train.drafter.model import DFlashConfig, DFlashDraftModel
+from workers.train.drafter.model import DFlashDraftModel
 from workers.train.drafter.recipe import (  # noqa: F401 - re-exported
     StepMetrics,
     TrainConfig,

@@ -1,0 +1,80 @@
+"""Every closed set of values a user or an engine names, as ``str`` enums: parsed once at the edge
+(the CLI, run.json, a ``DFLASH_*`` variable, an engine's answer) and compared as members after.
+
+A member equals its text (``Mode.ONLINE == "online"``), so run.json and ``--json`` keep their
+strings; :class:`EnumChoice` makes a click option of one and hands the command the member.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import click
+
+
+class Mode(StrEnum):
+    """What follows a shard's commit: stored hidden states (offline) or training (online)."""
+
+    OFFLINE = "offline"
+    ONLINE = "online"
+
+
+class Layout(StrEnum):
+    """Which target layers feed the drafter."""
+
+    DFLASH = "dflash"
+    EAGLE3 = "eagle3"
+
+
+class MtpMode(StrEnum):
+    """Generation through the target's own MTP head: auto decides per run by its bench."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class Checkpointing(StrEnum):
+    """Recompute the drafter's layers in the backward: auto where the memory plan says so."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class EngineKind(StrEnum):
+    """The generate stage's engine: the embedded CPU engine or an SGLang server."""
+
+    CPU = "cpu"
+    SGLANG = "sglang"
+
+
+class FinishReason(StrEnum):
+    """Why an engine stopped a turn (SGLang's ``meta_info.finish_reason.type``)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+    @classmethod
+    def parse(cls, raw: object) -> FinishReason:
+        """An engine's or a stored sample's reason; anything else reads as an abort."""
+        try:
+            return cls(str(raw))
+        except ValueError:
+            return cls.ABORT
+
+
+class EnumChoice(click.Choice[str]):
+    """A click choice of an enum's values that hands the command the member."""
+
+    def __init__(self, enum: type[StrEnum], case_sensitive: bool = True) -> None:
+        super().__init__([member.value for member in enum], case_sensitive)
+        self.enum = enum
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, self.enum):   # a default given as the member
+            return value
+        return self.enum(super().convert(value, param, ctx))
