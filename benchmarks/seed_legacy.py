@@ -2,7 +2,7 @@
 
 Each is the earlier code, verbatim where it still fits: commits read one GET at a time and
 kept whole, every uncommitted part read in series, report and export reading in series. The
-monitor's old rebuild is still in the project (:mod:`common.gates.monitor_parts`).
+monitor's old rebuild is still in the project (:mod:`embedded.reference_monitor`).
 """
 
 from __future__ import annotations

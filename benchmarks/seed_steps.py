@@ -89,7 +89,7 @@ def run_step(step: str, old: bool, url: str, broker: str, out: Path) -> list[lis
             timed("warm", reader.read, reads)
     elif step == "rebuild":
         from common.gates.monitor import rebuild
-        from common.gates.monitor_parts import rebuild_from_parts
+        from embedded.reference_monitor import rebuild_from_parts
 
         timed("", lambda: (rebuild_from_parts if old else rebuild)(client, storage, RUN, GATES),
               reads)

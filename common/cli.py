@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import MISSING
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -31,6 +31,7 @@ from common.options import OPTIONS
 from common.runs.options import run_option_fields
 
 log = logging.getLogger("dflash")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def setup_logging(verbose: bool) -> None:
@@ -42,7 +43,7 @@ def setup_logging(verbose: bool) -> None:
     logging.getLogger("producer").setLevel(logging.INFO)
 
 
-def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
+def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[F], F]:
     """A click option for the setting ``name`` (a flat name): its variable and shown default come
     from :class:`common.config.Settings`; unset (None) means "as the settings say"."""
     default = FIELDS[name][1].default
@@ -52,7 +53,7 @@ def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[...,
                         show_envvar=True, **kw)
 
 
-def command_option(name: str, *decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Any]:
+def command_option(name: str, *decls: str, **kw: Any) -> Callable[[F], F]:
     """A click option declared in :mod:`common.options`: its default and variable come from
     there (shown unless it is None or off); ``decls`` may name the parameter (``"as_json"``)."""
     default = OPTIONS[name].default

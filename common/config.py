@@ -244,6 +244,10 @@ class Settings:
         if values:
             raise TypeError(f"unknown settings: {', '.join(sorted(values))}")
 
+    def replace(self, **flat: Any) -> Settings:
+        """These settings with fields given by flat name (``model=``, ``train_nnodes=``)."""
+        return replace(self, **flat)
+
     def __repr__(self) -> str:
         shown = ", ".join(f"{flat}={self._shown(flat)!r}" for flat in FIELDS)
         return f"Settings({shown})"
@@ -285,7 +289,7 @@ def _as_field(value: Any, f: Field[Any]) -> Any:
 
 def _coerce(name: str, raw: str, f: Field[Any]) -> object:
     """A variable's text as its field's type; the error is one line naming the variable."""
-    kind = type(f.default)
+    kind: Any = type(f.default)
     if issubclass(kind, Enum):
         try:
             return kind(raw)

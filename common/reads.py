@@ -153,6 +153,13 @@ def read_json(storage: Storage, key: str, schema: TypeAdapter[T]) -> T:
     return validated(key, parse_json(key, data), schema)
 
 
+def read_record(storage: Storage, key: str, schema: TypeAdapter[Any]) -> dict[str, Any]:
+    """A JSON object validated by its schema (a TypedDict), as the plain dict a record's
+    ``from_json`` takes."""
+    record: dict[str, Any] = dict(read_json(storage, key, schema))
+    return record
+
+
 def decode_json(storage: Storage, key: str, data: bytes, schema: TypeAdapter[T]) -> T:
     """A JSON record already fetched (through :func:`bounded_get`), validated."""
     return validated(key, parse_json(key, data), schema)

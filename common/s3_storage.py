@@ -29,7 +29,7 @@ class S3Storage(Storage):
         self.root = f"s3://{bucket}/{self.prefix}"
 
     @cached_property
-    def client(self):  # noqa: ANN201 - boto3 clients have no importable type
+    def client(self) -> Any:   # boto3 clients have no importable type
         return s3_client()
 
     def put_once(self, key: str, data: bytes) -> bool:
@@ -78,8 +78,8 @@ class S3Storage(Storage):
             body = found["Body"]
             try:
                 if limit is None:
-                    return body.read()
-                return body.read(min(int(found.get("ContentLength", limit + 1)), limit + 1))
+                    return bytes(body.read())
+                return bytes(body.read(min(int(found.get("ContentLength", limit + 1)), limit + 1)))
             finally:
                 body.close()   # past the limit: the rest is never downloaded
         except ClientError as exc:
@@ -104,8 +104,8 @@ class S3Storage(Storage):
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)[
-                "ContentLength"]
+            return int(self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)[
+                "ContentLength"])
         except ClientError as exc:
             raise _s3_error(exc, f"cannot stat {self.root}{key}", key) from exc
         except BotoCoreError as exc:
@@ -175,14 +175,17 @@ def _s3_error(exc: Exception, doing: str, key: str | None = None) -> StorageErro
 
 
 def _status(exc: Exception) -> int | None:
-    return getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status: int | None = getattr(exc, "response", {}).get("ResponseMetadata", {}).get(
+        "HTTPStatusCode")
+    return status
 
 
 def _code(exc: Exception) -> str | None:
-    return getattr(exc, "response", {}).get("Error", {}).get("Code")
+    code: str | None = getattr(exc, "response", {}).get("Error", {}).get("Code")
+    return code
 
 
-def s3_client():  # noqa: ANN201
+def s3_client() -> Any:   # boto3 clients have no importable type
     """A boto3 S3 client with adaptive retries; endpoint and credentials from the AWS chain."""
     import boto3
     from botocore.config import Config

@@ -15,6 +15,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from common.config import ReadSettings
 from common.errors import ConfigError, NotFound, StorageError
@@ -145,7 +146,7 @@ def open_storage(url: str, limits: ReadSettings | None = None) -> Storage:
     return storage
 
 
-def s3_client():  # noqa: ANN201 - boto3 clients have no importable type
+def s3_client() -> Any:   # boto3 clients have no importable type
     """A boto3 S3 client (:func:`common.s3_storage.s3_client`)."""
     from common.s3_storage import s3_client as client
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import click
@@ -101,7 +100,7 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
         """Measure output tokens/s, requests/s, latency and accept length at several
         concurrencies; with --run, on the run's own prompts, with MTP off and on, and project
         the run's hours."""
-        settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        settings = settings.replace(**{k: v for k, v in overrides.items() if v is not None})
         levels = _levels(concurrency, settings.generate.max_in_flight)
         modes = _modes(mtp_modes)
         if run is None:
@@ -112,7 +111,7 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
             if given is not None:
                 raise OptionRefused(f"{name} is for synthetic prompts; --run asks with the "
                                     "run's own")
-        settings = replace(settings, engine_url=engine_url or "")
+        settings = settings.replace(engine_url=engine_url or "")
         if gpus < settings.generate.tp:
             raise OptionRefused(f"--gpus {gpus} holds no engine of --tp {settings.generate.tp}")
         from producer.bench_run import bench_run

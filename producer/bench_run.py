@@ -99,7 +99,7 @@ def configurations(settings: Settings, modes: list[str] | None, shape: Any,
     choices: dict[str, MtpChoice] = {}
     for mode in modes or ["off", "on"]:
         try:
-            worker = MtpWorker.of(replace(settings, mtp=mode), shape)
+            worker = MtpWorker.of(settings.replace(mtp=mode), shape)
         except OptionRefused:
             if asked:
                 raise
@@ -147,7 +147,7 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
         raise ConfigError(f"run {run!r} is still being enqueued: its size is not known yet")
     if settings.generate.engine is not EngineKind.SGLANG and not settings.generate.engine_url:
         raise OptionRefused("bench --run measures SGLang: --engine sglang (or --engine-url)")
-    model_path = resolve_model_path(replace(settings, model=model or config.model))
+    model_path = resolve_model_path(settings.replace(model=model or config.model))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -7,7 +7,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import click
@@ -106,7 +105,7 @@ def input_source(spec: str) -> str:
 
 def context_check(settings: Settings, config: RunConfig) -> ContextCheck | None:
     """The enqueue-time context check for the run's model (None if its context is unknown)."""
-    model_settings = replace(settings, model=config.model)
+    model_settings = settings.replace(model=config.model)
     return ContextCheck.for_model(resolve_model_path(model_settings),
                                   config.gates.min_answer_tokens, config.sampling,
                                   config.chat_template_kwargs)

@@ -23,6 +23,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import redis
@@ -211,7 +212,7 @@ def run_demo(options: DemoOptions) -> int:
     return code
 
 
-def generation_summary(status: dict, wall: float) -> str:
+def generation_summary(status: dict[str, Any], wall: float) -> str:
     """Samples, rate and the quality gates' verdict, as the demo prints them."""
     done, gates = status["samples"]["done"], status["gates"]
     reasons = "".join(f", {r} {n}" for r, n in gates["reasons"].items())

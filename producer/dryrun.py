@@ -9,7 +9,7 @@ the first N rows rendered as the model will see them (chat template, thinking fl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import Settings
@@ -110,7 +110,7 @@ def dry_run(settings: Settings, config: RunConfig, check: RowCheck | None,
             if tokenizer is None:
                 from transformers import AutoTokenizer
 
-                path = resolve_model_path(replace(settings, model=config.model))
+                path = resolve_model_path(settings.replace(model=config.model))
                 tokenizer = AutoTokenizer.from_pretrained(path)
             report.shown.append(rendered(tokenizer, row,
                                          config.sampling.thinking_for(row["id"]),

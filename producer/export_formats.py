@@ -70,7 +70,7 @@ def _quality(sample: dict[str, Any], include_rejected: bool) -> dict[str, Any]:
             "quality_reasons": list(quality.get("reasons", []))}
 
 
-def rows_of(sample: dict[str, Any], fmt: str, include_rejected: bool) -> Iterator[dict]:
+def rows_of(sample: dict[str, Any], fmt: str, include_rejected: bool) -> Iterator[dict[str, Any]]:
     """The export rows of one sample (one per assistant turn for ``speculators``)."""
     extra = _quality(sample, include_rejected)
     if fmt == "parquet":

@@ -147,7 +147,7 @@ def model_dims(settings: Settings, model: str) -> tuple[int, int]:
     reads them (``text_config`` when nested)."""
     from common.engine.models import resolve_model_path
 
-    settings = replace(settings, model=model)
+    settings = settings.replace(model=model)
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
     path = resolve_model_path(settings)

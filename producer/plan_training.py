@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 
 import click
 
@@ -37,7 +36,7 @@ def _target(settings: Settings, model: str) -> TargetDims:
     """A path (directory, config.json, shape file) as given; an embedded name, its directory."""
     from common.engine.models import resolve_model_path
 
-    settings = replace(settings, model=model)
+    settings = settings.replace(model=model)
     if settings.model_is_tiny:
         click.echo("Preparing the embedded CPU model (built once, then cached)...", err=True)
     return TargetDims.load(resolve_model_path(settings) if settings.model_is_tiny else model)

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ class _Tally:
         self.dups: dict[str, list[Any]] = {}  # answer_hash -> [count, ids]
         self.examples: dict[str, list[dict[str, str]]] = {}
 
-    def add(self, record: dict[str, Any], rejected: bool) -> None:
+    def add(self, record: Mapping[str, Any], rejected: bool) -> None:
         sample_id = str(record.get("id", ""))
         if sample_id:
             if sample_id in self.seen:

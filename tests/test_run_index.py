@@ -15,7 +15,7 @@ import pytest
 
 from common import keys
 from common.gates.monitor import rebuild
-from common.gates.monitor_parts import rebuild_from_parts
+from embedded.reference_monitor import rebuild_from_parts
 from common.reads import forget_foreign
 from common.runs.commit_set import CommitSet
 from common.runs.index import DIGESTS, KINDS, STORED, RunIndex, identity_of, write_chunk

@@ -15,7 +15,7 @@ import pytest
 from common import keys
 from common.gates.judge import GateConfig
 from common.gates.monitor import rebuild, resume_gates
-from common.gates.monitor_parts import rebuild_from_parts
+from embedded.reference_monitor import rebuild_from_parts
 from common.queue import redis_keys
 from common.runs.records import InputManifest, RunConfig, ShardCommit, ShardTask, dumps
 from common.storage import LocalStorage

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from common.config import Settings, env_name
@@ -59,7 +59,7 @@ def exec_worker(settings: Settings, launch: Launch, *, gpu: int | None, concurre
     given = {"storage": settings.broker.storage, "broker_url": settings.broker.url, "gpu": gpu,
              **overrides}
     env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
-    resolved = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    resolved = settings.replace(**{k: v for k, v in overrides.items() if v is not None})
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, launch.gpus(resolved))
     # A read-only key: one line now, no parking.

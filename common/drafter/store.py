@@ -12,13 +12,13 @@ from __future__ import annotations
 import io
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common import keys
 from common.errors import ForeignObject, NotFound, SchemaMismatch
-from common.reads import note, read_json
+from common.reads import note, read_record
 from common.runs.records import dumps
 from common.runs.schema import CHECKPOINT_SCHEMA, check_schema
 from common.runs.schemas import CHECKPOINT_COMMIT
@@ -51,14 +51,13 @@ class Ledger:
         return {**asdict(self), "finished": str(self.finished)}   # plain text, never the enum
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Ledger:
-        ints = lambda d: {str(k): int(v) for k, v in (d or {}).items()}  # noqa: E731
+    def from_json(cls, data: Mapping[str, Any]) -> Ledger:
         return cls(int(data.get("epoch", 0)), [int(s) for s in data.get("done", [])],
-                   ints(data.get("partial")), ints(data.get("shard_rows")),
-                   ints(data.get("shard_steps")),
+                   _ints(data.get("partial")), _ints(data.get("shard_rows")),
+                   _ints(data.get("shard_steps")),
                    [None if t is None else float(t) for t in data.get("tau_by_epoch", [])],
                    int(data.get("total_steps", 0)), str(data.get("finished", "")),
-                   {str(k): ints(v) for k, v in (data.get("set_aside") or {}).items()})
+                   {str(k): _ints(v) for k, v in (data.get("set_aside") or {}).items()})
 
     def set_aside_counts(self) -> dict[str, int]:
         """Rows set aside per reason, over the shards trained so far."""
@@ -100,7 +99,7 @@ def readable_commits(storage: Storage, run: str, step: int | None = None
                                 if step is None or c[0] == step]):
         key = keys.drafter_checkpoint(run, step_, COMMIT_FILE, seq)
         try:
-            commit = read_json(storage, key, CHECKPOINT_COMMIT)
+            commit = read_record(storage, key, CHECKPOINT_COMMIT)
             check_schema(key, commit, CHECKPOINT_SCHEMA)
             Ledger.from_json(commit["ledger"])
             if commit["step"] != step_ or commit.get("seq", seq) != seq:
@@ -114,6 +113,11 @@ def readable_commits(storage: Storage, run: str, step: int | None = None
             _skipped(run, key, exc)
             continue
         yield (step_, seq), commit
+
+
+def _ints(data: Any) -> dict[str, int]:
+    """A stored map of counts by shard name (absent: none)."""
+    return {str(k): int(v) for k, v in (data or {}).items()}
 
 
 def _skipped(run: str, key: str, why: Exception) -> None:

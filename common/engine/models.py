@@ -51,9 +51,11 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
     """The prompt text the target sees: its chat template, generation prompt, thinking on/off,
     the row's tools (OpenAI structure) and the run's template options
     (``--chat-template-kwargs``, frozen in run.json)."""
-    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=True, enable_thinking=thinking,
-                                         **(template_kwargs or {}))
+    text: str = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                              add_generation_prompt=True,
+                                              enable_thinking=thinking,
+                                              **(template_kwargs or {}))
+    return text
 
 
 def stop_token_ids(model_path: Path) -> list[int]:

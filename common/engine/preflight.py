@@ -194,7 +194,7 @@ def _scrub(text: str, url: str) -> str:
     return text.replace(password, "***") if password else text
 
 
-def _setting(key: str, value: str, wanted: str, risk: str) -> CheckResult:
+def _setting(key: str, value: str | None, wanted: str, risk: str) -> CheckResult:
     if value == wanted:
         return CheckResult(f"redis {key}", ok=True, detail=f"{key} {value}")
     return CheckResult(f"redis {key}", ok=True, warn=True, detail=f"{key} {value}: {risk}",

@@ -44,7 +44,7 @@ def resolve_sampling(model_dir: Path, given: dict[str, Any]) -> tuple[dict[str, 
     target = generation_config(model_dir)
     if target.get("do_sample") is False:
         target = {**target, "temperature": 0.0}
-    defaults = {f.name: f.default for f in fields(Sampling)}
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(Sampling)}
     values, sources = {}, {}
     for name in FROM_TARGET:
         if given.get(name) is not None:

@@ -10,6 +10,7 @@ the run monitor, which sees every worker's samples).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
@@ -101,7 +102,7 @@ class TurnFacts:
     leaked: str | None
 
 
-def _last(ids: list[int], token: int | None) -> int:
+def _last(ids: Sequence[int], token: int | None) -> int:
     if token is None:
         return -1
     for index in range(len(ids) - 1, -1, -1):
@@ -110,7 +111,7 @@ def _last(ids: list[int], token: int | None) -> int:
     return -1
 
 
-def opened_by_prompt(info: TokenInfo, prompt_ids: list[int]) -> bool:
+def opened_by_prompt(info: TokenInfo, prompt_ids: Sequence[int]) -> bool:
     """The prompt ends inside a think block it opened (its last ``<think>`` is unclosed), as
     Qwen3.5/3.6's generation prompt does with thinking on (:mod:`common.gates.reasoning`)."""
     opened = _last(prompt_ids, info.think_open)

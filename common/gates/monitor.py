@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from common import keys
 from common.errors import ForeignObject, NotFound, RunPaused
 from common.gates.judge import GateConfig
 from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
 from common.queue import redis_keys
-from common.reads import note, read_json
+from common.reads import note, read_record
 from common.runs.records import dumps
 from common.runs.schemas import PAUSE, RESUME
 from common.storage import Storage
@@ -78,7 +79,7 @@ class GateState:
         if self.client.set(lock, "1", nx=True, ex=int(REBUILD_WAIT_S)):
             try:  # the lock is renewed as the rebuild goes, so no second worker starts one
                 rebuild(self.client, self.storage, self.run, self.gates,
-                        lambda: self.client.expire(lock, int(REBUILD_WAIT_S)))
+                        lambda: bool(self.client.expire(lock, int(REBUILD_WAIT_S))))
             finally:
                 self.client.delete(lock)
             return
@@ -131,8 +132,8 @@ def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
     events = []
     for _, key, kind in sorted(found):
         try:
-            events.append((kind, dict(read_json(storage, key,
-                                                PAUSE if kind == "pause" else RESUME))))
+            events.append((kind, read_record(storage, key,
+                                                PAUSE if kind == "pause" else RESUME)))
         except ForeignObject as exc:
             note(exc)
         except NotFound:
@@ -147,7 +148,7 @@ def pause_from_storage(storage: Storage, run: str) -> dict[str, Any] | None:
 
 
 def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,
-            heartbeat: Callable[[], None] = lambda: None) -> None:
+            heartbeat: Callable[[], object] = lambda: None) -> None:
     """Recompute the monitor's Redis state from commit summaries and uncommitted parts."""
     from common.gates.monitor_rebuild import rebuild_from_summaries
 
@@ -187,15 +188,15 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
         return None
     limits = monitor.thresholds()
     checked = int(client.hget(redis_keys.redis_gates(run), "checked") or 0)
+    rate = max_reject_rate if max_reject_rate is not None else limits.max_reject_rate
+    after = pause_after or limits.pause_after
     record = {"accepted": accept, "at": time.time(), "checked": checked,
-              "max_reject_rate": max_reject_rate if max_reject_rate is not None
-              else limits.max_reject_rate,
-              "pause_after": pause_after or limits.pause_after,
+              "max_reject_rate": rate, "pause_after": after,
               "lifted": pause["reason"] if pause else None}
     storage.put_once(keys.gate_event(run, "resume", stamp()), dumps(record))
     pipe = client.pipeline(transaction=True)
-    pipe.hset(redis_keys.redis_gates(run), mapping={"max_reject_rate": record["max_reject_rate"],
-                                              "pause_after": record["pause_after"]})
+    limits_now: dict[FieldT, EncodableT] = {"max_reject_rate": rate, "pause_after": after}
+    pipe.hset(redis_keys.redis_gates(run), mapping=limits_now)
     if accept:
         pipe.hset(redis_keys.redis_gates(run), "since", 0)
         pipe.delete(redis_keys.redis_gate_window(run))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from common import keys
 from common.gates.partstats import EXAMPLE_FIELDS, SampleStat
@@ -88,7 +89,7 @@ def _from_parts(storage: Storage, part_keys: list[str], threads: int) -> dict[st
 def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, size: int,
                            accepted_at: int, last_resume: dict[str, Any],
                            pause: dict[str, Any] | None,
-                           heartbeat: Callable[[], None] = lambda: None) -> int:
+                           heartbeat: Callable[[], object] = lambda: None) -> int:
     """Write the monitor's state for ``run``; returns the number of judged samples."""
     started = time.monotonic()
     answers, order = redis_keys.redis_answers(run), redis_keys.redis_answers_order(run)
@@ -144,7 +145,7 @@ def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, ac
     if total.partial:
         pipe.hset(redis_keys.redis_partial(run), mapping={keys.shard_name(s): n
                                                     for s, n in total.partial.items()})
-    counters: dict[str, Any] = {"checked": total.judged, "rejected": total.rejected,
+    counters: dict[FieldT, EncodableT] = {"checked": total.judged, "rejected": total.rejected,
                                 "since": since, "turns": total.turns,
                                 "turns_rejected": total.turns_rejected,
                                 "thinking_off": total.thinking_off,

@@ -29,7 +29,7 @@ class SampleStat:
     rows: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, sample: dict[str, Any]) -> SampleStat:
+    def of(cls, sample: Mapping[str, Any]) -> SampleStat:
         usage = sample.get("usage", {})
         quality = sample.get("quality", {})
         written = sample.get("written") or {}
@@ -40,7 +40,7 @@ class SampleStat:
                    row_lengths(sample))
 
 
-def row_lengths(sample: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+def row_lengths(sample: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
     """``(tokens, generated tokens)`` of each turn's training row (``common.runs.trainrows``)."""
     turns = sample.get("turns") or ([sample] if "output_ids" in sample else [])
     return tuple((len(t.get("prompt_ids", ())) + len(t.get("output_ids", ())),
@@ -65,7 +65,7 @@ class Judgement:
         return self.example is not None
 
     @classmethod
-    def of(cls, sample: dict[str, Any]) -> Judgement:
+    def of(cls, sample: Mapping[str, Any]) -> Judgement:
         quality = sample["quality"]
         return cls(bool(quality["passed"]), float(quality.get("judged_at") or 0.0),
                    tuple(int(t) for t in quality.get("supervised_tokens", ())),
@@ -100,7 +100,7 @@ def turn_counts(quality: dict[str, Any]) -> tuple[int, int]:
 EXAMPLE_FIELDS = ("id", "reasons", "details", "answer")  # the order the monitor stores them in
 
 
-def example(sample: dict[str, Any]) -> dict[str, Any]:
+def example(sample: Mapping[str, Any]) -> dict[str, Any]:
     """A short, readable view of a flagged sample for status and pause records."""
     quality = sample["quality"]
     stopped = quality.get("stopped") if quality["passed"] else None

@@ -23,14 +23,17 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: Samp
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         # The Rust tokenizer directly: same ids, without the Python wrapper's per-call overhead.
-        return backend.encode(text, add_special_tokens=False).ids
-    return tokenizer.encode(text, add_special_tokens=False)
+        ids: list[int] = backend.encode(text, add_special_tokens=False).ids
+        return ids
+    encoded: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    return encoded
 
 
 def decode(tokenizer: Any, ids: list[int]) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    return (backend.decode(ids, skip_special_tokens=False) if backend is not None
-            else tokenizer.decode(ids, skip_special_tokens=False))
+    text: str = (backend.decode(ids, skip_special_tokens=False) if backend is not None
+                 else tokenizer.decode(ids, skip_special_tokens=False))
+    return text
 
 
 def answer_message(tokenizer: Any, tokens: TokenInfo, prompt_ids: list[int],

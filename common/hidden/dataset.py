@@ -27,7 +27,7 @@ from common.hidden.store import committed_hidden_shards, iter_hidden_records
 from common.storage import Storage, open_storage
 
 
-class HiddenStatesDataset(IterableDataset):
+class HiddenStatesDataset(IterableDataset[Any]):
     """Every committed hidden-state record of a run, each once per epoch over all readers."""
 
     def __init__(self, storage: Storage | str, run: str, *, shuffle_buffer: int = 0,
@@ -46,6 +46,8 @@ class HiddenStatesDataset(IterableDataset):
     def _storage(self) -> Storage:
         # Opened in each DataLoader worker: boto3 clients must not cross processes.
         if self.storage is None:
+            if self.url is None:   # given a Storage, the dataset keeps it
+                raise ValueError("a dataset without storage has a URL to open")
             self.storage = open_storage(self.url)
         return self.storage
 

@@ -12,13 +12,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from common.errors import BadRow
 from common.inputs.text import check_text, type_name
 
-Turns = list[list[dict]]
+Turns = list[list[dict[str, Any]]]
 
 
-def with_system(turns: Turns, data: dict) -> bool:
+def with_system(turns: Turns, data: dict[str, Any]) -> bool:
     """Put the row's ``system`` field first, unless the conversation already has one; True
     unless the field holds a different system prompt than the conversation's (then unused)."""
     system = data.get("system")
@@ -33,7 +35,7 @@ def with_system(turns: Turns, data: dict) -> bool:
     return True
 
 
-def history_turns(data: dict) -> Turns:
+def history_turns(data: dict[str, Any]) -> Turns:
     """The user turns of a ``history`` of ``[user, assistant]`` pairs (answers regenerated)."""
     pairs = data.get("history")
     if pairs is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from common.inputs.rows import ANSWER_FIELDS, ID_FIELDS
 
@@ -40,7 +41,7 @@ def has_text(value: object) -> bool:
     return value is not None and next(texts_in(value), None) is not None
 
 
-def unused_fields(data: dict, used: set[str]) -> tuple[str, ...]:
+def unused_fields(data: dict[str, Any], used: set[str]) -> tuple[str, ...]:
     """Fields with text, of any type, that no prompt of this row reads."""
     ignored = ANSWER_FIELDS | METADATA_FIELDS | set(ID_FIELDS)
     return tuple(sorted(k for k, v in data.items() if isinstance(k, str) and k not in used
@@ -54,7 +55,8 @@ def example_of(value: object) -> str:
     return value[:EXAMPLE_CHARS]
 
 
-def match_case(data: dict, names: Iterable[str]) -> tuple[dict, tuple[tuple[str, str], ...]]:
+def match_case(data: dict[str, Any], names: Iterable[str],
+               ) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
     """``data`` with known field names found case-insensitively renamed to their known form,
     and the ``(found, known)`` pairs renamed; the row is returned as is when none needs it."""
     odd = [k for k in data if isinstance(k, str) and not k.islower() and data[k] is not None]

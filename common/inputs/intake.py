@@ -114,7 +114,7 @@ class Intake:
             reason = self.check(row) if self.check is not None else None
             yield Item(where, None, reason) if reason else Item(where, row, None)
 
-    def _earlier_file(self, turns: list[list[dict]], index: int, line: int) -> str | None:
+    def _earlier_file(self, turns: list[list[dict[str, Any]]], index: int, line: int) -> str | None:
         """Why a conversation is a duplicate of one in an earlier file, or None."""
         # Python's own 64-bit string hash: cached on each string, salted per process, which is
         # fine for a registry that lives as long as this one pass.

@@ -31,6 +31,7 @@ Fields beside the turns add to them (``common.inputs.extras``): ``system``, ``to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.errors import BadRow, ConfigError
 from common.inputs.extras import history_turns, nonempty, user_turn, with_system
@@ -59,7 +60,7 @@ _CONVERSATION_KEYS = {"messages": "messages", "sharegpt": "conversations", "mt_b
 KNOWN_FIELDS = (*_CONVERSATION_KEYS.values(), *PROMPT_FIELDS, "context", "system", "history",
                 *ID_FIELDS)
 
-Turns = list[list[dict]]
+Turns = list[list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Normalized:
     matched: tuple[tuple[str, str], ...] = field(default=())  # (field found, name it matched)
 
 
-def detect_layout(data: dict, prompt_field: str | None) -> str:
+def detect_layout(data: dict[str, Any], prompt_field: str | None) -> str:
     """Pick the layout of one object row from its keys, or raise BadRow listing them."""
     # Parquet and Arrow rows carry every column of the file: a None value is an absent field.
     for layout, key in _CONVERSATION_KEYS.items():
@@ -94,7 +95,7 @@ def detect_layout(data: dict, prompt_field: str | None) -> str:
                  f"instruction or prompt field (found keys: {keys})")
 
 
-def _joined(data: dict, first: str, second: str) -> str:
+def _joined(data: dict[str, Any], first: str, second: str) -> str:
     """``first``, a blank line, then ``second`` when the row has a non-empty one."""
     text = nonempty(data.get(first), first)
     extra = data.get(second)
@@ -109,7 +110,7 @@ def not_a_list(name: str, what: str) -> BadRow:
                   f"{name} to read it as one prompt")
 
 
-def mt_bench_turns(data: dict) -> Turns:
+def mt_bench_turns(data: dict[str, Any]) -> Turns:
     questions = data["turns"]
     if isinstance(questions, str):
         raise not_a_list("turns", "the user questions")
@@ -126,7 +127,7 @@ def mt_bench_turns(data: dict) -> Turns:
     return turns
 
 
-def ultrachat_turns(data: dict) -> Turns:
+def ultrachat_turns(data: dict[str, Any]) -> Turns:
     """Alternating user/assistant strings; the assistant ones are regenerated."""
     items = data["data"]
     if isinstance(items, str):
@@ -139,7 +140,7 @@ def ultrachat_turns(data: dict) -> Turns:
     return group_turns(roles)
 
 
-def prompt_field_of(data: dict, prompt_field: str | None) -> str:
+def prompt_field_of(data: dict[str, Any], prompt_field: str | None) -> str:
     if prompt_field is not None:
         if data.get(prompt_field) is None:
             raise BadRow(f"no prompt field {prompt_field!r} "
@@ -151,7 +152,8 @@ def prompt_field_of(data: dict, prompt_field: str | None) -> str:
     return found
 
 
-def _turns(data: dict, layout: str, prompt_field: str | None) -> tuple[list[Turns], set[str]]:
+def _turns(data: dict[str, Any], layout: str,
+           prompt_field: str | None) -> tuple[list[Turns], set[str]]:
     """The conversations of a row in ``layout`` and the fields they used."""
     if layout == "messages":
         pairs = parse_messages(data, "messages", ("role",), ("content",), OPENAI_ROLES)
@@ -178,7 +180,7 @@ def _turns(data: dict, layout: str, prompt_field: str | None) -> tuple[list[Turn
     return [earlier + user_turn(nonempty(data[name], name))], {name, *used}
 
 
-def _instances(data: dict) -> list[Turns]:
+def _instances(data: dict[str, Any]) -> list[Turns]:
     instruction = nonempty(data.get("instruction"), "instruction")
     items = data["instances"]
     if not isinstance(items, list) or not items:

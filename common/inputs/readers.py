@@ -20,7 +20,7 @@ import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from common.errors import InputError
 from common.inputs.json_rows import BOM, located_rows
@@ -117,10 +117,11 @@ def _read_chunks(stream: IO[bytes]) -> Iterator[bytes]:
     return iter(lambda: stream.read(CHUNK_SIZE), b"")
 
 
-def _decompressed(stream: IO[bytes], compression: str | None) -> tuple[IO[bytes], tuple]:
+def _decompressed(stream: IO[bytes], compression: str | None) -> tuple[IO[bytes], tuple[Any, ...]]:
     """Wrap a binary stream in its decompressor; also return the errors that mean corrupt data."""
     if compression == "gzip":
-        return gzip.GzipFile(fileobj=stream, mode="rb"), (OSError, EOFError, zlib.error)
+        unzipped = cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))  # a binary file
+        return unzipped, (OSError, EOFError, zlib.error)
     if compression == "zstd":
         import zstandard
 

@@ -62,19 +62,19 @@ class Conversation:
     tool definitions (OpenAI structure; None without tools)."""
 
     id: str
-    turns: list[list[dict]]
-    source: dict
-    tools: list[dict] | None = None
+    turns: list[list[dict[str, Any]]]
+    source: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """Return the JSON-ready form ``{"id", "turns", "source"}`` (and ``tools``, if any)."""
-        out = {"id": self.id, "turns": self.turns, "source": self.source}
+        out: dict[str, Any] = {"id": self.id, "turns": self.turns, "source": self.source}
         if self.tools:
             out["tools"] = self.tools
         return out
 
     @classmethod
-    def from_json(cls, d: dict) -> Conversation:
+    def from_json(cls, d: dict[str, Any]) -> Conversation:
         """Rebuild a Conversation from :meth:`to_json` output."""
         return cls(id=str(d["id"]), turns=d["turns"], source=d.get("source") or {},
                    tools=d.get("tools") or None)
@@ -100,7 +100,8 @@ class IdRegistry:
 
 
 def parse_messages(
-    data: dict, field: str, role_keys: tuple[str, ...], content_keys: tuple[str, ...], roles: dict
+    data: dict[str, Any], field: str, role_keys: tuple[str, ...],
+    content_keys: tuple[str, ...], roles: dict[str, Any]
 ) -> list[tuple[str, Any]]:
     """Return ``(role, content)`` pairs of a message list, validating types and roles; a tool
     call's or tool result's content is its whole normalized message."""
@@ -110,7 +111,7 @@ def parse_messages(
                      f"and content); use --prompt-field {field} to read it as one prompt")
     if not isinstance(items, list):
         raise BadRow(f"{field} must be a list, got {type_name(items)}")
-    messages = []
+    messages: list[tuple[str, Any]] = []
     for index, item in enumerate(items):
         where = f"{field}[{index}]"
         if not isinstance(item, dict):
@@ -143,11 +144,11 @@ def parse_messages(
     return messages
 
 
-def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict]]:
+def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict[str, Any]]]:
     """Group non-assistant messages so that one reply is generated after each group; a tool
     call is kept as context when its results follow it."""
-    turns: list[list[dict]] = []
-    group: list[dict] = []
+    turns: list[list[dict[str, Any]]] = []
+    group: list[dict[str, Any]] = []
     for index, (role, content) in enumerate(messages):
         after = messages[index + 1][0] if index + 1 < len(messages) else None
         if role == "tool":
@@ -173,12 +174,12 @@ def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict]]:
     return turns
 
 
-def _asks(group: list[dict]) -> bool:
+def _asks(group: list[dict[str, Any]]) -> bool:
     """A group the target answers: it holds a user message or a tool result."""
     return any(m["role"] in ("user", "tool") for m in group)
 
 
-def sample_id(data: dict) -> tuple[str | None, str | None, object]:
+def sample_id(data: dict[str, Any]) -> tuple[str | None, str | None, object]:
     """Return ``(id string, field it came from, original value)``; ``None`` when there is none."""
     for field in ID_FIELDS:
         value = data.get(field)
@@ -196,7 +197,7 @@ def sample_id(data: dict) -> tuple[str | None, str | None, object]:
     return None, None, None
 
 
-def content_id(turns: list[list[dict]], tools: list[dict] | None = None) -> str:
+def content_id(turns: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None) -> str:
     """Return ``h-`` plus 16 hex digits of the SHA-256 of the canonical JSON of ``turns`` (and
     of the row's tools, when it has any)."""
     content: object = {"turns": turns, "tools": tools} if tools else turns

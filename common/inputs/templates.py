@@ -8,6 +8,7 @@ configured, so a template can only ever put a field's own text into the prompt.
 from __future__ import annotations
 
 import string
+from typing import Any
 
 from common.errors import BadRow, ConfigError
 from common.inputs.text import type_name
@@ -36,7 +37,7 @@ def template_fields(template: str) -> set[str]:
     return names
 
 
-def from_template(data: dict, template: str) -> str:
+def from_template(data: dict[str, Any], template: str) -> str:
     """The template filled from the row, or BadRow for a missing or non-text field."""
     missing = [name for name in sorted(template_fields(template)) if data.get(name) is None]
     if missing:

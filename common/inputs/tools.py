@@ -9,6 +9,7 @@ the OpenAI structure that chat templates take (the target's template renders the
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from common.errors import BadRow
 from common.inputs.text import check_text, jsonable, type_name
@@ -23,7 +24,8 @@ def _tool_text(value: object, where: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def tool_result_message(item: dict, content: object, where: str, content_key: str) -> dict:
+def tool_result_message(item: dict[str, Any], content: object, where: str,
+                        content_key: str) -> dict[str, Any]:
     """A ``role: tool`` message: its text, and the call id and name when the row gives them."""
     message = {"role": "tool", "content": _tool_text(content, f"{where}.{content_key}")}
     for key in ("tool_call_id", "name"):
@@ -32,7 +34,7 @@ def tool_result_message(item: dict, content: object, where: str, content_key: st
     return message
 
 
-def _arguments(value: object, where: str) -> dict:
+def _arguments(value: object, where: str) -> dict[str, Any]:
     """A call's arguments as an object (templates iterate them); JSON text is parsed."""
     if value is None:
         return {}
@@ -40,13 +42,13 @@ def _arguments(value: object, where: str) -> dict:
         try:
             value = json.loads(value) if value.strip() else {}
         except ValueError:
-            raise BadRow(f"{where}.arguments is not JSON: {value[:80]!r}") from None
+            raise BadRow(f"{where}.arguments is not JSON: {str(value)[:80]!r}") from None
     if not isinstance(value, dict):
         raise BadRow(f"{where}.arguments must be an object, got {type_name(value)}")
     return value
 
 
-def _call(call: object, where: str) -> dict:
+def _call(call: object, where: str) -> dict[str, Any]:
     """One call in the OpenAI structure: ``{"type": "function", "function": {...}}``."""
     function = call.get("function", call) if isinstance(call, dict) else call
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
@@ -60,7 +62,7 @@ def _call(call: object, where: str) -> dict:
     return out
 
 
-def tool_call_message(item: dict, content: object, where: str) -> dict:
+def tool_call_message(item: dict[str, Any], content: object, where: str) -> dict[str, Any]:
     """An assistant tool call as an OpenAI message: its text (if any) and its ``tool_calls``."""
     calls = item.get("tool_calls")
     if not calls:  # ShareGPT function_call: the value is the call's JSON text
@@ -79,14 +81,14 @@ def tool_call_message(item: dict, content: object, where: str) -> dict:
                            for i, call in enumerate(calls)]}
 
 
-def normalize_tools(tools: object) -> list[dict]:
+def normalize_tools(tools: object) -> list[dict[str, Any]]:
     """A row's tool definitions (a list, one object, or their JSON text) in the OpenAI
     structure ``[{"type": "function", "function": {"name", ...}}]``."""
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)
         except ValueError:
-            raise BadRow(f"tools is not JSON: {tools[:80]!r}") from None
+            raise BadRow(f"tools is not JSON: {str(tools)[:80]!r}") from None
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list):
@@ -105,7 +107,7 @@ def normalize_tools(tools: object) -> list[dict]:
     return out
 
 
-def uses_tools(row: dict) -> bool:
+def uses_tools(row: dict[str, Any]) -> bool:
     """A row whose rendering needs the template's tool branches."""
     return bool(row.get("tools")) or any(
         m["role"] == "tool" or m.get("tool_calls") for group in row["turns"] for m in group)

@@ -70,9 +70,8 @@ class LinearDims:
         text = getattr(hf_config, "text_config", None) or hf_config
         values = [getattr(text, f"linear_{name}", None) for name in
                   ("num_key_heads", "key_head_dim", "num_value_heads", "value_head_dim")]
-        if not all(isinstance(v, int) for v in values):
-            return None
-        return cls(*values)
+        ints = [v for v in values if isinstance(v, int)]
+        return cls(*ints) if len(ints) == len(values) else None
 
 
 def meta_model(config: dict[str, Any]) -> tuple[int, LinearDims | None]:

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 from celery import Celery
@@ -222,10 +223,12 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
                        thread_local=False)
     if not lock.acquire():
         return None
-    done = {}
+    done: dict[str, list[tuple[str, int]]] = {}
     try:
         waiting = waiting_messages(client)
-        chosen = sorted(client.smembers(redis_keys.redis_runs())) if runs is None else list(runs)
+        # The client decodes responses (decode_responses=True): members are text.
+        members = cast(set[str], client.smembers(redis_keys.redis_runs()))
+        chosen = sorted(members) if runs is None else list(runs)
         for run in chosen:
             lock.reacquire()  # LockError: the pass outlived its lock; another one took over
             try:

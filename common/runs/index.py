@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from common import keys
 from common.errors import ForeignObject, NotFound
-from common.reads import bounded_get, note, read_json
+from common.reads import bounded_get, note, read_record
 from common.runs.commit_cache import THREADS, fetch
 from common.runs.index_objects import (  # noqa: F401 - re-exported: the index's one import
     DIGESTS,
@@ -40,6 +40,7 @@ from common.runs.index_objects import (  # noqa: F401 - re-exported: the index's
     Entry,
     Identity,
     Listing,
+    Stored,
     decode_chunk,
     entry_of,
     identity_of,
@@ -68,8 +69,8 @@ def manifest_shards(storage: Storage, run: str) -> int | None:
     """The run's generate shards as its manifest gives them (final); None before it exists (or
     where it is foreign)."""
     try:
-        return InputManifest.from_json(dict(read_json(storage, keys.inputs_manifest(run),
-                                                      MANIFEST))).shards
+        return InputManifest.from_json(read_record(storage, keys.inputs_manifest(run),
+                                                      MANIFEST)).shards
     except NotFound:
         return None
     except ForeignObject as exc:
@@ -193,12 +194,12 @@ class RunIndex:
         commits = listing.commits
         new = [commits[s] for s in sorted(commits) if s not in known]
         for key, data in fetch(self.storage, new, self.threads, get=self._commit_get):
-            shard = keys.commit_shard(key)
             try:
                 commit = read_commit(self.storage, key, data)
             except ForeignObject as exc:
                 note(exc)
                 continue
+            shard = int(commit["shard"])   # the key's own: read_commit checked
             known[shard] = entry_of(self.kind, commit)
             self.bodies[shard] = data
         self.direct += len(new)
@@ -207,14 +208,14 @@ class RunIndex:
                 if s // CHUNK == chunk and s in listing.identities}
         if read and new and (len(new) >= self.compact_at or complete):
             # Compaction copies what it read itself, nothing it took on trust.
-            key = write_chunk(self.storage, self.run, chunk, read)
-            if key and self.keep:  # what it holds is known: the next scan need not read it
-                self.read_keys.add(key)
+            written = write_chunk(self.storage, self.run, chunk, read)
+            if written and self.keep:  # what it holds is known: the next scan need not read it
+                self.read_keys.add(written)
         for shard in list(self.bodies):
             if shard // CHUNK == chunk:
                 del self.bodies[shard]
 
-    def _proven(self, key: str, found: dict[int, Entry], commits: dict[int, str],
+    def _proven(self, key: str, found: dict[int, Stored], commits: dict[int, str],
                 known: dict[int, Entry]) -> bool:
         """True when the listing shows a commit for every shard the object names (known ones
         were shown before); else the object is ignored whole, with a warning."""

@@ -13,7 +13,7 @@ from common.errors import DflashError, ForeignObject
 from common.reads import bounded_get, note
 from common.runs.commit_cache import fetch
 from common.runs.index import CHUNK, manifest_shards
-from common.runs.index_objects import STORED, Listing, read_commit, write_chunk
+from common.runs.index_objects import STORED, Identity, Listing, read_commit, write_chunk
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -36,11 +36,11 @@ def index_after_commit(storage: Storage, run: str, shard: int, threads: int = 8)
         if any(keys.index_entry(k) == (chunk, len(commits)) for k in
                storage.list(f"{keys.index_prefix(run, STORED)}chunk-{chunk:04d}-")):
             return
-        read = {}
+        read: dict[int, tuple[Identity, bytes]] = {}
         get = bounded_get(storage, lambda limits: limits.json_bytes)
         for key, data in fetch(storage, [commits[s] for s in sorted(commits)], threads, get=get):
-            shard_ = keys.commit_shard(key)
-            read_commit(storage, key, data)   # a foreign one: no index for this chunk
+            # A foreign one: no index for this chunk.
+            shard_ = int(read_commit(storage, key, data)["shard"])
             read[shard_] = (listing.identities[shard_], data)
         write_chunk(storage, run, chunk, read)
     except ForeignObject as exc:

@@ -59,7 +59,7 @@ def read_commit(storage: Storage, key: str, data: bytes) -> dict[str, Any]:
         raise ForeignObject(key, str(exc)) from None
     if keys.commit_shard(key) != commit["shard"]:
         raise ForeignObject(key, f"it names shard {commit['shard']}")
-    return commit
+    return dict(commit)
 
 
 def entry_of(kind: str, commit: dict[str, Any]) -> Entry:
@@ -110,7 +110,8 @@ def decode_chunk(storage: Storage, key: str, data: bytes, run: str,
                 and isinstance(size, int) and isinstance(body, str)):
             raise ForeignObject(key, f"shard {name[:20]!r} is no (etag, size, body)")
         found[int(name)] = (etag, size, body)
-    if len(found) != keys.index_entry(key)[1] or any(s // CHUNK != chunk for s in found):
+    entry = keys.index_entry(key)
+    if entry is None or len(found) != entry[1] or any(s // CHUNK != chunk for s in found):
         raise ForeignObject(key, "its shards do not match its key or chunk")
     return found
 

@@ -45,7 +45,7 @@ def _type_schema(hint: Any) -> dict[str, Any]:
         return {"type": "array", **({"items": _type_schema(args[0])} if args else {})}
     if origin is dict or hint is dict:
         return {"type": "object"}
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return record_schema(hint)
     return {}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from common import keys
 from common.errors import ForeignObject, NotFound, NotReady, RunNotFound
-from common.reads import note, read_json, read_rows
+from common.reads import note, read_json, read_record, read_rows
 from common.runs.commit_set import committed_shards
 from common.runs.records import InputManifest, RunConfig, ShardCommit
 from common.runs.schemas import GENERATED_COMMIT, MANIFEST, RUN_JSON, SAMPLE
@@ -34,7 +34,7 @@ class RunStore:
         config (bounded, typed, then built)."""
         key = keys.run_config(self.run)
         try:
-            data = dict(read_json(self.storage, key, RUN_JSON))
+            data = read_record(self.storage, key, RUN_JSON)
         except NotFound:
             return None
         try:
@@ -57,8 +57,8 @@ class RunStore:
         """The inputs manifest; None while enqueue has not finished reading the input (or where
         the object there is foreign: noted)."""
         try:
-            return InputManifest.from_json(dict(read_json(
-                self.storage, keys.inputs_manifest(self.run), MANIFEST)))
+            return InputManifest.from_json(read_record(
+                self.storage, keys.inputs_manifest(self.run), MANIFEST))
         except NotFound:
             return None
         except ForeignObject as exc:

@@ -4,7 +4,7 @@ The run monitor's state (counters, rolling window, supervised-token histogram, d
 answers, examples) is rebuilt from these: a commit carries its shard's share of that state
 (``summary``), so a rebuild reads one object per committed shard; shards not committed yet are
 summarised from their parts the same way. Samples are taken in the order the gates judged them,
-as :func:`common.gates.monitor_parts.judged_samples` does: judgement time, accepted before rejected,
+as :func:`embedded.reference_monitor.judged_samples` does: judgement time, accepted before rejected,
 then part key; the first judgement of a sample id wins (ids never repeat across shards).
 """
 

@@ -34,7 +34,7 @@ class TrainingRow:
 
 def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     """A sample's per-turn request records (single-turn records carry one)."""
-    turns = sample.get("turns")
+    turns: list[dict[str, Any]] | None = sample.get("turns")
     if turns:
         return turns
     return [{"prompt_ids": sample["prompt_ids"], "output_ids": sample["output_ids"]}]

@@ -25,7 +25,6 @@ import shlex
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -283,7 +282,7 @@ def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
                drafter: Path | None, run: str | None, as_json: bool) -> None:
         """Check Redis, storage, the model, SGLang, GPUs, disk and a drafter; fix every problem."""
         if model:
-            settings = replace(settings, model=model)
+            settings = settings.replace(model=model)
         if run is not None and not valid_run_id(run):
             raise click.BadParameter(f"invalid run id {run!r}", param_hint="--run")
         results = run_checks(settings, gpus, drafter, run)

@@ -17,7 +17,6 @@ import json
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +101,7 @@ def serve_command_command(common_options: Callable[[Callable[..., Any]], Callabl
                       max_running_requests: int | None, host: str, as_json: bool) -> None:
         """Print the SGLang launch line: generation with the target's MTP head, or DFLASH."""
         if model:
-            settings = replace(settings, model=model)
+            settings = settings.replace(model=model)
         try:
             result = build(settings, kind, drafter,
                            max_running_requests or settings.generate.max_in_flight, host)

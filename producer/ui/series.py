@@ -18,7 +18,7 @@ from typing import Any
 from common import keys
 from common.errors import ForeignObject, NotFound
 from common.gates.partstats import SampleStat, part_stats
-from common.reads import note, part_getter, read_json, rows_or_none
+from common.reads import note, part_getter, read_record, rows_or_none
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.index import RunIndex, manifest_shards, shard_total
 from common.runs.schemas import CHECKPOINT_COMMIT, SAMPLE
@@ -83,8 +83,8 @@ class SeriesReader:
         for key in self.storage.list(keys.drafter_prefix(self.run)):
             if keys.checkpoint_id(key) is not None and key not in self.checkpoints:
                 try:
-                    self.checkpoints[key] = dict(read_json(self.storage, key,
-                                                           CHECKPOINT_COMMIT))
+                    self.checkpoints[key] = read_record(self.storage, key,
+                                                           CHECKPOINT_COMMIT)
                 except NotFound as exc:
                     log.warning("ignoring checkpoint commit %s: %s", key, exc)
                 except ForeignObject as exc:

@@ -220,7 +220,7 @@ def _refused_by_engine(sample: dict[str, Any]) -> bool:
 def regenerate(loop: EngineLoop, job: Job,
                rows: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Yield finished samples in completion order; closing the iterator cancels the rest."""
-    done: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     async def one(row: dict[str, Any]) -> None:
         try:

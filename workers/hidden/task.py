@@ -80,11 +80,10 @@ def hand_off(delivery: Delivery) -> None:
 
 def get_extractor(ctx: WorkerContext, config: RunConfig) -> HiddenExtractor:
     """The target, loaded once per process (per run layout) and shared by its shards."""
-    from dataclasses import replace
 
     from common.engine.models import resolve_model_path
 
-    path = resolve_model_path(replace(ctx.settings, model=config.model))
+    path = resolve_model_path(ctx.settings.replace(model=config.model))
     frozen = tuple(config.target_layer_ids) if config.target_layer_ids else None
     wanted = ExtractorConfig(str(path), layout=config.layout, k=config.target_layers,
                              layer_ids=frozen if config.layout is Layout.DFLASH else None,

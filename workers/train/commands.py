@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -113,7 +113,7 @@ def load_run_target(settings: Settings, config: Any, device: Any = None) -> RunT
     from workers.train.drafter.model import add_mask_token
     from workers.train.drafter.target_loader import load_target
 
-    path = resolve_model_path(replace(settings, model=config.model))
+    path = resolve_model_path(settings.replace(model=config.model))
     model, tokenizer = load_target(path, device)
     add_mask_token(tokenizer, model)
     return RunTarget(model, tokenizer, str(path))

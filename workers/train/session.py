@@ -10,7 +10,7 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.config import env_name
@@ -95,7 +95,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     from workers.train.drafter.train import DrafterTrainer
     from workers.train.memory import check_resident, configure, rank_plan
 
-    path = resolve_model_path(replace(ctx.settings, model=config.model))
+    path = resolve_model_path(ctx.settings.replace(model=config.model))
     device = resolve_device(ctx.settings.train.device, env_name("train_device"))
     target, tokenizer = load_target(path, device)
     target.requires_grad_(False)

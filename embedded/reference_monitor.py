@@ -39,7 +39,7 @@ def judged_samples(storage: Storage, run: str) -> tuple[Samples, dict[int, int]]
                 committed.add(shard)
             elif keys.part_number(key) is not None:
                 part_keys.append(key)
-    judged = []
+    judged: list[Any] = []
     for key in sorted(part_keys):
         for sample in decode_jsonl_zst(storage.get(key)):
             if "quality" in sample:
