@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -35,8 +35,8 @@ class _Stop(Exception):
 
 def decoder_trunk(model: nn.Module) -> nn.Module:
     """The module that holds the decoder layers (``layers``) and the final norm (``norm``)."""
-    for candidate in (model, getattr(model, "model", None), model.get_decoder()
-                      if hasattr(model, "get_decoder") else None):
+    decoder = getattr(model, "get_decoder", None)
+    for candidate in (model, getattr(model, "model", None), decoder() if decoder else None):
         if candidate is not None and isinstance(getattr(candidate, "layers", None),
                                                 nn.ModuleList):
             return candidate
@@ -55,7 +55,7 @@ class LayerCapture:
     def __init__(self, model: nn.Module, layer_ids: Sequence[int], final: bool = False) -> None:
         self.model = model
         trunk = decoder_trunk(model)
-        self.layers: nn.ModuleList = trunk.layers
+        self.layers = cast(nn.ModuleList, trunk.layers)   # decoder_trunk checked it
         self.norm: nn.Module | None = getattr(trunk, "norm", None)
         self.layer_ids = tuple(int(i) for i in layer_ids)
         self.final = final

@@ -32,7 +32,7 @@ class Launch:
     queue: str
     app: str                                     # the Celery app module (``-A``)
     gpus: Callable[[Settings], int] = lambda settings: 1   # GPUs a worker takes from --gpu
-    preflight: Callable[[Settings], None] = _no_preflight  # refuse bad settings in one line
+    preflight: Callable[[Settings], object] = _no_preflight  # refuse bad settings in one line
     node: Callable[[Settings], str | None] = lambda settings: None   # its default node name
     argv: Callable[[Settings, int | None, list[str]], list[str]] = _as_is   # wraps celery's
 

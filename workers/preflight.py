@@ -42,7 +42,7 @@ def _alive(proc: psutil.Process) -> bool:
     # A zombie holds no GPU memory and dies with its parent's wait(); some container inits never
     # reap, so waiting for zombies to vanish would always time out.
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

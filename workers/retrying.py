@@ -25,6 +25,11 @@ BROKER_WAIT_S = 600.0
 _PAUSE_MAX_S = 5.0
 
 
+def _reason(error: BaseException | None) -> object:
+    """Why a publish was rejected (kombu's ``Reject`` carries a reason)."""
+    return getattr(error, "reason", error)
+
+
 def retry_later(task: Task, countdown: float, shard: ShardTask) -> NoReturn:
     """Raise Celery's ``Retry`` once the retry of ``shard`` is published."""
     what = f"run {shard.run} shard {shard.shard}"
@@ -33,7 +38,7 @@ def retry_later(task: Task, countdown: float, shard: ShardTask) -> NoReturn:
         wait=wait_exponential(multiplier=0.5, max=_PAUSE_MAX_S), reraise=True,
         before_sleep=lambda state: log.warning(
             "%s: broker unreachable, retry not published yet (%r)", what,
-            state.outcome.exception().reason))
+            _reason(state.outcome.exception() if state.outcome else None)))
     try:
         raise publish(_publish_retry, task, countdown)
     except Reject as rejected:

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from common import keys
 from common.errors import RunPaused
@@ -70,7 +70,9 @@ class RunMonitor(GateState):
         lost = [s for s, won in zip(candidates, pipe.execute(), strict=True) if not won]
         if not lost:
             return
-        owners = self.client.hmget(answers, [s["quality"]["answer_hash"] for s in lost])
+        # The client decodes responses: owners are sample ids (text) or None.
+        owners = cast(list[str | None],
+                      self.client.hmget(answers, [s["quality"]["answer_hash"] for s in lost]))
         for sample, owner in zip(lost, owners, strict=True):
             if owner is not None and owner != sample["id"]:
                 mark_duplicate(sample["quality"], owner)
@@ -88,7 +90,8 @@ class RunMonitor(GateState):
         pipe.get(redis_keys.redis_paused(self.run))
         *_, window, since, paused = pipe.execute()
         if paused:
-            return json.loads(paused)
+            pause_now: dict[str, Any] = json.loads(paused)
+            return pause_now
         outcomes = [int(x) for x in window]
         reason = pause_reason(outcomes, int(since or 0), limits.max_reject_rate,
                               limits.pause_after)
@@ -96,10 +99,10 @@ class RunMonitor(GateState):
 
     def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
         """Pause the run (first caller wins) and record why, with examples, in storage."""
-        stats = self.client.hgetall(redis_keys.redis_gates(self.run))
+        stats = cast(dict[str, str], self.client.hgetall(redis_keys.redis_gates(self.run)))
         reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("reason:")}
         top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
-        examples = []
+        examples: list[dict[str, Any]] = []
         for name, _ in Counter(reasons).most_common():
             raw = self.client.lrange(redis_keys.redis_gate_examples(self.run, name), 0,
                                      EXAMPLES - 1)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,7 +218,7 @@ def _refused_by_engine(sample: dict[str, Any]) -> bool:
 
 
 def regenerate(loop: EngineLoop, job: Job,
-               rows: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+               rows: Sequence[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
     """Yield finished samples in completion order; closing the iterator cancels the rest."""
     done: queue.SimpleQueue[Any] = queue.SimpleQueue()
 

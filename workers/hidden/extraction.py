@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from common.choices import Layout
 from common.drafter.layers import layer_ids
@@ -31,6 +33,10 @@ from common.hidden.store import HiddenMeta, HiddenRecord, check_record
 from common.runs.trainrows import TrainingRow
 from workers.capture import LayerCapture
 from workers.devices import resolve_device
+from workers.target_heads import input_embedding, moved
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +82,7 @@ def check_finite(features: torch.Tensor, attention_mask: torch.Tensor,
 class HiddenExtractor:
     """Loads the target once and turns batches of training rows into hidden-state records."""
 
-    def __init__(self, config: ExtractorConfig, model: torch.nn.Module | None = None) -> None:
+    def __init__(self, config: ExtractorConfig, model: PreTrainedModel | None = None) -> None:
         """Load ``config.model_path``, or use ``model`` as it is (device and dtype included)."""
         self.config = config
         if model is None:
@@ -85,9 +91,9 @@ class HiddenExtractor:
             self.device = config.resolved_device()
             self.dtype = config.resolved_dtype(self.device)
             model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype)
-            model = model.to(self.device)
+            model = moved(model, self.device)
         else:
-            weight = model.get_input_embeddings().weight
+            weight = input_embedding(model).weight
             self.device, self.dtype = weight.device, weight.dtype
         self.model = model.eval()
         shape = TargetShape.of(self.model)
@@ -100,7 +106,8 @@ class HiddenExtractor:
                                hidden_size=self.hidden_size, num_layers=self.num_layers,
                                model=str(config.model_path))
         # The decoder trunk alone (no LM head), stopped after the deepest captured layer.
-        self.capture = LayerCapture(self.model.base_model, self.layer_ids, final=self.meta.has_last)
+        trunk: nn.Module = self.model.base_model
+        self.capture = LayerCapture(trunk, self.layer_ids, final=self.meta.has_last)
         log.info("hidden extractor: %s on %s (%s), %d layers, hidden %d, %s layers %s",
                  config.model_path, self.device, self.dtype, self.num_layers, self.hidden_size,
                  config.layout, self.layer_ids)

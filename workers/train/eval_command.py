@@ -129,7 +129,8 @@ def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
         from common.inputs.intake import Intake
 
         intake = Intake(replace(config, input=[path], limit=None))
-        rows, errors = [], []
+        rows: list[Any] = []
+        errors: list[Any] = []
         for item in intake.rows():
             if item.row is not None:
                 rows.append(item.row)

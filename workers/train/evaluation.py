@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from common import keys
 from common.engine.models import render_chat
@@ -37,6 +35,9 @@ from workers.train.drafter.specdec import (
     speculative_generate,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +49,7 @@ class EvalPrompt:
     ids: list[int]
 
 
-def stop_ids(target: nn.Module, tokenizer: Any) -> set[int]:
+def stop_ids(target: PreTrainedModel, tokenizer: Any) -> set[int]:
     """Where generation ends: the generation config's EOS ids and the tokenizer's EOS."""
     eos = getattr(target.generation_config, "eos_token_id", None)
     stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -60,17 +61,19 @@ def stop_ids(target: nn.Module, tokenizer: Any) -> set[int]:
 def encode_prompt(tokenizer: Any, messages: list[dict[str, Any]], thinking: bool,
                   template_kwargs: dict[str, Any] | None = None,
                   tools: list[dict[str, Any]] | None = None) -> list[int]:
-    return tokenizer.encode(render_chat(tokenizer, messages, thinking, template_kwargs, tools),
-                            add_special_tokens=False)
+    ids: list[int] = tokenizer.encode(
+        render_chat(tokenizer, messages, thinking, template_kwargs, tools),
+        add_special_tokens=False)
+    return ids
 
 
-def row_prompts(rows: Iterable[dict[str, Any]], tokenizer: Any, sampling: Sampling | bool,
+def row_prompts(rows: Iterable[Mapping[str, Any]], tokenizer: Any, sampling: Sampling | bool,
                 num: int, template_kwargs: dict[str, Any] | None = None) -> list[EvalPrompt]:
     """The first user turn of up to ``num`` input rows (``{"id", "turns"}`` as enqueue stores),
     each in the thinking mode the run gives it, with its tools."""
     if isinstance(sampling, bool):
         sampling = Sampling(thinking=sampling)
-    prompts = []
+    prompts: list[EvalPrompt] = []
     for row in rows:
         if len(prompts) >= num:
             break
@@ -118,7 +121,7 @@ def first_difference(expected: Sequence[int], got: Sequence[int]) -> dict[str, A
             "speculative": got[at] if at < len(got) else None}
 
 
-def evaluate(target: nn.Module, proposer: Proposer, prompts: Sequence[EvalPrompt],
+def evaluate(target: PreTrainedModel, proposer: Proposer, prompts: Sequence[EvalPrompt],
              layer_ids: Sequence[int], max_new_tokens: int, stops: set[int], check: bool,
              progress: Callable[[int, int], None] | None = None) -> EvalReport:
     """Speculative decoding of every prompt; with ``check``, compared with greedy decoding."""

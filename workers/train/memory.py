@@ -27,6 +27,7 @@ from common.plan.memory import GiB, Micro
 from common.plan.shapes import DrafterDims, TargetDims
 from common.plan.verdict import Hardware, TrainingPlan
 from common.runs.records import RunConfig
+from workers.target_heads import target_device
 from workers.train.drafter.microbatch import Drawn
 from workers.train.process_group import current_group
 
@@ -39,7 +40,7 @@ REFERENCE_TOKENS = 32768   # the row the verdict is stated at, unless the run cu
 def rank_plan(settings: Settings, config: RunConfig, target: Any,
               drafter_config: Any) -> TrainingPlan | None:
     """This rank's plan for the run (None on the CPU: no device memory to plan against)."""
-    device = target.get_input_embeddings().weight.device
+    device = target_device(target)
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from common.errors import GroupLost, NothingToTrain, RankFailed
 from common.faults import inject
 from workers.train.drafter.features import FeaturedRow
 from workers.train.drafter.microbatch import Accumulated, Drawn, label_weight, micro_batches
-from workers.train.drafter.recipe import StepMetrics
+from workers.train.drafter.recipe import StepMetrics, TrainConfig
 from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import DrafterTrainer
 from workers.train.process_group import Group, current_group
@@ -89,6 +89,10 @@ class DataParallelTrainer:
     @property
     def schedule(self) -> Schedule:
         return self.trainer.schedule
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.trainer.config
 
     @property
     def min_supervised(self) -> int:
@@ -184,7 +188,7 @@ class DataParallelTrainer:
             (loss_sum * scale).backward()   # DDP's all-reduce runs in this backward
         else:
             def local() -> None:
-                with t.module.no_sync():
+                with cast(DistributedDataParallel, t.module).no_sync():
                     (loss_sum * scale).backward()
             self._own(local)
         return batch, loss_sum, per_slot

@@ -125,10 +125,10 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     configure(trainer, plan, ctx.settings)
     trainer.featurize = functools.partial(target_features, target, layer_ids=layers,
                                           pad_id=pad_id)
-    trainer = distribute(trainer, config.run)
+    ranked = distribute(trainer, config.run)
     manifest = RunStore(ctx.storage, config.run).manifest()
     heldout = manifest.heldout_ids if manifest is not None else frozenset()
-    return Session(config.run, target, trainer, ledger, layers, pad_id, trainer.steps, heldout,
+    return Session(config.run, target, ranked, ledger, layers, pad_id, ranked.steps, heldout,
                    PeriodicEval.for_run(ctx, config, manifest, target, tokenizer), plan=plan,
                    config_max_tokens=config.max_train_tokens)
 

@@ -11,7 +11,7 @@ for the acceptance-length eval that rank 0 decodes alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -37,7 +37,8 @@ def shard(trainer: DrafterTrainer) -> None:
     config = trainer.config
     trainer.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas,
                                           weight_decay=config.weight_decay)
-    state = {i: {k: distribute_tensor(v, mesh, params[int(i)].placements) if k != "step" else v
+    placed = [cast(DTensor, p) for p in params]   # FSDP2 made every parameter a DTensor
+    state = {i: {k: distribute_tensor(v, mesh, placed[int(i)].placements) if k != "step" else v
                  for k, v in moments.items()} for i, moments in optimizer["state"].items()}
     trainer.optimizer.load_state_dict({"state": state, "param_groups": optimizer["param_groups"]})
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Task
+from redis.typing import EncodableT, FieldT
 
 from common import keys
 from common.choices import Mode
@@ -116,7 +117,7 @@ def finish_shard(ctx: WorkerContext, session: Session, store: RunStore, config: 
         next_epoch = end_epoch(ctx, session, config, shards, tau)
     checkpoint(ctx, session)   # put-once: the ledger's new epoch is durable before its queueing
     record_metrics(ctx, config.run, progress_fields(session, config))
-    if next_epoch:
+    if next_epoch and shards is not None:
         inject("train.epoch_end")   # a crash here: the reconciler queues the epoch from storage
         queue_epoch(ctx, config, ledger, shards)
 
@@ -213,7 +214,7 @@ def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None
     """The metrics row: TensorBoard (when on) and the Redis record that ``status`` reads."""
     log_step(ctx.settings.train.tensorboard_dir, run, record)
     try:
-        ctx.redis.hset(TRAIN.keys(run).metrics, mapping=record)
+        ctx.redis.hset(TRAIN.keys(run).metrics, mapping=cast(dict[FieldT, EncodableT], record))
     except redis.RedisError as err:
         log.warning("run %s: training metrics not recorded: %s", run, err)
 
@@ -221,7 +222,8 @@ def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None
 def checkpoint(ctx: WorkerContext, session: Session, estimate: float | None = None) -> None:
     """Save the trainer and ledger with the latest metrics, then measure the acceptance length:
     an evaluation that fails, or never returns, cannot cost the steps since the last one."""
-    metrics = ctx.redis.hgetall(TRAIN.keys(session.run).metrics)
+    # The client decodes responses: field names and values are text.
+    metrics = cast(dict[str, Any], ctx.redis.hgetall(TRAIN.keys(session.run).metrics))
     save_checkpoint(ctx.storage, session.run, session.steps, session.trainer.state_dict(),
                     session.ledger, metrics)
     session.last_checkpoint = session.steps

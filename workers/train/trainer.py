@@ -11,7 +11,7 @@ from workers.train.drafter.features import TrainRow, plain_row  # noqa: F401 - r
 
 if TYPE_CHECKING:
     from workers.train.drafter.model import DFlashDraftModel
-    from workers.train.drafter.recipe import StepMetrics
+    from workers.train.drafter.recipe import StepMetrics, TrainConfig
     from workers.train.drafter.schedule import Schedule
 
 
@@ -30,6 +30,9 @@ class Trainer(Protocol):
 
     @property
     def min_supervised(self) -> int: ...
+
+    @property
+    def config(self) -> TrainConfig: ...
 
     def step(self, rows: Sequence[TrainRow]) -> StepMetrics: ...
 

@@ -26,7 +26,7 @@ class CpuEngine:
         self.model_path = model_path
         self.mtp: Any = None   # the worker's MTP choice (always off: no speculative decoding)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model.eval()
         self.batch_size = batch_size
         self.stop_ids = _stop_ids(self.tokenizer, self.model)
@@ -43,7 +43,7 @@ class CpuEngine:
         return {"engine": "cpu", "model": str(self.model_path)}
 
     def close(self) -> None:
-        self.model = None
+        self.model = None   # the weights go; the engine is done
 
     async def generate(self, request: GenRequest) -> GenResult:
         """Queue the request for the batcher; one forward at a time, torch uses every core."""

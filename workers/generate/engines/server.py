@@ -55,7 +55,7 @@ HEALTH_TIMEOUT_S = 30.0
 def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 

@@ -45,7 +45,7 @@ def become_subreaper() -> None:
 
 def reap() -> dict[int, int]:
     """Collect every exited child (orphans included); returns {pid: exit code}."""
-    done = {}
+    done: dict[int, int] = {}
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

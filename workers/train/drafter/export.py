@@ -20,18 +20,21 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from common.drafter.shape import SLIDING
 from common.engine.target import TargetShape
 from common.errors import DrafterMismatch
+from workers.target_heads import input_embedding, output_head
 from workers.train.drafter.config import DFlashConfig
 from workers.train.drafter.export_files import CONFIG_FILE, WEIGHTS_FILE, check_export_dir
 from workers.train.drafter.model import DFlashDraftModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ def config_from_hf(data: dict[str, Any]) -> DFlashConfig:
         mask_token_id=dflash["mask_token_id"], num_hidden_layers=data["num_hidden_layers"],
         block_size=dflash.get("block_size", data["block_size"]),
         rms_norm_eps=data["rms_norm_eps"],
-        rope_theta=float(rope.get("rope_theta", data.get("rope_theta"))),
+        rope_theta=float(rope.get("rope_theta", data.get("rope_theta", 0.0))),
         max_position_embeddings=data["max_position_embeddings"],
         hidden_act=data.get("hidden_act", "silu"),
         attention_bias=data.get("attention_bias", False),
@@ -165,10 +168,10 @@ def export_drafter(trainer_or_model: Any, out_dir: str | Path,
     return out
 
 
-def fit_problems(config: DFlashConfig, target: nn.Module) -> list[str]:
+def fit_problems(config: DFlashConfig, target: PreTrainedModel) -> list[str]:
     """Why a drafter cannot run on ``target`` (empty when it fits), one reason per line."""
     shape = TargetShape.of(target.config)
-    rows = target.get_input_embeddings().num_embeddings
+    rows = input_embedding(target).num_embeddings
     problems = []
     if config.hidden_size != shape.hidden_size:
         problems.append(f"hidden size {config.hidden_size} != the target's {shape.hidden_size}")
@@ -184,7 +187,7 @@ def fit_problems(config: DFlashConfig, target: nn.Module) -> list[str]:
     return problems
 
 
-def load_drafter(path: str | Path, target: nn.Module,
+def load_drafter(path: str | Path, target: PreTrainedModel,
                  dtype: torch.dtype | None = None) -> DFlashDraftModel:
     """Rebuild an exported drafter on ``target``'s device, sharing its embedding and LM head."""
     path = check_export_dir(path)
@@ -195,7 +198,7 @@ def load_drafter(path: str | Path, target: nn.Module,
     problems = fit_problems(config, target)
     if problems:
         raise DrafterMismatch(f"drafter {path} does not fit the target: " + "; ".join(problems))
-    embed = target.get_input_embeddings()
-    drafter = DFlashDraftModel(config, embed, target.get_output_embeddings())
+    embed = input_embedding(target)
+    drafter = DFlashDraftModel(config, embed, output_head(target))
     drafter.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
     return drafter.to(embed.weight.device, dtype) if dtype else drafter.to(embed.weight.device)

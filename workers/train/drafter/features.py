@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from common.runs.trainrows import TrainingRow
 from workers.capture import LayerCapture
+from workers.target_heads import target_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,12 @@ def plain_row(row: TrainRow) -> TrainingRow:
 
 
 @torch.no_grad()
-def target_features(target: nn.Module, rows: Sequence[TrainingRow],
+def target_features(target: PreTrainedModel, rows: Sequence[TrainingRow],
                     layer_ids: Sequence[int], pad_id: int = 0) -> list[torch.Tensor]:
     """One ``[T_i, K*H]`` tensor per row: the target's layers ``layer_ids`` concatenated."""
     if not rows:
         return []
-    device = target.get_input_embeddings().weight.device
+    device = target_device(target)
     lengths = [len(r.input_ids) for r in rows]
     width = max(lengths)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -62,7 +66,7 @@ def target_features(target: nn.Module, rows: Sequence[TrainingRow],
     return [feats[i, :n] for i, n in enumerate(lengths)]
 
 
-def with_target_features(target: nn.Module, rows: Sequence[TrainingRow],
+def with_target_features(target: PreTrainedModel, rows: Sequence[TrainingRow],
                          layer_ids: Sequence[int], pad_id: int = 0) -> list[FeaturedRow]:
     """``rows`` paired with their freshly computed target features."""
     feats = target_features(target, rows, layer_ids, pad_id)

@@ -60,13 +60,14 @@ def dense_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: i
 
 def flex_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: int,
                     block_size: int, device: torch.device | str, window: int | None = None,
-                    causal: bool = False):
+                    causal: bool = False) -> Any:
     """The same pattern as a flex-attention ``BlockMask`` (sparse, never materialised)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     n = anchors.shape[0]
 
-    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202 - flex calls it with index tensors
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                 kv_idx: torch.Tensor) -> torch.Tensor:   # flex calls it with index tensors
         return _allowed(q_idx, kv_idx, anchors, starts, context_len, block_size, window, causal)
 
     return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n * block_size,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from common.runs.options import DRAFTER_LAYERS
+from workers.target_heads import input_embedding, output_head, target_device
 from workers.train.drafter.config import (  # noqa: F401 - the drafter's shape, re-exported
     FULL,
     LAYER_TYPES,
@@ -50,10 +51,13 @@ from workers.train.drafter.config import (  # noqa: F401 - the drafter's shape, 
     DFlashConfig,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 log = logging.getLogger(__name__)
 
 
-def add_mask_token(tokenizer: Any, model: nn.Module) -> int:
+def add_mask_token(tokenizer: Any, model: PreTrainedModel) -> int:
     """Give ``tokenizer`` a mask token (``<|MASK|>`` unless it has one) and return its id.
 
     Grows the model's embedding (and a tied or untied LM head) only when the id falls outside
@@ -63,7 +67,7 @@ def add_mask_token(tokenizer: Any, model: nn.Module) -> int:
     if tokenizer.mask_token_id is None:
         tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     mask_id = int(tokenizer.mask_token_id)
-    rows = model.get_input_embeddings().num_embeddings
+    rows = input_embedding(model).num_embeddings
     if mask_id >= rows:
         log.warning("growing the target embedding from %d to %d rows for %s",
                     rows, mask_id + 1, tokenizer.mask_token)
@@ -76,7 +80,8 @@ def add_mask_token(tokenizer: Any, model: nn.Module) -> int:
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` [b, h, L, d] by per-position ``cos``/``sin`` [b, L, d]."""
-    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+    rotated: torch.Tensor = x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+    return rotated
 
 
 _COMPILED_FLEX: Any = None
@@ -156,7 +161,8 @@ class DFlashAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)
         else:
             out = _flex_attention(q.device)(q, k, v, block_mask=attn_mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+        return projected
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -172,21 +178,22 @@ class DFlashDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, context: torch.Tensor, q_rope: Any, k_rope: Any,
                 attn_mask: Any, cache: tuple[ContextCache, int] | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, attn_mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mixed: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return mixed
 
 
 @dataclass(frozen=True)
 class _TargetHeads:
     """The target's embedding and LM head, held outside the module tree so they stay shared."""
 
-    embed: nn.Module
-    lm_head: nn.Module
+    embed: nn.Embedding
+    lm_head: nn.Linear
 
 
 class DFlashDraftModel(nn.Module):
     """DFlash drafter: N decoder layers + context projection, with the target's embed/LM head."""
 
-    def __init__(self, config: DFlashConfig, embed_tokens: nn.Module, lm_head: nn.Module,
+    def __init__(self, config: DFlashConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
                  init_seed: int = 0) -> None:
         super().__init__()
         if embed_tokens.weight.shape[0] <= config.mask_token_id:
@@ -209,7 +216,7 @@ class DFlashDraftModel(nn.Module):
         self.reset_parameters(init_seed)
 
     @classmethod
-    def for_target(cls, target: nn.Module, mask_token_id: int, *,
+    def for_target(cls, target: PreTrainedModel, mask_token_id: int, *,
                    num_hidden_layers: int = DRAFTER_LAYERS,
                    block_size: int = 16, num_features: int = 5,
                    layer_ids: Sequence[int] | None = None,
@@ -219,9 +226,9 @@ class DFlashDraftModel(nn.Module):
                                           num_hidden_layers=num_hidden_layers,
                                           block_size=block_size, num_features=num_features,
                                           layer_ids=layer_ids)
-        drafter = cls(config, target.get_input_embeddings(), target.get_output_embeddings(),
+        drafter = cls(config, input_embedding(target), output_head(target),
                       init_seed=init_seed)
-        return drafter.to(target.get_input_embeddings().weight.device)
+        return drafter.to(target_device(target))
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
@@ -244,11 +251,13 @@ class DFlashDraftModel(nn.Module):
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings from the target's frozen table."""
-        return self._target.embed(token_ids)
+        embedded: torch.Tensor = self._target.embed(token_ids)
+        return embedded
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits from the target's frozen LM head (in the head's dtype)."""
-        return self._target.lm_head(hidden.to(self._target.lm_head.weight.dtype))
+        logits: torch.Tensor = self._target.lm_head(hidden.to(self._target.lm_head.weight.dtype))
+        return logits
 
     def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
                 features: torch.Tensor, context_positions: torch.Tensor,
@@ -277,7 +286,8 @@ class DFlashDraftModel(nn.Module):
             else:
                 x = layer(x, context, q_rope, k_rope, mask,
                           None if cache is None else (cache, index))
-        return self.norm(x)
+        normed: torch.Tensor = self.norm(x)
+        return normed
 
     def _decode_masks(self, block_positions: torch.Tensor,
                       context_positions: torch.Tensor) -> dict[Any, Any] | None:

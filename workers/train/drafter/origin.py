@@ -15,18 +15,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from common.drafter.origin import DrafterOrigin, OriginKind, describe_origin, verify_weights
 from common.drafter.shape import DrafterShapeError
 from common.engine.target import TargetShape
 from common.runs.records import RunConfig
+from workers.target_heads import input_embedding, output_head
 from workers.train.drafter.config import DFlashConfig
 from workers.train.drafter.model import DFlashDraftModel
 from workers.train.drafter.shape import differences, shaped_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +44,19 @@ def frozen_origin(config: RunConfig) -> DrafterOrigin:
     return config.drafter
 
 
-def new_drafter(target: nn.Module, mask_id: int, layer_ids: Sequence[int],
+def new_drafter(target: PreTrainedModel, mask_id: int, layer_ids: Sequence[int],
                 origin: DrafterOrigin) -> DFlashDraftModel:
     """A run's first drafter, on the target's device, in its frozen shape (and, for a
     released drafter, its weights once their digest is the one frozen at enqueue)."""
     config = drafter_config(target, mask_id, layer_ids, origin)
-    embed = target.get_input_embeddings()
-    drafter = DFlashDraftModel(config, embed, target.get_output_embeddings())
+    embed = input_embedding(target)
+    drafter = DFlashDraftModel(config, embed, output_head(target))
     if origin.kind == OriginKind.INIT:
         load_released(drafter, verify_weights(origin))
     return drafter.to(embed.weight.device)
 
 
-def drafter_config(target: nn.Module, mask_id: int, layer_ids: Sequence[int],
+def drafter_config(target: PreTrainedModel, mask_id: int, layer_ids: Sequence[int],
                    origin: DrafterOrigin) -> DFlashConfig:
     """The target's drafter shape with the frozen origin's fields applied."""
     base = DFlashConfig.from_target(target.config, mask_id, layer_ids=layer_ids)
@@ -92,7 +95,7 @@ def load_released(drafter: DFlashDraftModel, path: Path) -> None:
     log.info("drafter initialised from %s (%d tensors)", path, len(weights))
 
 
-def check_same_shape(run: str, trained: DFlashConfig, target: nn.Module, mask_id: int,
+def check_same_shape(run: str, trained: DFlashConfig, target: PreTrainedModel, mask_id: int,
                      layer_ids: Sequence[int], origin: DrafterOrigin) -> None:
     """A run resumed from its checkpoint keeps the shape its run.json froze: a checkpoint of
     another shape (written by a release that shaped it otherwise) is refused in one line."""

@@ -21,12 +21,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import nn
 
 from workers.capture import LayerCapture
+from workers.target_heads import target_device
 from workers.train.drafter.model import ContextCache, DFlashDraftModel
 from workers.train.drafter.target_cache import (
     DEFAULT_ROLLBACK,
@@ -34,6 +34,9 @@ from workers.train.drafter.target_cache import (
     new_cache,
     target_forward,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -87,20 +90,20 @@ class DFlashProposer:
             return self.drafter.logits(hidden[0, 1:]).argmax(-1)
 
 
-def _device(target: nn.Module) -> torch.device:
-    return target.get_input_embeddings().weight.device
+def _device(target: PreTrainedModel) -> torch.device:
+    return target_device(target)
 
 
 def _ended(tokens: list[int], budget: int, stop_ids: set[int]) -> bool:
     return len(tokens) >= budget or tokens[-1] in stop_ids
 
 
-def _prompt(target: nn.Module, prompt_ids: list[int]) -> torch.Tensor:
+def _prompt(target: PreTrainedModel, prompt_ids: list[int]) -> torch.Tensor:
     return torch.tensor([prompt_ids], dtype=torch.long, device=_device(target))
 
 
 @torch.no_grad()
-def greedy_generate(target: nn.Module, prompt_ids: list[int], max_new_tokens: int,
+def greedy_generate(target: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int,
                     stop_ids: Iterable[int]) -> Decoded:
     """Plain greedy decoding of the target, one token per forward over its cache."""
     stops = set(stop_ids)
@@ -116,7 +119,7 @@ def greedy_generate(target: nn.Module, prompt_ids: list[int], max_new_tokens: in
 
 
 @torch.no_grad()
-def speculative_generate(target: nn.Module, proposer: Proposer, prompt_ids: list[int],
+def speculative_generate(target: PreTrainedModel, proposer: Proposer, prompt_ids: list[int],
                          layer_ids: Sequence[int], max_new_tokens: int,
                          stop_ids: Iterable[int], rollback: str = DEFAULT_ROLLBACK) -> Decoded:
     """Greedy speculative decoding: the target's own greedy output, in fewer target forwards.

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,23 +34,36 @@ from transformers import DynamicCache
 
 from common.engine.target import TargetShape
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 ROLLBACKS = ("replay", "refeed", "per-token")
 DEFAULT_ROLLBACK = "replay"
 
 
-@functools.cache
-def _cache_argument(model_type: type) -> str:
-    params = inspect.signature(model_type.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"   # renamed in transformers 5
+_CACHE_ARGUMENT: dict[type[nn.Module], str] = {}
 
 
-def target_forward(target: nn.Module, ids: torch.Tensor, cache: DynamicCache,
+def _cache_argument(model_type: type[nn.Module]) -> str:
+    """The forward's cache keyword, by model class (renamed in transformers 5)."""
+    if model_type not in _CACHE_ARGUMENT:
+        params = inspect.signature(model_type.forward).parameters
+        _CACHE_ARGUMENT[model_type] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_ARGUMENT[model_type]
+
+
+def _cloned(states: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's (conv, recurrent) states, copied."""
+    return states[0].clone(), states[1].clone()
+
+
+def target_forward(target: PreTrainedModel, ids: torch.Tensor, cache: DynamicCache,
                    **kw: Any) -> Any:
     """One target forward over ``ids`` [1, n] appending to ``cache``."""
     return target(input_ids=ids, use_cache=True, **{_cache_argument(type(target)): cache}, **kw)
 
 
-def new_cache(target: nn.Module) -> DynamicCache:
+def new_cache(target: PreTrainedModel) -> DynamicCache:
     """An empty cache of the target's layer kinds (a hybrid needs its linear-attention layers)."""
     if TargetShape.of(target).is_hybrid:
         return DynamicCache(config=target.config)
@@ -60,11 +73,11 @@ def new_cache(target: nn.Module) -> DynamicCache:
 class TargetCache:
     """A dense target's KV cache: a rejected suffix is cropped away."""
 
-    def __init__(self, target: nn.Module, cache: DynamicCache) -> None:
+    def __init__(self, target: PreTrainedModel, cache: DynamicCache) -> None:
         self.target, self.cache = target, cache
 
     @classmethod
-    def for_target(cls, target: nn.Module, rollback: str = DEFAULT_ROLLBACK) -> TargetCache:
+    def for_target(cls, target: PreTrainedModel, rollback: str = DEFAULT_ROLLBACK) -> TargetCache:
         shape = TargetShape.of(target)
         if not shape.is_hybrid:
             return cls(target, DynamicCache())
@@ -95,7 +108,7 @@ class TargetCache:
 class HybridCache(TargetCache):
     """Full-attention KV cropped; linear-attention state rolled back by ``rollback``."""
 
-    def __init__(self, target: nn.Module, cache: DynamicCache, linear: list[int],
+    def __init__(self, target: PreTrainedModel, cache: DynamicCache, linear: list[int],
                  rollback: str) -> None:
         super().__init__(target, cache)
         self.rollback = rollback
@@ -108,7 +121,7 @@ class HybridCache(TargetCache):
         self._block: torch.Tensor | None = None
 
     def _states(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        layer = self.cache.layers[i]
+        layer: Any = self.cache.layers[i]   # a linear-attention layer's cache: its two states
         return layer.conv_states[0], layer.recurrent_states[0]
 
     def _restore(self, states: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -122,7 +135,7 @@ class HybridCache(TargetCache):
         self._block = block
         if self.rollback == "per-token":
             return self._stepped_verify(block, **kw)
-        self._snapshot = {i: tuple(s.clone() for s in self._states(i)) for i in self.mixers}
+        self._snapshot = {i: _cloned(self._states(i)) for i in self.mixers}
         if self.rollback == "refeed":
             return self.forward(block, **kw)
         hooks = [mixer.register_forward_pre_hook(functools.partial(self._record, i),
@@ -156,7 +169,7 @@ class HybridCache(TargetCache):
         outs = []
         for t in range(hidden_states.shape[1]):
             outs.append(step(hidden_states[:, t:t + 1], **kwargs))
-            self._steps[i].append(tuple(s.clone() for s in self._states(i)))
+            self._steps[i].append(_cloned(self._states(i)))
         return torch.cat(outs, dim=1)
 
     def keep(self, kept: int, length: int) -> None:
@@ -165,15 +178,17 @@ class HybridCache(TargetCache):
             self._forget()
             return
         for i in self.full:
-            extra = self.cache.layers[i].get_seq_length() - length
+            attention: Any = self.cache.layers[i]   # a full-attention layer's cache
+            extra = attention.get_seq_length() - length
             if extra > 0:
-                self.cache.layers[i].crop(-extra)
+                attention.crop(-extra)
         if self.rollback == "per-token":
             self._restore({i: steps[kept - 1] for i, steps in self._steps.items()})
         elif self.rollback == "refeed":
             self._restore(self._snapshot)
             for i in self.full:   # back to before the block, which is fed again
-                self.cache.layers[i].crop(-kept)
+                full: Any = self.cache.layers[i]
+                full.crop(-kept)
             self._set_count(length - kept)
             self.forward(block[:, :kept], logits_to_keep=1)
         else:

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from workers.target_heads import moved
+
 
 def load_target(path: str | Path, device: torch.device | str | None = None) -> tuple[Any, Any]:
     """An HF causal LM (eval mode) and its tokenizer from ``path``, on ``device``: on a GPU in
@@ -17,4 +19,4 @@ def load_target(path: str | Path, device: torch.device | str | None = None) -> t
     dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=None)
-    return model.to(where).eval(), tokenizer
+    return moved(model, where).eval(), tokenizer

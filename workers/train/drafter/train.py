@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from common.errors import NothingToTrain
 from common.plan.memory import logits_chunk_for
 from common.runs.trainrows import TrainingRow
+from workers.target_heads import input_embedding, output_head
 from workers.train.drafter.blocks import (
     PackedBatch,
     pack_rows,
@@ -62,6 +63,9 @@ from workers.train.drafter.recipe import (  # noqa: F401 - re-exported
     lr_factor,
 )
 from workers.train.drafter.schedule import Schedule
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Featurize = Callable[[list[TrainingRow]], list[torch.Tensor]]
 
@@ -122,8 +126,9 @@ class DrafterTrainer:
         target through :attr:`featurize`), blocks and labels."""
         rows = [d.row for d in drawn]
         self.drafter.checkpointing = self.checkpointing(drawn)
-        if all(isinstance(r, FeaturedRow) for r in rows):
-            features = [r.features for r in rows]
+        featured = [r for r in rows if isinstance(r, FeaturedRow)]
+        if len(featured) == len(rows):
+            features = [r.features for r in featured]
         elif self.featurize is None:
             raise TypeError("rows without features, and no featurize to compute them")
         else:
@@ -171,7 +176,9 @@ class DrafterTrainer:
             return (ce * weights).sum(), logits.argmax(-1) == labels
 
         if recompute and torch.is_grad_enabled():
-            return checkpoint(run, hidden, use_reentrant=False)
+            recomputed: tuple[torch.Tensor, torch.Tensor] = checkpoint(run, hidden,
+                                                                       use_reentrant=False)
+            return recomputed
         return run(hidden)
 
     def _metrics(self, done: Accumulated, skipped: int, total: torch.Tensor,
@@ -274,14 +281,14 @@ class DrafterTrainer:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any], target: nn.Module) -> DrafterTrainer:
+    def from_state_dict(cls, state: dict[str, Any], target: PreTrainedModel) -> DrafterTrainer:
         """Rebuild a trainer from :meth:`state_dict` alone, on ``target``'s embedding and head."""
         drafter_config = dict(state["drafter_config"])
         train_config = dict(state["train_config"])
         train_config["betas"] = tuple(train_config["betas"])
-        embed = target.get_input_embeddings()
+        embed = input_embedding(target)
         drafter = DFlashDraftModel(DFlashConfig(**drafter_config), embed,
-                                   target.get_output_embeddings()).to(embed.weight.device)
+                                   output_head(target)).to(embed.weight.device)
         trainer = cls(drafter, TrainConfig(**train_config))
         trainer.load_state_dict(state)
         return trainer
