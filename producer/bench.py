@@ -120,11 +120,11 @@ def steady_row(sent: list[Sent], concurrency: int, mtp: str | None = None,
         raise DflashError("no request was answered: nothing to measure")
     first = min(s.start for s in sent)
     ends = sorted(s.end for s in sent)
-    opens, closes = (ends[concurrency - 1] if len(ends) > concurrency else None,
-                     max(s.start for s in sent))
+    closes = max(s.start for s in sent)
     latencies = [s.end - s.start for s in sent]
     # Steady only if every slot turned over at least once inside (a median request's time).
-    steady = opens is not None and closes - opens >= statistics.median(latencies)
+    opens = ends[concurrency - 1] if len(ends) > concurrency else closes
+    steady = len(ends) > concurrency and closes - opens >= statistics.median(latencies)
     lo, hi = (opens, closes) if steady else (first, ends[-1])
     shares = [_share(s, lo, hi) for s in sent]
     verified = [(s, w) for s, w in zip(sent, shares, strict=True) if s.verify_steps]

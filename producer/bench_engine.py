@@ -41,7 +41,7 @@ def free_port() -> int:
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=30) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 

@@ -58,10 +58,10 @@ def enqueue(settings: Settings, dry_run: bool, show: int, model: str | None, as_
     if dry_run:  # no storage, no Redis: nothing is written anywhere
         from producer.dryrun import dry_run as run_dry
 
-        report = run_dry(settings, config, context_check(settings, config), show)
-        report.sampling, report.drafter = sampling_in_force(config), drafter_in_force(config)
-        click.echo(json.dumps(report.to_json(), sort_keys=True) if as_json else report.render())
-        sys.exit(EXIT_REJECTED if report.rejected else EXIT_OK)
+        dry = run_dry(settings, config, context_check(settings, config), show)
+        dry.sampling, dry.drafter = sampling_in_force(config), drafter_in_force(config)
+        click.echo(json.dumps(dry.to_json(), sort_keys=True) if as_json else dry.render())
+        sys.exit(EXIT_REJECTED if dry.rejected else EXIT_OK)
     storage, app, client = _services(settings)
     report = enqueue_run(storage, app, client, config, context_check(settings, config))
     report.sampling, report.drafter = sampling_in_force(config), drafter_in_force(config)

@@ -21,7 +21,7 @@ import math
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from common.faults import inject
 from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import fetch, read_commits
 from common.runs.records import ShardCommit, dumps
-from common.runs.schemas import SAMPLE
+from common.runs.schemas import SAMPLE, Sample
 from common.runs.splits import is_heldout
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
@@ -147,8 +147,8 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
     report.samples = dict(sorted(counts.items()))
     report.bytes = sum(out.size(k) for k in report.files)
     out.put_once(CARD, dataset_card(config, options, report, commits).encode())
-    manifest = {**report.to_json(), "written": None, "seconds": None}
-    out.put_once(MANIFEST, dumps(manifest))
+    written = {**report.to_json(), "written": None, "seconds": None}
+    out.put_once(MANIFEST, dumps(written))
     report.seconds = time.monotonic() - started
     return report
 
@@ -159,7 +159,7 @@ def _finished(out: Storage, options: ExportOptions, committed: list[int]
     refuses one with other options or of an earlier state of the run (exports are put-once)."""
     if not out.exists(MANIFEST):
         return None
-    manifest = json.loads(out.get(MANIFEST))
+    manifest: dict[str, Any] = json.loads(out.get(MANIFEST))
     theirs = {k: manifest.get(k) for k in asdict(options)}
     if theirs != asdict(options):
         raise ConfigError(f"{out.root} already holds an export with other options ({theirs}); "
@@ -172,7 +172,7 @@ def _finished(out: Storage, options: ExportOptions, committed: list[int]
 
 
 def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
-             progress: Any) -> Iterator[dict[str, Any]]:
+             progress: Any) -> Iterator[Sample]:
     """The canonical samples in the planned order, reading each shard's parts once (a bounded
     pool reads ahead, in order)."""
     plan = [(commit, ids, sorted({commit.part_of[i] for i in ids})) for commit, ids in order]
@@ -180,7 +180,7 @@ def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
                     get=part_getter(storage))
     for commit, ids, parts in plan:
         wanted = set(ids)
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[str, Sample] = {}
         for part, data in itertools.islice(fetched, len(parts)):
             for sample in rows_or_none(storage, part, SAMPLE, data) or []:
                 if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
@@ -202,10 +202,11 @@ class _Split:
     def __init__(self, out: Storage, split: str, count: int, options: ExportOptions,
                  tmp: Path) -> None:
         self.out, self.split, self.count, self.options, self.tmp = out, split, count, options, tmp
-        self.index, self.writer, self.written = -1, None, 0
+        self.index, self.written = -1, 0
+        self.writer: FileWriter | None = None
         self.skip = False
 
-    def add(self, index: int, sample: dict[str, Any]) -> None:
+    def add(self, index: int, sample: Mapping[str, Any]) -> None:
         if index != self.index:
             self.close()
             self.index = index
@@ -234,7 +235,7 @@ class _Split:
 def dataset_card(config: Any, options: ExportOptions, report: ExportReport,
                  commits: list[ShardCommit]) -> str:
     """A Hugging Face dataset card: what made the data, how much of it, and what it holds."""
-    stats = Counter()
+    stats: Counter[str] = Counter()
     for commit in commits:
         for key in ("samples", "prompt_tokens", "completion_tokens", "rejected"):
             stats[key] += commit.stats.get(key, 0)

@@ -42,7 +42,7 @@ STARTUP_TIMEOUT_S = 30.0
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def start_redis(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -203,10 +203,10 @@ def run_demo(options: DemoOptions) -> int:
                                  options.eval_max_new_tokens) if online else EXIT_OK)
     click.echo(f"results: {settings.broker.storage}/runs/{run}/generated/  "
                f"(shard-*/part-*.jsonl.zst, listed by shard-*/_COMMIT.json)")
-    storage = settings.broker.storage
-    click.echo(f"status:  DFLASH_STORAGE={storage} dflash-pipeline status --run {run}")
-    click.echo(f"report:  DFLASH_STORAGE={storage} dflash-pipeline report --run {run}")
-    click.echo(f"dashboard: DFLASH_STORAGE={storage} dflash-pipeline ui  (then "
+    root = settings.broker.storage
+    click.echo(f"status:  DFLASH_STORAGE={root} dflash-pipeline status --run {run}")
+    click.echo(f"report:  DFLASH_STORAGE={root} dflash-pipeline report --run {run}")
+    click.echo(f"dashboard: DFLASH_STORAGE={root} dflash-pipeline ui  (then "
                f"http://127.0.0.1:8700/runs/{run})")
     click.echo(f"demo finished in {time.monotonic() - started:.0f}s after enqueue")
     return code

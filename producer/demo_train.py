@@ -168,7 +168,8 @@ def _command(exe: list[str], env: dict[str, str], *args: str) -> dict[str, Any]:
     done = subprocess.run([*exe, *args], env=env, capture_output=True, text=True,
                           preexec_fn=die_with_parent)
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return answer
     except (IndexError, json.JSONDecodeError):
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"`dflash-pipeline {args[0]}` failed (exit {done.returncode}): "

@@ -125,7 +125,7 @@ class Tally:
 
 
 def write_inputs(
-    storage: Storage, config: RunConfig, on_shard: Callable[[int], None],
+    storage: Storage, config: RunConfig, on_shard: Callable[[int], object],
     check: RowCheck | None = None, intake: Intake | None = None,
 ) -> InputManifest:
     """Stream the input into put-once shards; bad rows go to the rejected area with reasons.
@@ -161,6 +161,8 @@ def write_inputs(
             rejected.append(bad_row)
             if len(rejected) == REJECTED_CHUNK:
                 flush_rejected()
+            continue
+        if row is None:   # judge gives a row or a rejection, never neither
             continue
         buffer.append(row)
         heldout.add(row["id"], len(shard_rows))

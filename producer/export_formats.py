@@ -26,7 +26,7 @@ With ``--include-rejected`` rows also carry ``rejected`` and the gates' ``qualit
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ EXTENSIONS = {"parquet": "parquet", "specforge": "jsonl", "messages": "jsonl",
 PARQUET_ROW_GROUP = 1000
 
 
-def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
+def messages_of(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The conversation with the regenerated assistant turns, reasoning kept where there is one."""
     out = []
     for message in sample["messages"]:
@@ -52,7 +52,7 @@ def messages_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _context(sample: dict[str, Any]) -> dict[str, Any]:
+def _context(sample: Mapping[str, Any]) -> dict[str, Any]:
     """What a re-render needs beside the messages: the tools and the thinking mode."""
     out: dict[str, Any] = {}
     if sample.get("tools"):
@@ -62,7 +62,7 @@ def _context(sample: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _quality(sample: dict[str, Any], include_rejected: bool) -> dict[str, Any]:
+def _quality(sample: Mapping[str, Any], include_rejected: bool) -> dict[str, Any]:
     if not include_rejected:
         return {}
     quality = sample.get("quality", {})
@@ -70,7 +70,8 @@ def _quality(sample: dict[str, Any], include_rejected: bool) -> dict[str, Any]:
             "quality_reasons": list(quality.get("reasons", []))}
 
 
-def rows_of(sample: dict[str, Any], fmt: str, include_rejected: bool) -> Iterator[dict[str, Any]]:
+def rows_of(sample: Mapping[str, Any], fmt: str,
+            include_rejected: bool) -> Iterator[dict[str, Any]]:
     """The export rows of one sample (one per assistant turn for ``speculators``)."""
     extra = _quality(sample, include_rejected)
     if fmt == "parquet":

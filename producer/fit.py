@@ -121,7 +121,7 @@ class ContextCheck:
 _PROBE_TOOL = {"type": "function", "function": {
     "name": "dflash_probe_tool", "description": "probe",
     "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}}}}
-_PROBE_MESSAGES = [
+_PROBE_MESSAGES: list[dict[str, Any]] = [
     {"role": "user", "content": "probe"},
     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
         "name": "dflash_probe_call", "arguments": {"probe_arg": "dflash_probe_value"}}}]},

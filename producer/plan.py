@@ -228,6 +228,8 @@ def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None
                 sources["hidden_size"] = f"model {figures.model}"
                 if layers is not None and layers > num_layers:
                     raise ConfigError(f"--layers {layers} exceeds the model's {num_layers}")
+        if samples is None or mean_tokens is None or hidden is None:   # (checked above)
+            raise ConfigError("the plan needs samples, mean tokens and the hidden size")
         plan = storage_plan(samples, mean_tokens, hidden, layers or DEFAULT_LAYERS, dtype,
                             shard_size or DEFAULT_SHARD_SIZE)
     except DflashError as exc:

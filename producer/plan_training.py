@@ -30,6 +30,7 @@ from common.exit_codes import EXIT_FAILURE
 from common.plan.compute import DEFAULT_UTILIZATION, RowLength
 from common.plan.shapes import DrafterDims, TargetDims
 from common.plan.verdict import Hardware, TrainingPlan, gib, plan_for
+from common.runs.records import RunConfig
 
 
 def _target(settings: Settings, model: str) -> TargetDims:
@@ -42,7 +43,8 @@ def _target(settings: Settings, model: str) -> TargetDims:
     return TargetDims.load(resolve_model_path(settings) if settings.model_is_tiny else model)
 
 
-def _drafter(target: TargetDims, drafter_config: str | None, run_config: object) -> DrafterDims:
+def _drafter(target: TargetDims, drafter_config: str | None,
+             run_config: RunConfig | None) -> DrafterDims:
     """The drafter a file, the run or the target gives (as a train worker would build it)."""
     from common.drafter.layers import resolve_target_layers
     from common.drafter.shape import check_target, read_shape
@@ -51,13 +53,12 @@ def _drafter(target: TargetDims, drafter_config: str | None, run_config: object)
         shape = read_shape(drafter_config)
         check_target(shape, target.shape)
         return DrafterDims.of(target.shape, shape, resolve_target_layers(None, target.shape))
-    origin = getattr(run_config, "drafter", None)
-    if origin is not None:
-        return DrafterDims.of(target.shape, origin.shape, run_config.target_layer_ids)
+    if run_config is not None and run_config.drafter is not None:
+        return DrafterDims.of(target.shape, run_config.drafter.shape, run_config.target_layer_ids)
     return DrafterDims.of(target.shape, None, resolve_target_layers(None, target.shape))
 
 
-def _run_lengths(settings: Settings, run: str) -> tuple[object, list[RowLength]]:
+def _run_lengths(settings: Settings, run: str) -> tuple[RunConfig, list[RowLength]]:
     """The run's config and its committed rows' lengths (cut at its --max-train-tokens)."""
     from common.runs.store import RunStore
     from common.storage import open_storage
@@ -169,7 +170,7 @@ def plan_training(model: str | None, drafter_config: str | None, run: str | None
     try:
         settings = load_settings(storage=storage)
         config, lengths = _run_lengths(settings, run) if run else (None, [])
-        target = _target(settings, model or config.model)
+        target = _target(settings, model or (config.model if config else ""))
         drafter = _drafter(target, drafter_config, config)
         if tokens and rows:
             lengths = [RowLength(tokens, tokens)] * rows

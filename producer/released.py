@@ -33,7 +33,7 @@ def check_released_weights(drafter: DrafterOrigin, target: TargetShape,
                                **(stated.get("dflash_config") or {})}}
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     try:
-        for file in sorted(Path(drafter.path).glob("*.safetensors")):
+        for file in sorted(Path(drafter.path or ".").glob("*.safetensors")):
             tensors.update(safetensors_header(file))
     except (OSError, ValueError) as exc:
         raise OptionRefused(f"--init-drafter {drafter.path}: {exc}") from None

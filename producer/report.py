@@ -61,7 +61,7 @@ def token_stats(values: Counter[int]) -> dict[str, Any]:
     }
 
 
-def last_answer(record: dict[str, Any]) -> str:
+def last_answer(record: Mapping[str, Any]) -> str:
     """The first 200 characters of the sample's last assistant content."""
     for message in reversed(record.get("messages") or []):
         if isinstance(message, dict) and message.get("role") == "assistant":
@@ -100,7 +100,8 @@ class _Tally:
                 return
             self.seen.add(sample_id)
         quality = record.get("quality") or {}
-        turns = [t for t in record.get("turns") or [] if isinstance(t, dict)]
+        turns: list[Mapping[str, Any]] = [t for t in record.get("turns") or []
+                                          if isinstance(t, dict)]
         self.rejected += rejected
         self.accepted += not rejected
         if "passed" in quality:

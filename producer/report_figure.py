@@ -53,7 +53,7 @@ def render_png(report: dict[str, Any]) -> bytes:
     drafter = [d for d in report.get("drafter") or [] if d["tau"] is not None]
     fig = Figure(figsize=(13, 12 if drafter else 9), layout="constrained")
     FigureCanvasAgg(fig)
-    mosaic = [["supervised", "supervised"], ["thinking", "reasons"]]
+    mosaic: list[Any] = [["supervised", "supervised"], ["thinking", "reasons"]]
     axes = fig.subplot_mosaic(mosaic + ([["drafter", "drafter"]] if drafter else []))
     s, gates, pause = report["samples"], report["gates"] or {}, report["paused"]
     fig.suptitle(f"run {report['run']}: {s['total']} samples, {s['accepted']} accepted, "

@@ -71,17 +71,18 @@ class StatusReader:
             1 for k in self.storage.list(keys.inputs_prefix(self.run))
             if keys.input_shard_of(k) is not None)
         part_keys = self._read_commits(total if manifest else shard_total(self.storage, self.run))
-        live = self._live()
-        up = live is not None
+        found = self._live()
+        up = found is not None
+        live: dict[str, Any] = found if found is not None else {}   # read only where up
         committed = len(self.commits)
         done = sum(c.samples for c in self.commits.values())
         tokens = sum(c.stats.get("completion_tokens", 0) for c in self.commits.values())
         ready = up and "ready" in live["gates"]
         stored = None if ready else self._stored_progress(part_keys)
-        partial = (sum(n for s, n in live["partial"].items() if s not in self.commits) if ready
-                   else stored.samples)
-        gates = self._gates(live["gates"] if ready else None, live, stored)
-        shards = self._shards(live, total, committed)
+        partial = (stored.samples if stored is not None
+                   else sum(n for s, n in live["partial"].items() if s not in self.commits))
+        gates = self._gates(live["gates"] if ready else None, found, stored)
+        shards = self._shards(found, total, committed)
         rows = manifest.rows - manifest.rejected if manifest else None
         remaining = None if rows is None else max(rows - done - partial, 0)
         state = _state(manifest is not None, total, committed, shards["parked"] or 0,
@@ -115,7 +116,7 @@ class StatusReader:
             "speculative": live["speculative"] if up else None,
             # Per worker: whether it generates the run through the MTP head, and why.
             "mtp": live["mtp"] if up else None,
-            "downstream": self._downstream(config, live, total),
+            "downstream": self._downstream(config, found, total),
             # The drafter shape frozen at enqueue (None: the target's, or a worker option's).
             "drafter": drafter_summary(config.drafter, config.target_layer_ids),
             # Stored objects this process met that are no valid record of their key (forged,

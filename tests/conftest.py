@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,6 +197,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("e2e") else 2
 
     items.sort(key=weight)   # stable: file order within each weight
+
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's set-up, call and teardown time, summed by file (on the xdist controller)."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The suite's cost by file, dearest first: where the minutes go (before pytest's summary
+    line, which stays last)."""
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("-", f"wall time by file ({total / 60:.1f} test-minutes in all)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -15,13 +15,13 @@ import pytest
 
 from common import keys
 from common.gates.monitor import rebuild
-from embedded.reference_monitor import rebuild_from_parts
 from common.reads import forget_foreign
 from common.runs.commit_set import CommitSet
 from common.runs.index import DIGESTS, KINDS, STORED, RunIndex, identity_of, write_chunk
 from common.runs.records import InputManifest, ShardTask
 from common.runs.store import RunStore
 from common.storage import LocalStorage, Storage, open_storage
+from embedded.reference_monitor import rebuild_from_parts
 from producer.status import StatusReader
 from producer.ui.gate_source import stored_gates
 from producer.ui.series import SeriesReader

@@ -15,10 +15,10 @@ import pytest
 from common import keys
 from common.gates.judge import GateConfig
 from common.gates.monitor import rebuild, resume_gates
-from embedded.reference_monitor import rebuild_from_parts
 from common.queue import redis_keys
 from common.runs.records import InputManifest, RunConfig, ShardCommit, ShardTask, dumps
 from common.storage import LocalStorage
+from embedded.reference_monitor import rebuild_from_parts
 from producer.status import StatusReader
 from producer.ui.series import SeriesReader, build_series
 from tests.conftest import RedisServer

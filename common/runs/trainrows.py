@@ -10,6 +10,7 @@ at inference time) rather than one long sequence that the model never sees when 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ class TrainingRow:
         return len(self.input_ids) - self.supervised_tokens
 
 
-def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
+def turns_of(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A sample's per-turn request records (single-turn records carry one)."""
     turns: list[dict[str, Any]] | None = sample.get("turns")
     if turns:
@@ -40,7 +41,7 @@ def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"prompt_ids": sample["prompt_ids"], "output_ids": sample["output_ids"]}]
 
 
-def training_rows(sample: dict[str, Any]) -> list[TrainingRow]:
+def training_rows(sample: Mapping[str, Any]) -> list[TrainingRow]:
     """One row per assistant turn of a generated sample."""
     rows = []
     for index, turn in enumerate(turns_of(sample)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from typing import Any
 
 from common import keys
 from common.engine.preflight import CheckResult
@@ -91,7 +92,7 @@ def _delete(storage: Storage, key: str) -> None:
         log.info("could not delete the doctor probe %s: %s", key, exc)
 
 
-def _quick_client():  # noqa: ANN202
+def _quick_client() -> Any:   # boto3 clients have no importable type
     import boto3
     from botocore.config import Config
 

@@ -91,7 +91,7 @@ class SeriesReader:
                     note(exc)
                     self.checkpoints[key] = {}
         by_step: dict[int, dict[str, float]] = {}
-        for key in sorted(self.checkpoints, key=keys.checkpoint_id):
+        for key in sorted(self.checkpoints, key=_checkpoint_order):
             commit = self.checkpoints[key]
             metrics = commit.get("metrics") or {}
             numeric = {name: value for name, raw in metrics.items()
@@ -99,7 +99,7 @@ class SeriesReader:
             slots = _slots(metrics.get("slot_accuracy"))
             numeric.update({f"slot{i + 1}_accuracy": a for i, a in enumerate(slots)
                             if f"slot{i + 1}_accuracy" not in numeric})
-            by_step[int(commit.get("step", keys.checkpoint_id(key)[0]))] = numeric
+            by_step[int(commit.get("step", _checkpoint_order(key)[0]))] = numeric
         names = sorted({name for values in by_step.values() for name in values})
         steps = sorted(by_step)
         return {"step": steps, **{name: [by_step[s].get(name) for s in steps] for name in names}}
@@ -142,8 +142,9 @@ def build_series(entries: list[dict[str, Any]]) -> dict[str, Any]:
     totals = {"parts": len(entries), "samples": sum(e["samples"] for e in entries),
               "rejected": sum(e["rejected"] for e in entries),
               "tokens": sum(e["tokens"] for e in entries)}
-    empty = {"bucket_s": None, "t": [], "samples_done": [], "tokens_per_s": [], "workers": {},
-             "checked": [], "rejection_rate": [], "totals": totals}
+    empty: dict[str, Any] = {"bucket_s": None, "t": [], "samples_done": [], "tokens_per_s": [],
+                             "workers": {}, "checked": [], "rejection_rate": [],
+                             "totals": totals}
     if not timed:
         return empty
     starts = [e["at"] - (e.get("wall_s") or 0.0) for e in timed]
@@ -193,3 +194,8 @@ def _spread(start: float, end: float, size: int, first: int, n: int) -> list[tup
         if overlap > 0:
             out.append((min(max(b - first, 0), n - 1), overlap / (end - start)))
     return out
+
+
+def _checkpoint_order(key: str) -> tuple[int, int]:
+    """A checkpoint commit's (step, seq) from its key (every key here names one)."""
+    return keys.checkpoint_id(key) or (0, 0)

@@ -181,7 +181,7 @@ def make_app(views: Views, auth: str = "",
              networks: str = UiSettings.engine_networks) -> web.Application:
     """The dashboard app over ``views``; ``auth`` (user:password) turns basic auth on;
     ``networks``: where engine URLs may point (the ``ui_engine_networks`` setting)."""
-    middlewares = [basic_auth(auth)] if auth else []
+    middlewares: list[Any] = [basic_auth(auth)] if auth else []
     app = web.Application(middlewares=[*middlewares, errors])
     app[VIEWS] = views
     app[NETWORKS] = engine_networks(networks)
