@@ -29,8 +29,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
 from common.engine.models import resolve_model_path  # noqa: E402
+from embedded.demo_rows import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.blocks import pack_rows, sample_anchors, slot_weights  # noqa: E402
-from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import FeaturedRow, with_target_features  # noqa: E402
 from workers.train.drafter.masks import dense_block_mask, flex_block_mask  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.cli.options import RunOptions  # noqa: E402
 from common.config import TrainSettings  # noqa: E402
-from common.drafter.store import Ledger  # noqa: E402
-from common.options import RunOptions  # noqa: E402
+from common.runs.checkpoints import Ledger  # noqa: E402
 from common.runs.records import RunConfig  # noqa: E402
 from workers.train.drafter.schedule import Schedule  # noqa: E402
 from workers.train.drafter.train import TrainConfig  # noqa: E402

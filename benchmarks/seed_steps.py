@@ -88,7 +88,7 @@ def run_step(step: str, old: bool, url: str, broker: str, out: Path) -> list[lis
         if step == "status":
             timed("warm", reader.read, reads)
     elif step == "rebuild":
-        from common.gates.monitor import rebuild
+        from common.monitor.run_monitor import rebuild
         from embedded.reference_monitor import rebuild_from_parts
 
         timed("", lambda: (rebuild_from_parts if old else rebuild)(client, storage, RUN, GATES),

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from common.config import load_settings  # noqa: E402
 from common.engine.models import resolve_model_path  # noqa: E402
-from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
+from embedded.demo_rows import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
 from workers.train.drafter.specdec import (  # noqa: E402

@@ -31,9 +31,9 @@ from common.config import load_settings  # noqa: E402
 from common.engine.models import resolve_model_path  # noqa: E402
 from common.runs.records import RunConfig, ShardCommit, ShardTask, dumps, encode_jsonl_zst  # noqa: E402
 from common.storage import LocalStorage  # noqa: E402
+from embedded.demo_rows import demo_rows, mt_bench_prompts  # noqa: E402
 from producer.demo import free_port, start_redis  # noqa: E402
 from workers.context import WorkerContext  # noqa: E402
-from workers.train.drafter.demo import demo_rows, mt_bench_prompts  # noqa: E402
 from workers.train.drafter.features import with_target_features  # noqa: E402
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token  # noqa: E402
 from workers.train.drafter.target_loader import load_target  # noqa: E402

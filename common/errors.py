@@ -91,10 +91,6 @@ class DrafterMismatch(ConfigError):
     """A drafter does not fit the target: hidden size, target layers, vocabulary or mask token."""
 
 
-class NotLossless(DflashError):
-    """Speculative decoding produced other tokens than the target's greedy decoding (a bug)."""
-
-
 class GroupLost(TransientError):
     """A collective of the data-parallel training group failed (a rank died, the network broke):
     the group stops, the shard is retried."""

@@ -1,7 +1,7 @@
 """The run monitor's rebuild before commit summaries: every part of the run read, one transaction.
 
 Kept as the reference that tests and ``benchmarks/seed_scale.py`` compare
-:func:`common.gates.monitor.rebuild` with; workers no longer call it.
+:func:`common.monitor.run_monitor.rebuild` with; workers no longer call it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import redis
 
 from common import keys
 from common.gates.judge import GateConfig
-from common.gates.monitor import Samples, count_samples, resume_state
+from common.monitor.run_monitor import Samples, count_samples, resume_state
 from common.queue import redis_keys
 from common.runs.records import decode_jsonl_zst
 from common.storage import Storage

@@ -95,7 +95,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
     storage, app, client = _services(settings)
     config = read_run_config(storage, run)
     if config is not None and not dry_run:
-        from common.gates.monitor import resume_gates
+        from common.monitor.run_monitor import resume_gates
 
         lifted = resume_gates(client, storage, run, config.gates, accept=accept_gates,
                               max_reject_rate=max_reject_rate, pause_after=pause_after)
@@ -129,10 +129,6 @@ def status(settings: Settings, run: str, watch: bool, interval: float, as_json: 
         sys.exit(EXIT_FAILURE)
 
 
-
-
-def dump_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, sort_keys=True))
 
 
 # Commands defined beside what they run; the stages' join through the entry points (COMMANDS).

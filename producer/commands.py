@@ -15,7 +15,7 @@ import redis
 from common import keys
 from common.config import Settings
 from common.drafter.layers import DEFAULT_K
-from common.drafter.origin import OriginKind, drafter_summary, enqueue_origin
+from common.drafter.origin import OriginKind, drafter_summary
 from common.engine.models import chat_template_of, resolve_model_path, template_sha
 from common.engine.sampling import Sampling
 from common.engine.sampling_rules import check_sampling
@@ -30,6 +30,7 @@ from common.runs.options import RunOptions, as_given
 from common.runs.records import RunConfig, RunState
 from common.storage import Storage
 from producer.enqueue import EnqueueReport
+from producer.enqueue_drafter import enqueue_origin
 from producer.fit import ContextCheck, context_length
 from producer.status import StatusReader
 

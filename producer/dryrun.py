@@ -15,7 +15,7 @@ from typing import Any
 from common.config import Settings
 from common.engine.models import render_chat, resolve_model_path
 from common.engine.target_sampling import sampling_line
-from common.inputs.intake import Intake, RowCheck
+from common.runs.intake import Intake, RowCheck
 from common.runs.records import RunConfig
 from producer.enqueue import Tally
 

@@ -18,12 +18,12 @@ from celery import Celery
 
 from common import keys
 from common.errors import BadRow
-from common.inputs.intake import Intake, Item, RowCheck
 from common.inputs.rows import IdRegistry
 from common.queue import redis_keys
 from common.queue.celery_app import GENERATE
 from common.queue.dispatch import publish_shard
 from common.queue.reconcile import Flags, reconcile, reconcile_run, waiting_messages
+from common.runs.intake import Intake, Item, RowCheck
 from common.runs.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
 from common.runs.splits import HeldoutPicker
 from common.runs.store import RunStore

@@ -25,8 +25,8 @@ from common import keys
 from common.cli import command_option
 from common.config import Settings
 from common.errors import ConfigError, StorageRefused
-from common.gates.monitor import pause_from_storage
 from common.gates.partstats import turn_counts
+from common.monitor.run_monitor import pause_from_storage
 from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import fetch
 from common.runs.schemas import SAMPLE
@@ -180,7 +180,7 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
 
 def drafter_history(storage: Storage, run: str) -> list[dict[str, Any]]:
     """Per checkpoint: step, loss, measured tau and the training estimate (online runs)."""
-    from common.drafter.store import metrics_history
+    from common.runs.checkpoints import metrics_history
 
     def number(value: Any) -> float | None:
         return float(value) if value not in (None, "") else None

@@ -20,7 +20,7 @@ from common.choices import Mode
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
 from common.engine.speculative import by_worker, choices_by_worker
-from common.gates.monitor import pause_from_storage
+from common.monitor.run_monitor import pause_from_storage
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
 from common.queue.reconcile import StageView, read_stage, waiting_messages
@@ -169,7 +169,7 @@ class StatusReader:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
         stage = "train" if config.mode is Mode.ONLINE else "hidden"
         parked = len(live["stages"][stage].parked) if live is not None else None
-        from common.drafter.store import latest_metrics, read_ledger
+        from common.runs.checkpoints import latest_metrics, read_ledger
 
         if config.mode is not Mode.ONLINE:
             self.hidden = self.hidden or CommitSet(self.storage, self.run)

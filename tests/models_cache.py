@@ -83,7 +83,7 @@ def cached_demo_rows(model_dir: Path, target: object, tokenizer: object, prompts
     from dataclasses import asdict
 
     from common.runs.trainrows import TrainingRow
-    from workers.train.drafter.demo import demo_rows
+    from embedded.demo_rows import demo_rows
 
     digest = hashlib.sha256(json.dumps([prompts, options], sort_keys=True).encode())
     digest.update((ROOT / "workers" / "train" / "drafter" / "demo.py").read_bytes())

@@ -188,7 +188,7 @@ def check_measured_and_exported(text: str, out: Path, env: dict[str, str]) -> No
     """The demo's closing lines: tau on the held-out prompts, the dataset and the drafter."""
     import pyarrow.parquet as pq
 
-    from common.drafter.store import read_ledger
+    from common.runs.checkpoints import read_ledger
 
     measured = re.search(r"acceptance length tau ([\d.]+) \(pooled [\d.]+\) with drafter step "
                          r"(\d+) on (\d+) held-out prompts.*; lossless (\d+)/(\d+)", text)

@@ -185,9 +185,9 @@ def test_training_a_sliding_drafter_and_resuming_from_its_export(
     """Train steps on real rows with sliding layers; a drafter started from the export has the
     export's loss on a batch, a fresh one of the same shape another."""
     from common.drafter.origin import freeze_origin
+    from embedded.demo_rows import mt_bench_prompts
     from tests.conftest import MT_BENCH
     from tests.models_cache import cached_demo_rows
-    from workers.train.drafter.demo import mt_bench_prompts
     from workers.train.drafter.features import with_target_features
     from workers.train.drafter.origin import new_drafter
     from workers.train.drafter.train import DrafterTrainer, TrainConfig

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from common.engine.target import TargetShape
 from common.errors import NothingToTrain
 from common.runs.trainrows import TrainingRow
+from embedded.demo_rows import mt_bench_prompts
 from tests.conftest import MT_BENCH, TinyTarget
 from tests.models_cache import cached_demo_rows
 from tests.tolerance import assert_close, differ
-from workers.train.drafter.demo import mt_bench_prompts
 from workers.train.drafter.export import export_drafter, load_drafter
 from workers.train.drafter.features import FeaturedRow, target_features, with_target_features
 from workers.train.drafter.masks import dense_block_mask

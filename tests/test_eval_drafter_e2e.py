@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.drafter.store import committed_steps, read_ledger
+from common.runs.checkpoints import committed_steps, read_ledger
 from common.runs.records import InputManifest
 from common.storage import open_storage
 from tests.conftest import HYBRID, ROOT, Pipeline, wait_until

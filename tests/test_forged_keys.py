@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.drafter.store import checkpoints, committed_steps, latest_step, read_ledger
+from common.runs.checkpoints import checkpoints, committed_steps, latest_step, read_ledger
 from common.runs.commit_cache import RunListing
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
@@ -87,7 +87,7 @@ def test_forged_keys_change_nothing(pipeline: Pipeline, tmp_path: Path, backend:
 
     final = latest_step(storage, RUN)
     assert final is not None and before < final < 999
-    from common.drafter.store import load_checkpoint
+    from common.runs.checkpoints import load_checkpoint
 
     state, ledger = load_checkpoint(storage, RUN)
     assert adam_steps(state) == {final} and sorted(ledger.done) == list(range(SHARDS))

@@ -81,7 +81,7 @@ def admin_storage(s3: IamS3) -> Any:
 
 def run_trained(pipeline: Pipeline, s3: IamS3, run: str, rows: int, src: Path) -> None:
     """Enqueue ``run`` (online, one epoch) and wait until its trainer finished; nothing parks."""
-    from common.drafter.store import read_ledger
+    from common.runs.checkpoints import read_ledger
 
     pipeline.cli("enqueue", "--input", str(src), "--run", run, "--shard-size", "4", "--limit",
                  str(rows), "--mode", "online", "--epochs", "1", "--max-new-tokens", "64",
@@ -95,7 +95,7 @@ def run_trained(pipeline: Pipeline, s3: IamS3, run: str, rows: int, src: Path) -
 def templates(storage: Any, run: str) -> dict[str, Any]:
     """Real records of ``run`` for the forgeries to take apart."""
     from common import keys
-    from common.drafter.store import readable_commits
+    from common.runs.checkpoints import readable_commits
     from common.runs.records import decode_jsonl_zst
 
     commits = sorted(k for k in storage.list(keys.generated_prefix(run))

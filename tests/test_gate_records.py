@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from common import keys
-from common.gates.monitor import gate_events, pause_from_storage
+from common.monitor.run_monitor import gate_events, pause_from_storage
 from common.reads import foreign_counts, forget_foreign
 from common.storage import LocalStorage
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from common import keys
-from common.drafter.store import read_ledger
 from common.queue.celery_app import GENERATE, HIDDEN, TRAIN
+from common.runs.checkpoints import read_ledger
 from common.runs.records import decode_jsonl_zst
 from common.storage import open_storage
 from tests.conftest import Pipeline, wait_until
@@ -189,7 +189,7 @@ def test_unexpected_train_error_parks_and_the_train_task_has_a_delivery_cap(
 def test_redis_wipe_mid_run_does_not_pause_a_healthy_run(pipeline: Pipeline, tmp_path: Path,
                                                          model_cache: Path) -> None:
     """Rejections spread through the run (10%) must not crowd the rebuilt rolling window."""
-    from common.gates.monitor import gate_events
+    from common.monitor.run_monitor import gate_events
     from tests.test_quality_e2e import degenerate_engine
 
     src = tmp_path / "in.jsonl"

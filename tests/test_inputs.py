@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.inputs.intake import Intake
 from common.inputs.sources import expand_inputs
+from common.runs.intake import Intake
 from common.runs.records import RunConfig
 
 

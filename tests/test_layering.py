@@ -198,16 +198,40 @@ def test_the_launcher_names_no_stage() -> None:
 
 
 # common/ keeps at its top what every part of it and of the tree uses; the rest lives in the
-# folder of what it owns (docs/concepts/architecture.md lists them).
-COMMON_ROOT = {"cli", "config", "options", "errors", "exit_codes", "entry_points", "storage",
+# folder of what it owns, the folders in an order (docs/concepts/architecture.md shows it): a
+# folder imports the top and the folders before it, never one after it, so no two folders
+# depend on each other.
+COMMON_ROOT = {"choices", "config", "errors", "exit_codes", "entry_points", "storage",
                "storage_api", "s3_storage", "reads", "keys", "key_layout", "lifeline", "faults"}
-COMMON_FOLDERS = {"runs", "gates", "queue", "engine", "drafter", "hidden", "inputs", "plan"}
+COMMON_ORDER = ("engine", "gates", "inputs", "drafter", "runs", "queue", "monitor", "hidden",
+                "plan", "cli")
+
+
+def _common_part(module: str) -> str | None:
+    """A common/ module's folder, "" for one at common/'s top, None outside common/."""
+    parts = module.split(".")
+    if parts[0] != "common" or len(parts) == 1:
+        return None
+    return parts[1] if parts[1] in COMMON_ORDER else ""
+
+
+def _order_breaks() -> list[str]:
+    """Imports inside common/ that reach a later folder (or, from its top, any folder)."""
+    rank = {"": -1, **{folder: n for n, folder in enumerate(COMMON_ORDER)}}
+    return sorted(f"{m} -> {t}" for m, targets in IMPORTS.items() for t in targets
+                  if (src := _common_part(m)) is not None and (dst := _common_part(t))
+                  is not None and src != dst and rank[dst] > rank[src])
 
 
 def test_common_is_foldered_by_what_it_owns() -> None:
     top = {m.split(".")[1] for m in MODULES if m.startswith("common.")}
-    assert top == COMMON_ROOT | COMMON_FOLDERS
-    for folder in COMMON_FOLDERS:
+    assert top == COMMON_ROOT | set(COMMON_ORDER)
+    for folder in COMMON_ORDER:
         assert (ROOT / "common" / folder / "__init__.py").is_file(), folder
     architecture = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
-    assert all(f"  {folder}/" in architecture for folder in COMMON_FOLDERS)
+    assert all(f"  {folder}/" in architecture for folder in COMMON_ORDER)
+    assert " < ".join(COMMON_ORDER) in architecture, "the page states the folders' order"
+
+
+def test_commons_folders_import_only_earlier_ones() -> None:
+    assert _order_breaks() == []

@@ -182,7 +182,7 @@ def refused(client, bucket: str, key: str) -> bool:  # noqa: ANN001
 
 def test_each_role_runs_its_commands_under_its_own_policy(
         deployment: Pipeline, iam_s3: IamS3, tmp_path: Path, target_model: TinyTarget) -> None:
-    from common.drafter.store import read_ledger
+    from common.runs.checkpoints import read_ledger
     from common.storage import open_storage
     from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
     from tests.test_train_e2e import TRAIN_ENV

@@ -12,8 +12,8 @@ import pytest
 from common import keys
 from common.errors import RunPaused
 from common.gates.judge import GateConfig
-from common.gates.monitor import pause_from_storage, resume_gates
 from common.gates.partstats import SampleStat
+from common.monitor.run_monitor import pause_from_storage, resume_gates
 from common.queue import redis_keys
 from common.runs.records import ShardCommit, decode_jsonl_zst, dumps, encode_jsonl_zst
 from common.runs.summary import shard_summary

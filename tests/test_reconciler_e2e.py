@@ -146,8 +146,8 @@ def test_a_storage_403_parks_the_shard_with_the_services_reason(pipeline: Pipeli
 def test_a_killed_trainer_s_shard_is_queued_again_within_two_lease_ttls(
         slow_lease: Pipeline, tmp_path: Path) -> None:
     pipeline = slow_lease
-    from common.drafter.store import read_ledger
     from common.queue.celery_app import TRAIN
+    from common.runs.checkpoints import read_ledger
     from tests.test_train_e2e import TRAIN_ENV
 
     ttl = float(pipeline.env["DFLASH_LEASE_TTL"])

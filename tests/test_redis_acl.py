@@ -176,7 +176,7 @@ def test_a_missing_or_placeholder_password_stops_redis_with_one_line(
 @pytest.mark.e2e
 def test_a_run_goes_end_to_end_with_every_process_on_its_own_user(
         acl_redis: AclRedis, tmp_path: Path, model_cache: Path) -> None:
-    from common.drafter.store import read_ledger
+    from common.runs.checkpoints import read_ledger
     from common.storage import open_storage
     from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
     from tests.test_train_e2e import TRAIN_ENV

@@ -197,7 +197,7 @@ def test_a_run_with_a_frozen_shape_trains_it_on_a_worker_with_another_and_parks_
     """The issue's example end to end: the run's config states layers [1, 3, 5]; generation and
     training finish, no shard parks, and the checkpoint, ``status`` and ``export-drafter`` are
     the run's shape from the run's file."""
-    from common.drafter.store import committed_steps, load_checkpoint, read_ledger
+    from common.runs.checkpoints import committed_steps, load_checkpoint, read_ledger
     from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
     from tests.test_train_e2e import start_train_worker
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from common import keys
-from common.gates.monitor import rebuild
+from common.monitor.run_monitor import rebuild
 from common.reads import forget_foreign
 from common.runs.commit_set import CommitSet
 from common.runs.index import DIGESTS, KINDS, STORED, RunIndex, identity_of, write_chunk

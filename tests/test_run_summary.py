@@ -14,7 +14,7 @@ import pytest
 
 from common import keys
 from common.gates.judge import GateConfig
-from common.gates.monitor import rebuild, resume_gates
+from common.monitor.run_monitor import rebuild, resume_gates
 from common.queue import redis_keys
 from common.runs.records import InputManifest, RunConfig, ShardCommit, ShardTask, dumps
 from common.storage import LocalStorage

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.drafter.store import Ledger
+from common.runs.checkpoints import Ledger
 from common.runs.epochs import row_order, shard_order
 from common.runs.records import RunConfig
 from workers.train.drafter.schedule import Schedule

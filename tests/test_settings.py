@@ -14,9 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from common.cli.options import OPTIONS
 from common.config import FIELDS, SECTIONS, Settings, env_name, load_settings
 from common.errors import ConfigError
-from common.options import OPTIONS
 from producer.cli import main
 from tests.conftest import ROOT
 from workers.devices import resolve_device

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from common.engine.target import TargetShape
+from embedded.demo_rows import mt_bench_prompts
 from embedded.tinymodel import ensure_tiny_model
 from tests.conftest import HYBRID, MT_BENCH, TARGETS
 from tests.models_cache import cached_demo_rows
 from tests.tolerance import assert_close
-from workers.train.drafter.demo import mt_bench_prompts
 from workers.train.drafter.features import with_target_features
 from workers.train.drafter.model import ContextCache, DFlashConfig, DFlashDraftModel, add_mask_token
 from workers.train.drafter.specdec import (

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common import keys
-from common.drafter.store import best_step, committed_steps, load_checkpoint, read_ledger
+from common.runs.checkpoints import best_step, committed_steps, load_checkpoint, read_ledger
 from common.runs.records import InputManifest
 from common.runs.store import RunStore
 from common.storage import open_storage

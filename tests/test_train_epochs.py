@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.drafter.store import committed_steps, load_checkpoint, metrics_history, read_ledger
+from common.runs.checkpoints import committed_steps, load_checkpoint, metrics_history, read_ledger
 from common.storage import open_storage
 from tests.conftest import Pipeline, TinyTarget, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl

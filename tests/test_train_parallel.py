@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from common.drafter.store import committed_steps, load_checkpoint, read_ledger
+from common.runs.checkpoints import committed_steps, load_checkpoint, read_ledger
 from common.storage import open_storage
 from tests import dp_probe
 from tests.conftest import ROOT, Pipeline, wait_until

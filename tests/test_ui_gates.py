@@ -8,7 +8,7 @@ from typing import Any
 
 from common import keys
 from common.gates.judge import GateConfig
-from common.gates.monitor import resume_gates
+from common.monitor.run_monitor import resume_gates
 from common.queue import redis_keys
 from common.runs.records import encode_jsonl_zst
 from common.storage import LocalStorage

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from common import keys
-from common.drafter.store import Ledger
 from common.gates.partstats import SampleStat, part_stats
+from common.runs.checkpoints import Ledger
 from common.runs.records import ShardCommit, dumps, encode_jsonl_zst
 from common.storage import open_storage
 from producer.ui.series import SeriesReader, build_series

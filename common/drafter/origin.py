@@ -9,7 +9,7 @@ same way plus its directory and a digest of its safetensors weights, which the t
 verifies before it starts from them. Each is checked against the target before anything is
 queued::
 
-    origin, layer_ids = enqueue_origin(options, target=shape)
+    origin, layer_ids = enqueue_origin(options, target=shape)   # producer/enqueue_drafter.py
     run_config = RunConfig(..., drafter=origin)            # run.json's ``drafter``
     describe_origin(run_config.drafter)      # "config.json (sha256 1a2b3c4d5e6f, ...)"
 """
@@ -21,9 +21,8 @@ import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from common.choices import Layout
 from common.drafter.shape import (
     ARCHITECTURE,
     DrafterShapeError,
@@ -32,9 +31,6 @@ from common.drafter.shape import (
     read_shape,
 )
 from common.engine.target import TargetShape
-
-if TYPE_CHECKING:
-    from common.runs.options import RunOptions
 
 
 class OriginKind(StrEnum):
@@ -173,35 +169,3 @@ def drafter_summary(origin: DrafterOrigin | None,
         return None
     return {"source": describe_origin(origin), **(origin_json(origin) or {}),
             "target_layer_ids": layer_ids}
-
-
-def enqueue_origin(options: RunOptions,
-                   target: TargetShape) -> tuple[DrafterOrigin | None, list[int] | None]:
-    """``(run.json's drafter, the run's target layer ids)`` for enqueue's options: the drafter
-    config's ``target_layer_ids`` are the run's unless ``--target-layers`` names them too, and
-    then the two must agree; without a config, the target's shape. Any refusal is
-    :class:`OptionRefused` (one line, exit 2)."""
-    from common.drafter.layers import resolve_target_layers
-    from common.errors import OptionRefused
-
-    try:
-        origin = freeze_origin(options.drafter_config, options.init_drafter, target)
-        stated = origin.layer_ids if origin else None
-    except DrafterShapeError as exc:
-        raise OptionRefused(str(exc)) from None
-    if options.layout is not Layout.DFLASH:
-        if origin:
-            raise OptionRefused("--drafter-config/--init-drafter shape a DFlash drafter: "
-                                f"use --layout dflash, not {options.layout}")
-        return None, None   # eagle3 keeps its fixed layers and trains no DFlash drafter
-    if stated is not None and options.target_layers is None:
-        return origin, stated
-    layer_ids = resolve_target_layers(options.target_layers, target)
-    if origin is None:
-        return default_origin(options.drafter_layers, layer_ids), layer_ids
-    if stated is not None and stated != layer_ids:
-        raise OptionRefused(f"--target-layers {options.target_layers} gives layers "
-                            f"{layer_ids}, but {origin.name} states "
-                            f"dflash_config.target_layer_ids {stated}: leave --target-layers "
-                            "out or make them agree")
-    return origin, layer_ids

@@ -1,9 +1,9 @@
 """The Celery app shared by producer, workers and Flower (its delivery settings: docs/concepts/
 reconciler.md, "Celery's delivery settings").
 
-Workers run ``celery -A workers.app worker`` (via ``dflash-pipeline worker generate``); Flower runs
-``celery -A common.queue.celery_app flower``; the producer sends tasks by name and never imports
-workers.
+Workers run ``celery -A workers.generate.app worker`` (via ``dflash-pipeline worker
+generate``); Flower runs ``celery -A common.queue.celery_app flower``; the producer sends tasks
+by name and never imports workers.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ class Marker:
         try:
             return cls(kind, float(at))
         except ValueError:
-            return cls(QUEUED, 0.0)  # an older "1": only the queue itself can vouch for it
+            # Not a marker this release writes (a hand edit): only the queue can vouch for it.
+            return cls(QUEUED, 0.0)
 
     def holds(self, now: float, lease_ttl: float, in_queue: bool | None,
               run_lease_live: bool = False) -> bool:

@@ -147,7 +147,7 @@ def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
 def _plan_training(plan: RunPlan, storage: Storage, run: str, upstream: set[int],
                    stage: str, started_only: bool = False) -> None:
     """The train stage's due shards: not trained in the trainer's epoch, in its order."""
-    from common.drafter.store import train_due
+    from common.runs.checkpoints import train_due
 
     due = train_due(storage, run, upstream)
     if due is None and started_only:

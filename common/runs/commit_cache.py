@@ -11,7 +11,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from common import keys
@@ -110,22 +110,3 @@ def read_commits(storage: Storage, names: Iterable[str],
             yield ShardCommit.from_json(read_commit(storage, key, data))
         except ForeignObject as exc:
             note(exc)
-
-
-@dataclass
-class CommitCache:
-    """A run's commit digests; each call reads only the commits a new listing shows."""
-
-    storage: Storage
-    run: str
-    threads: int = THREADS
-    digests: dict[int, CommitDigest] = field(default_factory=dict)
-
-    def update(self, listing: RunListing) -> dict[int, CommitDigest]:
-        new = [key for shard, key in sorted(listing.commits.items()) if shard not in self.digests]
-        for commit in read_commits(self.storage, new, self.threads):
-            self.digests[commit.shard] = CommitDigest.of(commit)
-        if new:
-            log.debug("run %s: read %d new commits (%d known)", self.run, len(new),
-                      len(self.digests))
-        return self.digests

@@ -2,7 +2,7 @@
 
 A page that holds ``<!-- settings-reference -->`` gets one table per settings section (the flat
 name, its ``DFLASH_*`` variable, its default, the CLI options that set it, and the comments the
-declaration carries), and one per section of per-command options (``common/options.py``). The
+declaration carries), and one per section of per-command options (``common/cli/options.py``). The
 command reference is mkdocs-click's, on the group of ``docs/hooks/cli_group.py``.
 """
 
@@ -170,7 +170,7 @@ def settings_markdown() -> str:
     for name, section in SECTIONS.items():
         parts += [f"### `{name}`", "", markdown_doc(section), "",
                   table(section, env_name, section_fields, by_envvar), ""]
-    parts += ["## Per-command options (`common/options.py`)", "",
+    parts += ["## Per-command options (`common/cli/options.py`)", "",
               markdown_doc(command_options), ""]
     for section in command_options.SECTIONS:
         parts += [f"### {section.__name__}", "", markdown_doc(section), "",

@@ -1,6 +1,6 @@
 """The gate panels' figures from storage, when Redis has no live run monitor (gone or wiped).
 
-The same reader as the monitor's own rebuild (:mod:`common.gates.monitor_rebuild`: every commit's
+The same reader as the monitor's own rebuild (:mod:`common.monitor.rebuild`: every commit's
 summary, the parts of uncommitted shards only, and the pause and resume records), so the panels
 show what the monitor would hold in Redis: the supervised-token histogram, the newest
 ``EXAMPLES`` rejected samples per reason and the rolling window (the newest ``pause_after``
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.gates.judge import GateConfig
-from common.gates.monitor import resume_state
-from common.gates.monitor_rebuild import shard_summaries, summary_index
 from common.gates.partstats import EXAMPLE_FIELDS
+from common.monitor.rebuild import shard_summaries, summary_index
+from common.monitor.run_monitor import resume_state
 from common.runs.index import ScanPlan, shard_total
 from common.runs.summary import RunSummary
 from common.storage import Storage
@@ -55,7 +55,7 @@ class GateSource:
 
 def stored_gates(storage: Storage, run: str, gates: GateConfig,
                  plan: ScanPlan | None = None) -> StoredGates:
-    """Histogram, examples and window as :func:`common.gates.monitor.rebuild` would put them
+    """Histogram, examples and window as :func:`common.monitor.run_monitor.rebuild` would put them
     back."""
     _, _, size, accepted_at = resume_state(storage, run, gates)
     total = RunSummary()

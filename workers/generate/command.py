@@ -26,8 +26,8 @@ def mtp_preflight(settings: Settings) -> None:
 
 
 # A generate worker owns its engine's GPUs: --gpu G and the --tp after it.
-GENERATE = Launch("generate", app="workers.app", gpus=lambda settings: settings.generate.tp,
-                  preflight=mtp_preflight)
+GENERATE = Launch("generate", app="workers.generate.app",
+                  gpus=lambda settings: settings.generate.tp, preflight=mtp_preflight)
 
 
 @click.command("generate")

@@ -4,8 +4,8 @@ Every generate worker reports each part it writes here (Redis, shared by all wor
 rejection rate over the last ``pause_after`` samples exceeds ``max_reject_rate`` (or, before
 that many samples, once so many are rejected that the rate at ``pause_after`` must exceed it)
 the run is **paused**: workers start no new shard and stop in-flight shards at their next part.
-The state's format, its rebuild and ``resume`` live in :mod:`common.gates.monitor` (the CLI reads
-it).
+The state's format, its rebuild and ``resume`` live in :mod:`common.monitor.run_monitor` (the
+CLI reads it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from typing import Any, cast
 from common import keys
 from common.errors import RunPaused
 from common.gates.judge import mark_duplicate
-from common.gates.monitor import EXAMPLES, GateState, Samples, Thresholds, count_samples, stamp
+from common.monitor.run_monitor import (
+    EXAMPLES,
+    GateState,
+    Samples,
+    Thresholds,
+    count_samples,
+    stamp,
+)
 from common.queue import redis_keys
 from common.runs.records import dumps
 

@@ -4,5 +4,5 @@
     drafter/  the drafter model, masks, blocks, trainer and export
 
 Checkpoints and the ledger (read by ``status`` and ``resume`` too) live in
-``common/drafter/store.py``.
+``common/runs/checkpoints.py``.
 """

@@ -51,7 +51,7 @@ def choose_step(settings: Settings, run: str,
                 step: int | None) -> tuple[int | None, str, float | None]:
     """The step to export: ``step`` as asked, else the best-evaluated, else the newest; with
     how it was chosen and its measured tau (None when unmeasured)."""
-    from common.drafter.store import best_step
+    from common.runs.checkpoints import best_step
     from common.storage import open_storage
 
     if step is not None:
@@ -62,7 +62,7 @@ def choose_step(settings: Settings, run: str,
 
 def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
     """``NotFound`` unless the run has a checkpoint (at ``step``); cheap: no torch, no model."""
-    from common.drafter.store import committed_steps
+    from common.runs.checkpoints import committed_steps
 
     steps = committed_steps(storage, run)
     if not steps:
@@ -75,7 +75,7 @@ def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
 def load_run_drafter(settings: Settings, run: str, step: int | None,
                      device: Any = None) -> RunDrafter:
     """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
-    from common.drafter.store import load_checkpoint
+    from common.runs.checkpoints import load_checkpoint
     from common.runs.store import RunStore
     from common.storage import open_storage
     from workers.train.drafter.train import DrafterTrainer

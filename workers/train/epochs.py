@@ -21,9 +21,9 @@ import math
 from typing import TYPE_CHECKING
 
 from common.choices import Mode
-from common.drafter.store import Ledger
 from common.queue.celery_app import TRAIN, app
 from common.queue.dispatch import publish_shard
+from common.runs.checkpoints import Ledger
 from common.runs.epochs import Finish, shard_order
 from common.runs.records import RunConfig
 from common.runs.store import RunStore

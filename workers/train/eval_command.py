@@ -126,7 +126,7 @@ def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
 
     if path is not None:
         # The shared input reader: every file layout enqueue accepts, with the run's settings.
-        from common.inputs.intake import Intake
+        from common.runs.intake import Intake
 
         intake = Intake(replace(config, input=[path], limit=None))
         rows: list[Any] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from common.drafter.store import Ledger
+from common.runs.checkpoints import Ledger
 from common.runs.records import RunConfig
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.config import env_name
-from common.drafter.store import Ledger, latest_step, load_checkpoint
+from common.runs.checkpoints import Ledger, latest_step, load_checkpoint
 from common.runs.records import RunConfig
 from common.runs.store import RunStore
 from workers.context import WorkerContext, get_context

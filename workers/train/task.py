@@ -25,10 +25,10 @@ from redis.typing import EncodableT, FieldT
 
 from common import keys
 from common.choices import Mode
-from common.drafter.store import save_checkpoint
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
 from common.queue.celery_app import TASK_TRAIN, app
+from common.runs.checkpoints import save_checkpoint
 from common.runs.epochs import row_order
 from common.runs.records import RunConfig, ShardTask, TaskOutcome
 from common.runs.store import RunStore

@@ -1,4 +1,4 @@
-"""Celery entry point for workers: ``celery -A workers.app worker -Q generate``.
+"""Celery entry point for workers: ``celery -A workers.generate.app worker -Q generate``.
 
 Prefer ``dflash-pipeline worker generate``, which sets the pool, name and queue for you.
 """

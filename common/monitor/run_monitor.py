@@ -6,7 +6,7 @@ and resume decisions are also written to storage (``runs/<run>/gates/``), which 
 ``report`` read (:func:`pause_from_storage`); ``dflash-pipeline resume --run RUN --accept-gates``
 (or new thresholds) lifts a pause (:func:`resume_gates`). When Redis lost the state, one process
 rebuilds it from the commits' summaries (and the parts of uncommitted shards:
-:mod:`common.gates.monitor_rebuild`).
+:mod:`common.monitor.rebuild`).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def pause_from_storage(storage: Storage, run: str) -> dict[str, Any] | None:
 def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,
             heartbeat: Callable[[], object] = lambda: None) -> None:
     """Recompute the monitor's Redis state from commit summaries and uncommitted parts."""
-    from common.gates.monitor_rebuild import rebuild_from_summaries
+    from common.monitor.rebuild import rebuild_from_summaries
 
     events, last, size, accepted_at = resume_state(storage, run, gates)
     rebuild_from_summaries(client, storage, run, size=size, accepted_at=accepted_at,

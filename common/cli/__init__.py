@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from common.cli.options import OPTIONS
 from common.config import FIELDS, env_name, load_settings, mask_url
 from common.errors import (
     ConfigError,
@@ -27,7 +28,6 @@ from common.errors import (
     RunConfigMismatch,
 )
 from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH, EXIT_USAGE
-from common.options import OPTIONS
 from common.runs.options import run_option_fields
 
 log = logging.getLogger("dflash")
@@ -54,7 +54,7 @@ def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[F], F]:
 
 
 def command_option(name: str, *decls: str, **kw: Any) -> Callable[[F], F]:
-    """A click option declared in :mod:`common.options`: its default and variable come from
+    """A click option declared in :mod:`common.cli.options`: its default and variable come from
     there (shown unless it is None or off); ``decls`` may name the parameter (``"as_json"``)."""
     default = OPTIONS[name].default
     default = None if default is MISSING else default   # a required option declares none
