@@ -38,7 +38,8 @@ def _load_engine(sender: object = None, **_: object) -> None:
     port, host = settings.worker.metrics_port, settings.worker.metrics_host
     if port:
         try:
-            metrics.serve(host, port, lambda: float(getattr(context.current, "in_flight", 0)))
+            metrics.serve(host, port, lambda: float(context.current.in_flight
+                                                      if context.current else 0))
         except OSError as exc:
             raise SystemExit(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
@@ -47,7 +48,7 @@ def _load_engine(sender: object = None, **_: object) -> None:
 def _say_mtp(**_: object) -> None:
     """The worker's line on MTP as its engine starts (which, and why), once Celery's logging is
     set up; each run then logs its own choice at its first task."""
-    mtp = getattr(get_generate_context().engine, "mtp", None)
+    mtp = get_generate_context().engine.mtp
     if mtp is not None:
         log.info("engine starts with %s", mtp.line())
 

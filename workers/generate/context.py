@@ -152,7 +152,7 @@ class GenerateContext:
                 self._cond.notify_all()
 
     def _serves(self, choice: MtpChoice) -> bool:
-        mtp = getattr(self._engine, "mtp", None)
+        mtp = self._engine.mtp if self._engine is not None else None
         running = mtp is not None and mtp.on == choice.on
         return running and self._wanted in (None, choice.on)
 
@@ -197,14 +197,14 @@ def warm_engine(worker: str | None = None) -> None:
 def announce_engine(context: WorkerContext, engine: Engine, worker: str | None = None) -> None:
     """Tell ``status`` where this worker's engine server and its log are (advisory), which
     worker owns it and its speculative algorithm (the dashboard's Engines panel)."""
-    server, url = getattr(engine, "server", None), getattr(engine, "url", None)
+    server, url = engine.server, engine.url
     if url is None:  # the in-process CPU engine has no server to show
         return
     record: dict[str, Any] = ({"url": server.url, "log": str(server.log_path),
-                               "pid": server.proc.pid}
+                               "pid": server.proc.pid if server.proc else None}
                               if server is not None else {"url": url, "log": None, "pid": None})
     record.update(worker=worker or _announced.get("worker"),
-                  algorithm=getattr(engine, "algorithm", None))
+                  algorithm=engine.algorithm)
     _announced["worker"] = record["worker"]
     try:
         context.redis.hset(redis_keys.redis_engines(),

@@ -32,10 +32,10 @@ _lock = threading.Lock()
 
 def check_lossless(engine: Any, sampling: Sampling, run: str) -> None:
     """Refuse (park the shard) where the engine's speculative verify would change ``sampling``."""
-    mtp = getattr(engine, "mtp", None)
+    mtp = engine.mtp
     if mtp is None:
         return
-    refusal = lossless_refusal(getattr(engine, "algorithm", None), mtp.device, sampling)
+    refusal = lossless_refusal(engine.algorithm, mtp.device, sampling)
     if refusal is not None:
         raise ConfigError(f"run {run}: {refusal}")
 

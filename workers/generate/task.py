@@ -161,7 +161,7 @@ class Progress:
         metrics.TOKENS.labels(run).inc(tokens)
         metrics.PARTS.labels(run).inc()
         speculative.record(self.ctx.redis, run, self.worker,
-                           getattr(self.engine, "algorithm", None), samples)
+                           self.engine.algorithm, samples)
         self.flush_requests()
 
     def flush_requests(self) -> None:

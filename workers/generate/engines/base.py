@@ -11,11 +11,15 @@ import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from common.choices import FinishReason
 from common.engine.sampling import Sampling
 from common.errors import RequestRefused
+
+if TYPE_CHECKING:
+    from common.engine.mtp import MtpChoice
+    from workers.generate.engines.server import EngineServer
 from common.gates.judge import Reason
 
 T = TypeVar("T")
@@ -74,9 +78,18 @@ class GenResult:
 
 
 class Engine(Protocol):
-    """What a generate worker needs from an engine; ``generate`` runs on the worker's event loop."""
+    """What a generate worker needs from an engine; ``generate`` runs on the worker's event loop.
+
+    Every engine states all of it: the in-process CPU engine has no server (``url`` and
+    ``server`` None), no MTP configuration and no speculative algorithm.
+    """
 
     tokenizer: Any
+    mtp: MtpChoice | None   # the MTP configuration it was started in (None: never speculative)
+    algorithm: str | None   # the speculative algorithm it runs (SGLang's name), if any
+    url: str | None         # its server's base URL (None: in process)
+    server: EngineServer | None   # the server this worker started for it, if any
+    in_flight: int          # requests it is answering now
 
     async def generate(self, request: GenRequest) -> GenResult:
         """One completion; concurrent calls are how an engine's batch is kept full."""

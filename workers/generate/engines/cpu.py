@@ -6,11 +6,15 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.choices import FinishReason
 from common.errors import EngineError
 from workers.generate.engines.base import GenRequest, GenResult
+
+if TYPE_CHECKING:
+    from common.engine.mtp import MtpChoice
+    from workers.generate.engines.server import EngineServer
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +28,12 @@ class CpuEngine:
 
         self._torch = torch
         self.model_path = model_path
-        self.mtp: Any = None   # the worker's MTP choice (always off: no speculative decoding)
+        # No server and no speculative decoding: the Engine protocol's fields, stated.
+        self.mtp: MtpChoice | None = None
+        self.algorithm: str | None = None
+        self.url: str | None = None
+        self.server: EngineServer | None = None
+        self.in_flight = 0
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model.eval()

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -26,6 +26,9 @@ from common.engine.speculative import server_algorithm, spec_figures
 from common.errors import EngineError, RequestRefused
 from common.gates.judge import Reason
 from workers.generate.engines.base import GenRequest, GenResult, ServerLimits, fit_request
+
+if TYPE_CHECKING:
+    from workers.generate.engines.server import EngineServer
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +123,12 @@ class SglangEngine:
     """An SGLang-protocol server (real or the simulator) behind the engine interface."""
 
     def __init__(self, url: str, tokenizer: Any, max_in_flight: int, request_timeout: float,
-                 retry_window: float, stop_ids: list[int], server: Any = None,
+                 retry_window: float, stop_ids: list[int], server: EngineServer | None = None,
                  mtp: MtpChoice | None = None) -> None:
-        self.url = url.rstrip("/")
+        self.url: str | None = url.rstrip("/")
         self.mtp = mtp
         # The speculative algorithm it runs: the launch's, else what the server reports.
-        self.algorithm = mtp.algorithm if mtp is not None else None
+        self.algorithm: str | None = mtp.algorithm if mtp is not None else None
         self.tokenizer = tokenizer
         self.max_in_flight = max_in_flight
         self.request_timeout, self.retry_window = request_timeout, retry_window
