@@ -33,6 +33,7 @@ from producer.enqueue import EnqueueReport
 from producer.enqueue_drafter import enqueue_origin
 from producer.fit import ContextCheck, context_length
 from producer.status import StatusReader
+from producer.status_record import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def print_enqueue_report(report: EnqueueReport, storage: Storage, as_json: bool)
             click.echo(f"  ... and {report.rejected - len(report.examples)} more")
 
 
-def render_status(status: dict[str, Any]) -> str:
+def render_status(status: RunStatus) -> str:
     shards, samples, gates = status["shards"], status["samples"], status["gates"]
     total = samples["total"] if samples["total"] is not None else "?"
     eta = status["eta_s"]
@@ -215,22 +216,22 @@ def render_status(status: dict[str, Any]) -> str:
                          f"{aside.get('cut', 0)} cut to the run's --max-train-tokens")
         if down.get("memory_plan"):
             lines.append(f"  memory  {down['memory_plan']}")
-        if status.get("drafter"):
-            lines.append(f"  drafter shape from {status['drafter']['source']}")
+        if drafter := status.get("drafter"):
+            lines.append(f"  drafter shape from {drafter['source']}")
         if down.get("eval_error"):
             lines.append(f"  drafter eval failed at step {down['eval_error']['step']} "
                          f"(training went on): {down['eval_error']['message']}")
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
-    if status.get("pause"):
-        window = status["pause"].get("window") or {}
-        lines.append(f"  PAUSED  {status['pause']['reason']}")
+    if pause := status.get("pause"):
+        window = pause.get("window") or {}
+        lines.append(f"  PAUSED  {pause['reason']}")
         if window:
             lines.append(f"    window that tripped: {window['rejected']}/{window['size']} "
                          f"rejected ({window['rate']:.0%}; limit {window['max_reject_rate']:.0%}"
                          f" over {window['limit']}); whole run so far {gates['rate']:.1%}")
         lines += [f"    e.g. {e['id']}: {', '.join(e['reasons'])}: {e['answer'][:80]!r}"
-                  for e in status["pause"].get("examples", [])]
+                  for e in pause.get("examples", [])]
         lines.append(f"  see `dflash-pipeline report --run {status['run']}`, then `dflash-pipeline "
                      f"resume --run {status['run']} --accept-gates` to continue")
     lines += [f"  engine {name}: {e['url']}" + (f" (log {e['log']})" if e.get("log") else "")
@@ -254,7 +255,7 @@ def _duration(seconds: float) -> str:
 
 
 def show_status(storage: Storage, client: redis.Redis, run: str, *, watch: bool,
-                interval: float, as_json: bool) -> dict[str, Any]:
+                interval: float, as_json: bool) -> RunStatus:
     """Print the run's status (once, or until it ends with ``watch``); returns the last one."""
     reader = StatusReader(storage, client, run)
     if watch and not as_json:
@@ -268,7 +269,7 @@ def show_status(storage: Storage, client: redis.Redis, run: str, *, watch: bool,
 
 
 def watch_progress(reader: StatusReader, interval: float,
-                   check: Callable[[], None] = lambda: None) -> dict[str, Any]:
+                   check: Callable[[], None] = lambda: None) -> RunStatus:
     """A live progress bar (rich) until the run is done or failed; returns the last status.
 
     ``check`` runs every refresh and may raise to abort (the demo uses it to notice a dead worker).

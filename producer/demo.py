@@ -23,7 +23,6 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 import redis
@@ -35,6 +34,7 @@ from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.runs.options import RunOptions
 from common.runs.records import RunState
 from producer.children import die_with_parent
+from producer.status_record import RunStatus
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -212,7 +212,7 @@ def run_demo(options: DemoOptions) -> int:
     return code
 
 
-def generation_summary(status: dict[str, Any], wall: float) -> str:
+def generation_summary(status: RunStatus, wall: float) -> str:
     """Samples, rate and the quality gates' verdict, as the demo prints them."""
     done, gates = status["samples"]["done"], status["gates"]
     reasons = "".join(f", {r} {n}" for r, n in gates["reasons"].items())

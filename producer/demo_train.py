@@ -28,6 +28,7 @@ from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.runs.records import RunState
 from producer.children import die_with_parent
 from producer.status import StatusReader
+from producer.status_record import RunStatus
 
 REFRESH_S = 1.0
 
@@ -58,7 +59,7 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1"}
 class Watched:
     """The last status, and when generation finished (seconds after the enqueue began)."""
 
-    status: dict[str, Any]
+    status: RunStatus
     generated_s: float
 
 

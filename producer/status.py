@@ -28,11 +28,12 @@ from common.reads import foreign_counts, part_getter, rows_or_none
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.commit_set import CommitSet
 from common.runs.index import RunIndex, shard_total
-from common.runs.records import RunState
+from common.runs.records import RunConfig, RunState
 from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
+from producer.status_record import RunStatus
 
 RATE_WINDOW_S = 120.0
 
@@ -61,7 +62,7 @@ class StatusReader:
     hidden: CommitSet | None = None
     fixed: dict[str, Any] = field(default_factory=dict)  # run.json, the manifest: put-once
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> RunStatus:
         if "config" not in self.fixed:  # RunNotFound: one line, exit 1
             self.fixed["config"] = RunStore(self.storage, self.run).config()
         config = self.fixed["config"]
@@ -92,7 +93,7 @@ class StatusReader:
         if pause and state not in (RunState.DONE, RunState.FAILED):
             state = RunState.PAUSED
         rate = live["samples_per_s"] if up else None
-        return {
+        status: RunStatus = {
             "run": self.run,
             "state": state.value,
             "storage": self.storage.root,
@@ -123,6 +124,7 @@ class StatusReader:
             # or written by hand), by area: ignored, warned once each (common/reads.py).
             "foreign_objects": foreign_counts(),
         }
+        return status
 
     def _read_commits(self, total: int) -> list[str]:
         """New commits from the run index (and unindexed commits); returns the part keys of
@@ -164,7 +166,7 @@ class StatusReader:
         return {**counts, **{state: sum(v == state for v in self.grid.values())
                              for state in GRID_STATES}}
 
-    def _downstream(self, config: Any, live: dict[str, Any] | None,
+    def _downstream(self, config: RunConfig, live: dict[str, Any] | None,
                     total: int) -> dict[str, Any]:
         """The hidden-state stage's commits (offline) or the trainer's progress (online)."""
         stage = "train" if config.mode is Mode.ONLINE else "hidden"

@@ -24,6 +24,7 @@ from common.runs.store import RunStore
 from common.storage import Storage
 from producer.report import token_stats
 from producer.status import StatusReader
+from producer.status_record import RunStatus
 from producer.ui.gate_source import GateSource
 from producer.ui.series import SeriesReader
 
@@ -46,7 +47,7 @@ class RunView:
     series: SeriesReader
     gate_source: GateSource
     lock: threading.Lock = field(default_factory=threading.Lock)
-    last: tuple[float, dict[str, Any]] | None = None
+    last: tuple[float, RunStatus] | None = None
 
 
 @dataclass
@@ -106,7 +107,7 @@ class Views:
                 "age_s": round(time.time() - config.created_at, 1),
                 "eta_s": status["eta_s"], "tokens_per_s": status["tokens"]["per_s"]}
 
-    def status(self, run: str, reuse_s: float = 0.0) -> dict[str, Any]:
+    def status(self, run: str, reuse_s: float = 0.0) -> RunStatus:
         """Exactly what ``dflash-pipeline status --run RUN --json`` prints; ``reuse_s``: a read
         at most that old will do (the other panels of one refresh share one read)."""
         view = self.view(run)
@@ -117,7 +118,7 @@ class Views:
             view.last = (time.monotonic(), status)
             return status
 
-    def recent_status(self, run: str) -> dict[str, Any]:
+    def recent_status(self, run: str) -> RunStatus:
         return self.status(run, STATUS_REUSE_S)
 
     def series(self, run: str) -> dict[str, Any]:
