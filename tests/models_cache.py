@@ -86,7 +86,7 @@ def cached_demo_rows(model_dir: Path, target: object, tokenizer: object, prompts
     from embedded.demo_rows import demo_rows
 
     digest = hashlib.sha256(json.dumps([prompts, options], sort_keys=True).encode())
-    digest.update((ROOT / "workers" / "train" / "drafter" / "demo.py").read_bytes())
+    digest.update((ROOT / "embedded" / "demo_rows.py").read_bytes())
     path = model_dir / f"demo-rows-{digest.hexdigest()[:16]}.json"
     if path.is_file():
         return [TrainingRow(**row) for row in json.loads(path.read_text())]

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from common import options as command_options
+from common.cli import options as command_options
 from common.config import FIELDS, env_name
 from tests.conftest import ROOT
 

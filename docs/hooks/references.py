@@ -162,7 +162,7 @@ def markdown_doc(obj: Any) -> str:
 
 def settings_markdown() -> str:
     """Every setting and every per-command option, by section, as the code declares them."""
-    from common import options as command_options
+    from common.cli import options as command_options
     from common.config import SECTIONS, env_name, section_fields
 
     by_envvar = cli_options_by_envvar()
