@@ -11,6 +11,7 @@ import pytest
 
 from common.engine.sampling import Sampling
 from common.gates.judge import GateConfig, TokenInfo
+from common.runs.records import RunConfig
 from common.runs.trainrows import training_rows
 from tests.conftest import HYBRID, ROOT, RedisServer, TinyTarget, running_simulator
 from workers.generate.engines.base import EngineLoop
@@ -38,12 +39,17 @@ def mt_bench_rows(n: int, prefix: str = "q") -> list[dict[str, Any]]:
             for i, line in enumerate(lines)]
 
 
+def run_config(sampling: Sampling, gates: GateConfig) -> RunConfig:
+    """A run's frozen config with these sampling values and gates (the rest its defaults)."""
+    return RunConfig(run="t", model="m", input="x", sampling=sampling, gates=gates)
+
+
 def generate(engine: Any, tokenizer: Any, rows: list[dict[str, Any]], *,
              gates: GateConfig | None = None, max_new_tokens: int = 512) -> list[dict]:
     loop = EngineLoop()
     gates = gates or GateConfig()
-    job = Job(engine, Sampling(max_new_tokens=max_new_tokens), gates, 0, ShardCounters(),
-              TokenInfo.of(tokenizer))
+    job = Job(engine, run_config(Sampling(max_new_tokens=max_new_tokens), gates), 0,
+              ShardCounters(), TokenInfo.of(tokenizer))
     try:
         samples = list(regenerate(loop, job, rows))
     finally:
@@ -234,8 +240,9 @@ def test_a_turn_that_cannot_fit_the_servers_context_is_not_sent(tiny: Path,
                            "--time-scale", "0.01", "--len-mu", "3", "--len-sigma", "0.1") as url:
         engine = SglangEngine(url, tokenizer, 16, 30.0, 5.0,
                               [tokenizer.convert_tokens_to_ids("<|im_end|>")])
-        job = Job(engine, Sampling(max_new_tokens=64), GateConfig(min_supervised_tokens=0), 0,
-                  counters, TokenInfo.of(tokenizer))
+        job = Job(engine, run_config(Sampling(max_new_tokens=64),
+                                     GateConfig(min_supervised_tokens=0)),
+                  0, counters, TokenInfo.of(tokenizer))
         loop = EngineLoop()
         try:
             samples = {s["id"]: s for s in regenerate(loop, job, [*mt_bench_rows(2), long])}

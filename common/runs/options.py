@@ -122,6 +122,10 @@ class FrozenOptions:
         None, type=click.IntRange(min=2),
         help="Train on the first N tokens of longer rows (SpecForge's recipe cuts at 4096) "
              "[default: whole rows; plan-training says what fits]; status counts the rows cut.")
+    max_turns: int | None = run_option(
+        None, type=click.IntRange(min=1),
+        help="Regenerate at most this many assistant turns of a conversation "
+             "[default: every turn].")
     patience: int | None = run_option(
         None, type=click.IntRange(min=1),
         help="Stop training after this many end-of-epoch evaluations without a better held-out "

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.choices import FinishReason
-from common.engine.sampling import Sampling
 from common.errors import EngineRefusesAll, RequestRefused
 from common.gates.judge import (
     GateConfig,
@@ -32,6 +31,7 @@ from common.gates.judge import (
     judge,
 )
 from common.gates.turns import answer_message, decode, render_prompt
+from common.runs.records import RunConfig
 from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
 
 # A shard parks (instead of storing every sample as rejected) when this many of its first
@@ -94,12 +94,10 @@ class Job:
     """What every conversation of a shard is generated and judged with."""
 
     engine: Engine
-    sampling: Sampling
-    gates: GateConfig
+    config: RunConfig   # the run's frozen config, whole: sampling, gates, template options, ...
     shard: int
     counters: ShardCounters
     tokens: TokenInfo
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,18 +120,20 @@ class _Conversation:
 async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
     """One conversation, each assistant turn answering the conversation so far and judged as
     it finishes; the first rejected turn ends it."""
-    thinking = job.sampling.thinking_for(row["id"])
+    config = job.config
+    thinking = config.sampling.thinking_for(row["id"])
     convo = _Conversation()
-    for number, group in enumerate(row["turns"], start=1):
+    turns = row["turns"][:config.max_turns] if config.max_turns else row["turns"]
+    for number, group in enumerate(turns, start=1):
         convo.messages.extend(group)
         request = GenRequest(render_prompt(job.engine.tokenizer, convo.messages, thinking,
-                                           job.template_kwargs, row.get("tools")),
-                             job.sampling, job.gates.min_answer_tokens)
+                                           config.chat_template_kwargs, row.get("tools")),
+                             config.sampling, config.gates.min_answer_tokens)
         convo.stopped = await _turn_of(job, request, convo, number, thinking)
         if convo.stopped is not None:
             break
     return _record(row, job.shard, *_kept(convo), job.engine.info(),
-                   _quality(convo, job.gates, thinking), thinking, _spent(convo))
+                   _quality(convo, config.gates, thinking), thinking, _spent(convo))
 
 
 async def _turn_of(job: Job, request: GenRequest, convo: _Conversation, number: int,
@@ -153,7 +153,7 @@ async def _turn_of(job: Job, request: GenRequest, convo: _Conversation, number: 
     facts = inspect_turn(job.tokens, request.input_ids, result.output_ids,
                          decode(tokenizer, result.output_ids), answer["content"],
                          result.finish_reason)
-    verdict = judge([facts], job.gates, thinking, first=number)
+    verdict = judge([facts], job.config.gates, thinking, first=number)
     if verdict["passed"]:
         convo.keep(answer, _turn(request, result), facts)
         return None

@@ -85,8 +85,7 @@ def generate_rows(delivery: Delivery, lease: Any, gen: GenerateContext, engine: 
     buffer = PartBuffer(parts, generate.part_samples, generate.part_seconds,
                         before_write=monitor.claim_answers, on_write=progress.part_written,
                         worker=worker)
-    job = Job(engine, config.sampling, config.gates, task.shard, progress.counters, gen.tokens,
-              config.chat_template_kwargs)
+    job = Job(engine, config, task.shard, progress.counters, gen.tokens)
     samples = regenerate(gen.loop, job, todo)
     with closing(samples):
         for sample in samples:
