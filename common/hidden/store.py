@@ -175,8 +175,11 @@ def encode_part(records: list[HiddenRecord], meta: HiddenMeta, dtype: str = "bf1
         "offsets": offsets,
     }
     if meta.has_last:
+        lasts = [r.last_hidden_states for r in records]
+        if any(last is None for last in lasts):
+            raise ValueError("a layout that keeps the last state has a record without it")
         tensors["last_hidden_states"] = torch.cat(
-            [r.last_hidden_states.to(DTYPES[dtype]) for r in records])  # type: ignore[union-attr]
+            [last.to(DTYPES[dtype]) for last in lasts if last is not None])
     metadata = {
         "format": FORMAT, "layout": meta.layout, "layer_ids": json.dumps(list(meta.layer_ids)),
         "hidden_size": str(meta.hidden_size), "dtype": dtype,

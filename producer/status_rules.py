@@ -1,0 +1,95 @@
+"""The rules ``status`` reads a run by, apart from the reading: a run's state, a shard's, the
+rates and ETA, and the trainer's progress."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from common.queue.reconcile import StageView
+from common.runs.records import RunState
+
+RATE_WINDOW_S = 120.0
+
+@dataclass(frozen=True)
+class StoredProgress:
+    samples: int
+    rejected: int
+
+
+def _eta(state: RunState, remaining: int | None, rate: float | None) -> float | None:
+    """Seconds left at the recent rate; none while paused or when the rate is unknown."""
+    if remaining == 0:
+        return 0.0
+    if state is RunState.PAUSED or not rate or remaining is None:
+        return None
+    return round(remaining / rate, 1)
+
+
+def _rates(events: list[str]) -> tuple[float, float]:
+    """Tokens/s and samples/s over the recent window of part writes."""
+    now = time.time()
+    recent = [tuple(map(float, e.split())) for e in events]
+    recent = [e for e in recent if now - e[0] <= RATE_WINDOW_S]
+    if not recent:
+        return 0.0, 0.0
+    span = max(now - min(e[0] for e in recent), 1.0)
+    return sum(e[1] for e in recent) / span, sum(e[2] for e in recent) / span
+
+
+GRID_STATES = ("running", "healing", "retrying", "pending", "parked")
+
+
+def shard_state(shard: int, committed: set[int], view: StageView | None) -> str:
+    """One generate shard's state, as the grid shows it and ``status`` counts it."""
+    if shard in committed:
+        return "committed"
+    if view is None:
+        return "unknown"
+    if shard in view.parked:
+        return "parked"
+    if shard in view.live:
+        return "running"
+    if shard in view.healing:
+        return "healing"
+    if shard in view.retrying:
+        return "retrying"
+    return "pending"
+
+
+def _owned_anywhere(live: dict[str, Any]) -> bool:
+    """Whether any stage of the run has a live lease or a queued message behind a marker."""
+    return any(view.owned for view in live["stages"].values())
+
+
+def _state(enqueued: bool, total: int, committed: int, parked: int, running: int,
+           progressed: int, owned: bool | None) -> RunState:
+    """``stalled``: work left, yet no live lease and no queued message (no worker will move it
+    until one starts, or the reconciler of a live one queues it again)."""
+    if not enqueued:
+        return RunState.ENQUEUING
+    if committed == total:
+        return RunState.DONE
+    if committed + parked == total:
+        return RunState.FAILED
+    if owned is False:
+        return RunState.STALLED
+    if running or progressed:
+        return RunState.RUNNING
+    return RunState.PENDING
+
+
+def training_progress(train: dict[str, Any], ledger: Any, epochs: int) -> dict[str, Any]:
+    """The trainer's epoch, schedule and learning rate as numbers: the ledger (storage) for
+    what it holds, the live metrics record for the rest (``status --json`` contract)."""
+    def number(name: str, kind: type) -> Any:
+        value = train.get(name)
+        return kind(float(value)) if value not in (None, "") else None
+
+    step = number("step", int)
+    return {"epoch": number("epoch", int) or min(ledger.epoch + 1, epochs), "epochs": epochs,
+            "step": step, "total_steps": number("total_steps", int) or ledger.total_steps or None,
+            "lr": number("lr", float), "eta_s": number("eta_s", float),
+            "tau_by_epoch": list(ledger.tau_by_epoch),
+            "finished": ledger.finished or None}
