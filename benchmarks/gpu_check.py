@@ -18,7 +18,8 @@ memory of each; (c) the speculative-decoding eval loop (a random drafter) agains
 decoding: decode tokens/s and the same tokens; (d) the block masks' numerics: dense SDPA and
 flex attention on CUDA (fp32 and bf16) against dense SDPA on the CPU in fp32 (CPU only: flex
 eager against dense); (f) the training memory plan (:mod:`common.plan.memory`) beside what a
-step really allocated, term by term (``benchmarks/training_memory.py``). Prints one table;
+step really allocated, term by term (``benchmarks/training_memory.py``; on a GPU also the
+target's weights, the drafter's state, flex's mask build and the runtime). Prints one table;
 exits 1 on a numerics mismatch (or non-finite hidden states). Peak memory is
 ``torch.cuda.max_memory_allocated`` above what was resident before the part (the target's
 weights), timings synchronise the device first; on the CPU both read "-" (but in (f), where the
@@ -51,9 +52,18 @@ from benchmarks.gpu_targets import (  # noqa: E402
     describe,
     linear_attention_kernels,
 )
-from benchmarks.training_memory import plan_checks  # noqa: E402
+from benchmarks.training_memory import peak, plan_checks  # noqa: E402
 from common.errors import HiddenStateError  # noqa: E402
 from common.exit_codes import EXIT_FAILURE  # noqa: E402
+from common.plan.memory import (  # noqa: E402
+    Device,
+    Micro,
+    StepMemory,
+    drafter_state_bytes,
+    mask_build_bytes,
+    target_bytes,
+)
+from common.plan.shapes import DrafterDims, TargetDims  # noqa: E402
 from common.runs.trainrows import TrainingRow  # noqa: E402
 from workers.batching import length_batches  # noqa: E402
 from workers.devices import resolve_device  # noqa: E402
@@ -266,6 +276,52 @@ def part_masks(device: torch.device) -> list[Row]:
     return rows
 
 
+def plan_row(term: str, measured: int, planned: int) -> Row:
+    return Row("f memory plan", term, None, measured / GIB,
+               f"planned {planned / GIB:.2f} GiB ({planned / max(measured, 1):.2f}x measured)")
+
+
+def part_plan_terms(target: Any, device: torch.device, length: int, anchors: int) -> list[Row]:
+    """(f) the plan's other terms (one rank, so no collective buffers) beside what the device
+    holds: the target's weights; the drafter's state after an optimizer step (weights,
+    gradients, moments: the allocator's bytes made since its build); flex's mask build (its
+    peak); the runtime (the device's used memory that no tensor holds, after the step)."""
+    dims, plan_device = TargetDims.of_model(target), Device(cuda=device.type == "cuda")
+    weights = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+               for t in (*target.parameters(), *target.buffers())}
+    rows = [plan_row("target weights", sum(weights.values()), target_bytes(dims))]
+    mask_id = target.config.vocab_size - 1
+    config = DFlashConfig.from_target(target.config, mask_id)
+    featured = with_target_features(target, random_rows(1, length, target.config.vocab_size, 3),
+                                    config.target_layer_ids)
+    held: list[int] = []
+    with peak(device) as read:
+        trainer = DrafterTrainer(DFlashDraftModel.for_target(target, mask_id, init_seed=0),
+                                 TrainConfig(total_steps=4, max_anchors=anchors))
+        def after_step(*args: object) -> None:
+            held.append(read()[1])
+
+        trainer.optimizer.register_step_post_hook(after_step)
+        trainer.step(featured)
+    drafter = DrafterDims.from_config(trainer.drafter.config)
+    rows.append(plan_row("drafter state", held[0], drafter_state_bytes(drafter, plan_device)))
+    if device.type != "cuda":
+        return rows
+    batch, _ = trainer.prepare(featured, torch.Generator().manual_seed(0))
+    assert batch is not None
+    micro = Micro(1, length, length, batch.blocks * batch.block_size, int(batch.valid.sum()))
+    with peak(device) as read:
+        flex_block_mask(batch.anchors, batch.starts, batch.tokens, batch.block_size, device)
+        built, _ = read()
+    rows.append(plan_row(f"mask build, {micro.queries} queries", built,
+                         mask_build_bytes(micro, plan_device)))
+    free, total = torch.cuda.mem_get_info(device)
+    step = StepMemory.of(dims, drafter, micro, plan_device, False)
+    rows.append(plan_row("runtime (used, no tensor's)",
+                         total - free - torch.cuda.memory_allocated(device), step.runtime))
+    return rows
+
+
 def render(rows: list[Row]) -> str:
     header = ("part", "case", "tokens/s", "peak GiB", "check", "ok")
     cells = [header] + [(r.part, r.case, f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-",
@@ -320,6 +376,8 @@ def main() -> None:
                  f"planned {planned / GIB:.2f} GiB ({planned / max(measured, 1):.2f}x measured)")
              for case, measured, planned in plan_checks(target, lengths[:1],
                                                         args.anchors or (8 if small else 128))]
+    if device.type == "cuda":
+        rows += part_plan_terms(target, device, args.train_len or 2048, args.anchors or 128)
     if hybrid:
         rows.append(Row("e linear attention", linear_attention_kernels(), None, None,
                         "the kernels parts a-c ran"))

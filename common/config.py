@@ -166,6 +166,8 @@ class TrainSettings:
     # Recompute the drafter's layers in the backward: auto (where a micro-batch would not fit
     # without, by the memory plan), on, off.
     activation_checkpointing: Checkpointing = Checkpointing.AUTO
+    # Share of the GPU's reported memory the memory plan leaves free (budget, checkpointing).
+    memory_margin: float = 0.08
     eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)
     eval_prompts: int = 8
     eval_max_new_tokens: int = 256

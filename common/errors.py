@@ -5,6 +5,8 @@ A stage task retries a :class:`TransientError` with capped backoff (and parks th
 parks it on anything it did not expect (with the traceback in the log): nothing is dropped.
 """
 
+from collections.abc import Sequence
+
 
 class DflashError(Exception):
     """Base class for every error this package raises on purpose."""
@@ -98,7 +100,11 @@ class GroupLost(TransientError):
 
 class RankFailed(PermanentError):
     """A rank's own work failed (out of memory, a bug, bad data): the shard parks, its reason
-    kept."""
+    kept; ``failures`` are what the ranks shared (an out-of-memory one is retried)."""
+
+    def __init__(self, message: str, failures: Sequence[object] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
 
 
 class MalformedName(PermanentError):

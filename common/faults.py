@@ -3,19 +3,24 @@
 ``DFLASH_TEST_FAULT="hidden.forward=CUDA out of memory"`` makes :func:`inject` raise
 ``RuntimeError("CUDA out of memory")`` at that point; ``export.file=sleep:0.5`` makes it wait
 half a second instead, so that a test can kill a process mid-way, and ``generate.hand_off=kill``
-makes the process ``kill -9`` itself there (several ``point=message`` pairs may be given,
-separated by ``;``). Unset in every real deployment: then :func:`inject`
-costs one dict lookup.
+makes the process ``kill -9`` itself there, and ``train.backward.rank0=oom@5`` raises
+``torch.OutOfMemoryError("CUDA out of memory (injected)")`` the 5th time this process reaches
+that point, and only then (several ``point=message`` pairs may be given, separated by ``;``).
+Unset in every real deployment: then :func:`inject` costs one dict lookup.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+from collections import Counter
 from functools import cache
 
 ENV = "DFLASH_TEST_FAULT"
+OOM_AT = re.compile(r"oom@([1-9][0-9]*)")
+_reached: Counter[str] = Counter()   # times each point was reached (the oom@N faults count)
 
 
 @cache
@@ -33,5 +38,12 @@ def inject(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if message.startswith("sleep:"):
         time.sleep(float(message.removeprefix("sleep:")))
+        return
+    if oom := OOM_AT.fullmatch(message):
+        _reached[point] += 1
+        if _reached[point] == int(oom.group(1)):
+            import torch
+
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return
     raise RuntimeError(message)

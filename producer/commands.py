@@ -34,6 +34,7 @@ from producer.enqueue_drafter import enqueue_origin
 from producer.fit import ContextCheck, context_length
 from producer.status import StatusReader
 from producer.status_record import RunStatus
+from producer.status_rules import epoch_hours_line
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,8 @@ def render_status(status: RunStatus) -> str:
                          f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
                          + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
                             if int(train.get("ranks") or 1) > 1 else ""))
+            if hours := epoch_hours_line(train):
+                lines.append(hours)
         aside = down.get("rows_set_aside") or {}
         if any(aside.values()):
             lines.append(f"  rows    {aside.get('too_short', 0)} too short to train and "
@@ -216,6 +219,9 @@ def render_status(status: RunStatus) -> str:
                          f"{aside.get('cut', 0)} cut to the run's --max-train-tokens")
         if down.get("memory_plan"):
             lines.append(f"  memory  {down['memory_plan']}")
+        if int((down.get("train") or {}).get("oom_retries") or 0):
+            lines.append(f"  memory  {down['train']['oom_retries']} out-of-memory step(s) retried "
+                         "at half the budget, activation checkpointing on")
         if drafter := status.get("drafter"):
             lines.append(f"  drafter shape from {drafter['source']}")
         if down.get("eval_error"):

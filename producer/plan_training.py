@@ -75,7 +75,8 @@ def _run_lengths(settings: Settings, run: str) -> tuple[RunConfig, list[RowLengt
     return config, lengths
 
 
-def _hardware(num_gpus: int, gpu_memory_gib: float | None, fsdp: bool) -> Hardware:
+def _hardware(num_gpus: int, gpu_memory_gib: float | None, fsdp: bool,
+              margin: float) -> Hardware:
     """The hardware given, this host's first GPU filling in what is not."""
     from common.engine.preflight import NoNvidiaDriver, gpu_model
 
@@ -86,7 +87,7 @@ def _hardware(num_gpus: int, gpu_memory_gib: float | None, fsdp: bool) -> Hardwa
         except (NoNvidiaDriver, DflashError) as exc:
             raise click.UsageError(f"no GPU here to read ({exc}): give --gpu-memory-gib G") \
                 from None
-    return Hardware(gpu_memory_gib, num_gpus, fsdp, name)
+    return Hardware(gpu_memory_gib, num_gpus, fsdp, name, margin=margin)
 
 
 def run_plan(settings: Settings, run: str, hardware: Hardware) -> TrainingPlan:
@@ -107,7 +108,8 @@ def render(plan: TrainingPlan) -> str:
              f"drafter {plan.drafter.num_hidden_layers} layers, {plan.drafter.params / 1e9:.3f} "
              f"B parameters, K={plan.drafter.num_features}",
              f"per rank at the longest row ({plan.tokens:,} tokens), {hw.num_gpus} GPU(s) of "
-             f"{hw.gpu_memory_gib:g} GiB ({gib(hw.usable):.1f} usable), "
+             f"{hw.gpu_memory_gib:g} GiB ({gib(hw.limit):.1f} planned, a {hw.margin:.0%} margin "
+             f"of {gib(hw.margin_bytes):.1f} left free), "
              f"{'FSDP' if hw.fsdp else 'DDP' if hw.num_gpus > 1 else 'one rank'}:",
              f"  target weights         {per['target']:8.2f} GiB  (whole on every rank)",
              f"  drafter state          {per['drafter_state']:8.2f} GiB  (weights, gradients, "
@@ -118,7 +120,11 @@ def render(plan: TrainingPlan) -> str:
              f"{'on' if data['checkpointing'] else 'off'}; "
              f"{data['drafter_activations_gib']['plain']:.2f} without, "
              f"{data['drafter_activations_gib']['checkpointed']:.2f} with)",
-             f"  total                  {per['total']:8.2f} GiB  of {data['usable_gib']:.2f}",
+             f"  collective buffers     {per['collective_buffers']:8.2f} GiB  (gradient "
+             "reduction: FSDP2's unsharded gradients, reduce-scatter inputs)",
+             f"  runtime                {per['runtime']:8.2f} GiB  (CUDA context, NCCL, "
+             "allocator fragmentation)",
+             f"  total                  {per['total']:8.2f} GiB  of {data['limit_gib']:.2f}",
              plan.verdict()]
     if data["epoch_hours"] is not None:
         lines.append(f"an epoch: {data['rows']:,} rows, {data['epoch_flops']:.3g} FLOPs, "
@@ -142,13 +148,18 @@ def render(plan: TrainingPlan) -> str:
 @click.option("--num-gpus", type=click.IntRange(min=1), default=1, show_default=True,
               help="Training ranks, one GPU each.")
 @click.option("--gpu-memory-gib", type=click.FloatRange(min=1), default=None,
-              help="Memory of each GPU in GiB [default: this host's first GPU].")
+              help="Memory of each GPU in GiB, as the device reports it (an H100 80GB: 79.2) "
+                   "[default: this host's first GPU].")
 @click.option("--fsdp", is_flag=True, help="Shard the drafter and its optimizer state (FSDP2).")
 @click.option("--activation-checkpointing", type=EnumChoice(Checkpointing), default="auto",
               show_default=True, help="Recompute the drafter's layers in the backward (auto: "
                                       "where a step does not fit without).")
 @click.option("--max-anchors", type=click.IntRange(min=1), default=None,
               help="Blocks drawn per row [default: the train worker's setting].")
+@setting_option("train_memory_margin", "--memory-margin",
+                type=click.FloatRange(0, 0.5, max_open=True),
+                help="Share of the GPU's memory the plan leaves free (the budget, the "
+                     "checkpointing cut-over and the verdict stay below the rest).")
 @click.option("--utilization", type=click.FloatRange(0, 1, min_open=True),
               default=DEFAULT_UTILIZATION, show_default=True,
               help="Share of the GPU's bf16 peak an epoch's hours assume.")
@@ -159,16 +170,19 @@ def render(plan: TrainingPlan) -> str:
 def plan_training(model: str | None, drafter_config: str | None, run: str | None,
                   tokens: int | None, rows: int | None, num_gpus: int,
                   gpu_memory_gib: float | None, fsdp: bool, activation_checkpointing: str,
-                  max_anchors: int | None, utilization: float, gpu_tflops: float | None,
+                  max_anchors: int | None, train_memory_margin: float | None, utilization: float,
+                  gpu_tflops: float | None,
                   storage: str | None, as_json: bool) -> None:
     """Plan training memory per rank and an epoch's hours; say whether it fits and the fix."""
     if run is None and (model is None or tokens is None):
         raise click.UsageError("give --run RUN, or --model and --tokens")
     if run is not None and not keys.valid_run_id(run):
         raise click.BadParameter(f"invalid run id {run!r}", param_hint="--run")
-    hardware = _hardware(num_gpus, gpu_memory_gib, fsdp)
     try:
         settings = load_settings(storage=storage)
+        hardware = _hardware(num_gpus, gpu_memory_gib, fsdp,
+                             settings.train.memory_margin if train_memory_margin is None
+                             else train_memory_margin)
         config, lengths = _run_lengths(settings, run) if run else (None, [])
         target = _target(settings, model or (config.model if config else ""))
         drafter = _drafter(target, drafter_config, config)

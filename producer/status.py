@@ -193,6 +193,8 @@ class StatusReader:
             train = dict(latest_metrics(self.storage, self.run))
         ledger = read_ledger(self.storage, self.run)
         train.update(training_progress(train, ledger, config.epochs))
+        # Steps retried out of memory: the live count, else the newest checkpoint's.
+        train["oom_retries"] = _count(train.get("oom_retries"), ledger.oom_retries)
         for name in ("slot_accuracy", "tau_per_position"):
             if isinstance(train.get(name), str):
                 train[name] = json.loads(train[name])
@@ -279,3 +281,11 @@ class StatusReader:
             "speculative": by_worker(spec),
             "mtp": choices_by_worker(mtp),
         }
+
+
+def _count(value: Any, fallback: int) -> int:
+    """A counter from the metrics record (text in Redis), else ``fallback``."""
+    try:
+        return int(value) if value not in (None, "") else fallback
+    except (TypeError, ValueError):
+        return fallback

@@ -92,4 +92,19 @@ def training_progress(train: dict[str, Any], ledger: Any, epochs: int) -> dict[s
             "step": step, "total_steps": number("total_steps", int) or ledger.total_steps or None,
             "lr": number("lr", float), "eta_s": number("eta_s", float),
             "tau_by_epoch": list(ledger.tau_by_epoch),
-            "finished": ledger.finished or None}
+            "finished": ledger.finished or None,
+            # An epoch's hours: the plan's (None on the CPU) and the measured steps' pace.
+            "epoch_hours_planned": number("epoch_hours_planned", float),
+            "epoch_hours_measured": number("epoch_hours_measured", float)}
+
+
+def epoch_hours_line(train: dict[str, Any]) -> str | None:
+    """The text status's line of an epoch's hours, planned beside measured (None: not yet)."""
+    measured, planned = train.get("epoch_hours_measured"), train.get("epoch_hours_planned")
+    if measured is None:
+        return None
+    plan = "no plan on the CPU"
+    if planned is not None:
+        plan = f"the plan {planned:.3g} h" + (
+            f", measured/plan {measured / planned:.2f}" if planned > 0 else "")
+    return f"  epoch   {measured:.3g} h at the measured steps' pace ({plan})"

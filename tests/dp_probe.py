@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from common.errors import RankFailed
 from common.runs.trainrows import TrainingRow
 from embedded.tinymodel import ensure_tiny_model
 from workers.train import parallel, process_group
@@ -68,17 +69,23 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
     if group.rank != 0:
         while (message := group.receive())[0] != "stop":
             if message[0] == "step":
-                trainer.train_part(*message[2:])
+                try:
+                    trainer.train_part(*message[2:])
+                except RankFailed:   # agreed (an injected out-of-memory): rank 0 retries
+                    pass
             else:
                 trainer.state_dict()   # FSDP2: rank 0 gathers the shards
         group.close()
         process_group.exit_rank(0)
     Path(out).mkdir(parents=True, exist_ok=True)
-    metrics = []
+    metrics, retries = [], []
     for s in range(first, first + steps):
         metrics.append(trainer.step(batch(s, target.config.vocab_size)))
+        retries.append(trainer.oom.retries)
         torch.save(trainer.state_dict(), Path(out) / f"state-{trainer.steps}.pt")
-    record = {"losses": [m.loss for m in metrics], "grad_norms": [m.grad_norm for m in metrics]}
+    record = {"losses": [m.loss for m in metrics], "grad_norms": [m.grad_norm for m in metrics],
+              "oom_retries": retries, "budget": trainer.oom.current,
+              "recompute": trainer.oom.recompute}
     (Path(out) / "steps.json").write_text(json.dumps(record))
     group.stop()
     group.close()

@@ -21,7 +21,7 @@ SHAPE = ROOT / "benchmarks" / "shapes" / "qwen3.6-27b.json"
 REFERENCE = ["--model", str(SHAPE), "--tokens", "32768", "--num-gpus", "8",
              "--gpu-memory-gib", "80"]
 TERMS = {"target", "drafter_state", "features", "target_transient", "drafter_activations",
-         "total"}
+         "collective_buffers", "runtime", "total"}
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,12 +41,24 @@ def test_a_replica_per_rank_does_not_fit_and_fsdp_does() -> None:
     assert ddp.returncode == fsdp.returncode == 0, ddp.stderr + fsdp.stderr
     replica, sharded = json.loads(ddp.stdout), json.loads(fsdp.stdout)
     for plan in (replica, sharded):
-        assert set(plan["per_rank_gib"]) == TERMS and plan["gpu_memory_gib"] == 80
-        assert all(value > 0 for value in plan["per_rank_gib"].values())
-        parts = sum(plan["per_rank_gib"][k] for k in ("target", "drafter_state", "features"))
-        peak = max(plan["per_rank_gib"]["target_transient"],
-                   plan["per_rank_gib"]["drafter_activations"])
-        assert plan["per_rank_gib"]["total"] == pytest.approx(parts + peak, abs=0.02)
+        per = plan["per_rank_gib"]
+        assert set(per) == TERMS and plan["gpu_memory_gib"] == 80
+        assert all(value > 0 for key, value in per.items() if key != "collective_buffers")
+        parts = sum(per[k] for k in ("target", "drafter_state", "features",
+                                     "collective_buffers", "runtime"))
+        peak = max(per["target_transient"], per["drafter_activations"])
+        assert per["total"] == pytest.approx(parts + peak, abs=0.03)
+        # Headroom by design: the budget's micro-batch and the longest row stay below the
+        # usable memory less the margin (8% of it by default).
+        assert plan["margin_gib"] == pytest.approx(0.08 * plan["usable_gib"], abs=0.01)
+        assert plan["limit_gib"] == pytest.approx(plan["usable_gib"] - plan["margin_gib"],
+                                                  abs=0.01)
+    # FSDP2's backward holds a layer's unsharded bf16 gradients and its float32 reduce-scatter
+    # input: 6 bytes a parameter of a 341 M-parameter layer.
+    assert sharded["per_rank_gib"]["collective_buffers"] >= 1.5
+    assert replica["per_rank_gib"]["collective_buffers"] == 0   # replicas reduce in place
+    assert sharded["budget_peak_gib"] <= sharded["usable_gib"] - sharded["margin_gib"]
+    assert sharded["per_rank_gib"]["total"] <= sharded["limit_gib"]
     # 26.9 B parameters in bf16, whole on every rank; 1.84 B drafter parameters at 16 bytes.
     assert replica["per_rank_gib"]["target"] == pytest.approx(26.896e9 * 2 / 2**30, rel=1e-3)
     assert replica["per_rank_gib"]["drafter_state"] == pytest.approx(1.835e9 * 16 / 2**30,
@@ -133,3 +145,22 @@ def test_a_published_drafter_shape_is_planned_as_given(tmp_path: Path) -> None:
     config.write_text(json.dumps({"architectures": ["DSparkDraftModel"]}))
     refused = plan_cli(*REFERENCE, "--drafter-config", str(config))
     assert refused.returncode == 1 and "DSpark" in refused.stderr
+
+
+def test_the_training_guide_holds_the_plan_s_table() -> None:
+    """docs/guides/training.md's memory table is what benchmarks/memory_table.py prints now."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from memory_table import table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    guide = (ROOT / "docs" / "guides" / "training.md").read_text()
+    assert table() in guide, "regenerate it: python benchmarks/memory_table.py"
+
+
+def test_a_smaller_margin_plans_a_larger_budget() -> None:
+    tight = json.loads(plan_cli(*REFERENCE, "--fsdp", "--json", "--memory-margin", "0.02").stdout)
+    default = json.loads(plan_cli(*REFERENCE, "--fsdp", "--json").stdout)
+    assert tight["margin_gib"] < default["margin_gib"]
+    assert tight["budget_tokens"] > default["budget_tokens"]
+    assert tight["budget_peak_gib"] <= tight["limit_gib"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from common.errors import NothingToTrain
 from common.plan.memory import Device, Micro, StepMemory, features_bytes, target_transient_bytes
 from common.plan.shapes import DrafterDims, TargetDims
 from common.runs.trainrows import TrainingRow
@@ -112,8 +113,10 @@ def test_micro_batches_and_checkpointing_give_the_one_batch_update(tiny: Tiny) -
     assert any(not torch.equal(v, tiny.drafter().state_dict()[k]) for k, v in reference.items())
 
 
-def test_an_out_of_memory_step_is_retried_once_at_half_the_budget(
+def test_an_out_of_memory_step_retries_at_half_the_budget_for_the_shard(
         tiny: Tiny, caplog: pytest.LogCaptureFixture) -> None:
+    """The step retries at half the budget with checkpointing on; the next step keeps both, a
+    new shard restores them; rows that fail alone twice are set aside, never retried forever."""
     trainer = tiny.trainer(budget=2000, anchors=8)   # 4 rows of 400: one micro-batch
     inner = trainer.featurize
     sizes: list[int] = []
@@ -130,10 +133,17 @@ def test_an_out_of_memory_step_is_retried_once_at_half_the_budget(
     with caplog.at_level(logging.WARNING):
         metrics = trainer.step(rows)
     assert metrics.rows == 4 and max(sizes) > 1000 and max(sizes[1:]) <= 1000
-    assert "retrying the step once at 1000 tokens" in caplog.text
+    assert "retrying the step at 1000 tokens with activation checkpointing on" in caplog.text
+    assert (trainer.oom.retries, trainer.batch_tokens, trainer.oom.recompute) == (1, 1000, True)
+    sizes.clear()
+    trainer.oom.new_step()
+    assert trainer.step(rows).rows == 4 and max(sizes) <= 1000 and trainer.oom.retries == 0
+    trainer.oom.restore()
+    assert (trainer.batch_tokens, trainer.oom.recompute) == (2000, False)
     trainer.featurize = lambda rows: (_ for _ in ()).throw(torch.OutOfMemoryError("again"))
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(NothingToTrain):
         trainer.step(rows)
+    assert trainer.oom.set_aside == 4 and trainer.oom.retries <= 4 * 2 + 3
 
 
 def test_planned_weights_and_drafter_state_are_the_real_ones(tiny: Tiny, target_model: TinyTarget

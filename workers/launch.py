@@ -35,6 +35,8 @@ class Launch:
     preflight: Callable[[Settings], object] = _no_preflight  # refuse bad settings in one line
     node: Callable[[Settings], str | None] = lambda settings: None   # its default node name
     argv: Callable[[Settings, int | None, list[str]], list[str]] = _as_is   # wraps celery's
+    # Variables the worker gets unless the user set them (the train worker's allocator).
+    environ: tuple[tuple[str, str], ...] = ()
 
 
 def worker_argv(launch: Launch, *, gpu: int | None, concurrency: int, name: str | None,
@@ -59,6 +61,8 @@ def exec_worker(settings: Settings, launch: Launch, *, gpu: int | None, concurre
     given = {"storage": settings.broker.storage, "broker_url": settings.broker.url, "gpu": gpu,
              **overrides}
     env = dict(os.environ, **{env_name(k): str(v) for k, v in given.items() if v is not None})
+    for variable, value in launch.environ:
+        env.setdefault(variable, value)
     resolved = settings.replace(**{k: v for k, v in overrides.items() if v is not None})
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpu, launch.gpus(resolved))

@@ -3,6 +3,7 @@
     target = TargetDims.load("benchmarks/shapes/qwen3.6-27b.json")   # or a model dir, config.json
     drafter = DrafterDims.of(target.shape, overrides, layer_ids)       # the run's drafter shape
     target.params, drafter.params, drafter.layer_params
+    target.trunk_params(61)       # layers 0..60: what a capture stopping after layer 60 multiplies
 
 A target's parameter count is what transformers builds from its config on the meta device (the
 model ``AutoModelForCausalLM`` loads for training: no vision tower, no MTP head), so every family
@@ -74,9 +75,22 @@ class LinearDims:
         return cls(*ints) if len(ints) == len(values) else None
 
 
-def meta_model(config: dict[str, Any]) -> tuple[int, LinearDims | None]:
+def layer_counts(model: Any) -> tuple[int, ...]:
+    """Each decoder layer's parameters, in order (empty where no module holds a ``layers``
+    list: the trunk is the first module that does, as :mod:`workers.capture` finds it)."""
+    from torch import nn
+
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, nn.ModuleList):
+            return tuple(sum(p.numel() for p in layer.parameters()) for layer in layers)
+    return ()
+
+
+def meta_model(config: dict[str, Any]) -> tuple[int, LinearDims | None, tuple[int, ...]]:
     """Parameters of the causal LM transformers builds from ``config`` (on the meta device),
-    and its linear-attention widths with the library's defaults filled in."""
+    its linear-attention widths with the library's defaults filled in, and each decoder layer's
+    parameters."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -88,7 +102,8 @@ def meta_model(config: dict[str, Any]) -> tuple[int, LinearDims | None]:
     except (KeyError, ValueError, TypeError, ImportError) as exc:
         raise ConfigError(f"transformers cannot build a {config.get('model_type')!r} causal LM "
                           f"from this config ({exc})") from None
-    return sum(p.numel() for p in model.parameters()), LinearDims.of(hf_config)
+    return (sum(p.numel() for p in model.parameters()), LinearDims.of(hf_config),
+            layer_counts(model))
 
 
 def file_parameters(model_dir: Path, dtype_bytes: int) -> int:
@@ -113,13 +128,15 @@ class TargetDims:
     dtype_bytes: int = 2   # bf16 on a GPU (the checkpoint's own dtype); 4: float32 on the CPU
     source: str = ""
     linear: LinearDims | None = None   # a hybrid's Gated DeltaNet widths
+    layer_params: tuple[int, ...] = ()  # each decoder layer's (empty: counted from the files)
 
     @classmethod
     def of_model(cls, model: Any) -> TargetDims:
         """A loaded model's own figures (its parameters, dtype and config)."""
         weight = next(iter(model.parameters()))
         return cls(TargetShape.of(model.config), sum(p.numel() for p in model.parameters()),
-                   weight.element_size(), type(model).__name__, LinearDims.of(model.config))
+                   weight.element_size(), type(model).__name__, LinearDims.of(model.config),
+                   layer_counts(model))
 
     @classmethod
     def load(cls, source: str | Path) -> TargetDims:
@@ -127,15 +144,27 @@ class TargetDims:
         config, model_dir = read_config(source)
         shape = TargetShape.from_dict(config, str(source))
         stated = DTYPE_BYTES.get(shape.dtype or "", 2)
-        linear = None
+        linear: LinearDims | None = None
+        layers: tuple[int, ...] = ()
         try:
-            params, linear = meta_model(config)
+            params, linear, layers = meta_model(config)
         except ConfigError as exc:
             if model_dir is None:
                 raise
             log.info("%s; counting the weights' files instead", exc)
             params = file_parameters(model_dir, stated)
-        return cls(shape, params, 2, str(source), linear)
+        return cls(shape, params, 2, str(source), linear, layers)
+
+    def trunk_params(self, layers: int) -> int:
+        """Parameters of decoder layers ``0..layers-1``: the weights a forward that stops after
+        them multiplies (without per-layer counts: all but the embedding and an untied LM head,
+        shared evenly)."""
+        if len(self.layer_params) == self.shape.num_layers:
+            return sum(self.layer_params[:layers])
+        shape = self.shape
+        heads = 1 if shape.tie_word_embeddings else 2
+        body = max(0, self.params - heads * shape.vocab_size * shape.hidden_size)
+        return body * min(layers, shape.num_layers) // shape.num_layers
 
     def on(self, dtype_bytes: int) -> TargetDims:
         """The same target loaded in another dtype (float32 on the CPU)."""
@@ -156,6 +185,7 @@ class DrafterDims:
     num_features: int          # K target layers read
     block_size: int = BLOCK_SIZE
     attention_bias: bool = False
+    deepest_layer: int | None = None   # the deepest target layer read (None: the last)
 
     @classmethod
     def of(cls, target: TargetShape, overrides: dict[str, Any] | None = None,
@@ -180,7 +210,8 @@ class DrafterDims:
             intermediate_size=int(shape.get("intermediate_size", target.intermediate_size)),
             vocab_size=target.vocab_size, num_features=len(ids),
             block_size=int(shape.get("block_size", BLOCK_SIZE)),
-            attention_bias=bool(shape.get("attention_bias", target.attention_bias)))
+            attention_bias=bool(shape.get("attention_bias", target.attention_bias)),
+            deepest_layer=max(int(i) for i in ids))
 
     @classmethod
     def from_config(cls, config: Any) -> DrafterDims:
@@ -188,7 +219,7 @@ class DrafterDims:
         return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
                    config.num_key_value_heads, config.head_dim, config.intermediate_size,
                    config.vocab_size, len(config.target_layer_ids), config.block_size,
-                   config.attention_bias)
+                   config.attention_bias, max(int(i) for i in config.target_layer_ids))
 
     @property
     def q_width(self) -> int:

@@ -8,12 +8,16 @@ A rank holds the resident part (the target, the drafter's state) for the whole r
 micro-batch's features and the larger of the target's forward and the drafter's step
 (:mod:`common.plan.memory`). ``tokens`` is the longest row (it goes through alone); the token
 budget is the largest micro-batch of short rows that fits beside it. Activation checkpointing
-``auto`` is on only where a step does not fit without it. A GPU's memory is its total less
-:data:`RESERVE_GIB` for the CUDA context, NCCL's and cuBLAS's workspaces and allocator slack.
+``auto`` is on only where a step does not fit without it. A GPU's usable memory is what the device
+reports (``torch.cuda.mem_get_info``'s total: an H100 80GB reports 79.2 GiB); the runtime's share
+(CUDA context, NCCL, fragmentation) is a term of the step, and every verdict leaves a margin
+(:data:`DEFAULT_MARGIN` of the usable memory): the budget, the checkpointing cut-over and
+``fits`` all hold the planned peak at most ``usable - margin``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +33,7 @@ from common.plan.compute import (
 from common.plan.memory import Device, GiB, Micro, StepMemory, logits_chunk_for
 from common.plan.shapes import DrafterDims, TargetDims
 
-RESERVE_GIB = 1.5
+DEFAULT_MARGIN = 0.08      # of the usable memory, left free by every verdict
 BUDGET_STEP = 256          # budgets are multiples of this many tokens
 MAX_BUDGET = 65536         # past this a larger micro-batch no longer speeds a step up
 MAX_TOKENS = 1 << 20       # the longest row the plan looks for
@@ -44,10 +48,21 @@ class Hardware:
     fsdp: bool = False
     gpu_name: str | None = None
     cuda: bool = True
+    margin: float = DEFAULT_MARGIN   # share of the usable memory no plan fills
 
     @property
     def usable(self) -> int:
-        return int((self.gpu_memory_gib - RESERVE_GIB) * GiB)
+        """The device's memory as it reports it (the runtime's share is a planned term)."""
+        return int(self.gpu_memory_gib * GiB)
+
+    @property
+    def margin_bytes(self) -> int:
+        return math.ceil(self.margin * self.usable)
+
+    @property
+    def limit(self) -> int:
+        """The most a step is planned to hold: the usable memory less the margin."""
+        return self.usable - self.margin_bytes
 
     @property
     def device(self) -> Device:
@@ -87,7 +102,7 @@ class TrainingPlan:
         if self.checkpointing_mode is not Checkpointing.AUTO:
             return self.memory(micro, self.checkpointing_mode is Checkpointing.ON)
         plain = self.memory(micro, False)
-        return plain if plain.total <= self.hardware.usable else self.memory(micro, True)
+        return plain if plain.total <= self.hardware.limit else self.memory(micro, True)
 
     def row_memory(self, tokens: int) -> StepMemory:
         """One row of ``tokens`` alone (anchors on all but its first token)."""
@@ -98,20 +113,20 @@ class TrainingPlan:
         return self._fitted(micro).checkpointing
 
     def fits_micro(self, micro: Micro) -> bool:
-        return self._fitted(micro).total <= self.hardware.usable
+        return self._fitted(micro).total <= self.hardware.limit
 
     @property
     def fits(self) -> bool:
-        return self.step.total <= self.hardware.usable
+        return self.step.total <= self.hardware.limit
 
     @property
     def resident_fits(self) -> bool:
-        return self.step.resident <= self.hardware.usable
+        return self.step.resident <= self.hardware.limit
 
     @property
     def max_tokens_that_fit(self) -> int:
         """The longest row that fits alone (0: not even the resident part fits)."""
-        return _largest(lambda t: self.row_memory(t).total <= self.hardware.usable, 1,
+        return _largest(lambda t: self.row_memory(t).total <= self.hardware.limit, 1,
                         MAX_TOKENS)
 
     @property
@@ -124,11 +139,29 @@ class TrainingPlan:
         return steps * BUDGET_STEP
 
     @property
+    def budget_memory(self) -> StepMemory | None:
+        """The step at the budget's worst micro-batch (None: no budget fits)."""
+        budget = self.budget
+        if budget < 1:
+            return None
+        return self._fitted(Micro.budget(budget, self.drafter.block_size))
+
+    @property
     def epoch_flops(self) -> float | None:
         if not self.rows:
             return None
-        return epoch_flops(self.target, self.drafter, self.rows, self.max_anchors,
-                           self.step.checkpointing)
+        return self.rows_flops(self.rows)
+
+    def rows_flops(self, rows: Sequence[RowLength], with_target: bool = True) -> float:
+        """FLOPs of a pass over ``rows`` (``with_target``: their features computed, not read)."""
+        return epoch_flops(self.target, self.drafter, rows, self.max_anchors,
+                           self.step.checkpointing, with_target)
+
+    @property
+    def flops_per_s(self) -> float:
+        """The rate the hours assume: the ranks' bf16 peak (or ``tflops``) at ``utilization``."""
+        tflops = self.tflops or gpu_tflops(self.hardware.gpu_name)
+        return self.hardware.num_gpus * tflops * 1e12 * self.utilization
 
     @property
     def epoch_hours(self) -> float | None:
@@ -147,7 +180,8 @@ class TrainingPlan:
         hw, step = self.hardware, self.step
         layout = (f"FSDP over {hw.num_gpus}" if hw.fsdp else
                   f"a replica on each of {hw.num_gpus}" if hw.num_gpus > 1 else "one GPU")
-        head = (f"{gib(step.total):.1f} of {gib(hw.usable):.1f} GiB per rank at a "
+        head = (f"{gib(step.total):.1f} of {gib(hw.limit):.1f} GiB per rank "
+                f"({gib(hw.usable):.1f} less the {hw.margin:.0%} margin) at a "
                 f"{self.tokens:,}-token row ({layout}, activation checkpointing "
                 f"{'on' if step.checkpointing else 'off'})")
         if self.fits:
@@ -159,10 +193,17 @@ class TrainingPlan:
         step, hw = self.step, self.hardware
         per_rank = {"target": step.target, "drafter_state": step.drafter_state,
                     "features": step.features, "target_transient": step.target_transient,
-                    "drafter_activations": step.drafter_activations, "total": step.total}
+                    "drafter_activations": step.drafter_activations,
+                    "collective_buffers": step.collective_buffers, "runtime": step.runtime,
+                    "total": step.total}
+        at_budget = self.budget_memory
         return {
             "per_rank_gib": {k: round(gib(v), 2) for k, v in per_rank.items()},
             "gpu_memory_gib": hw.gpu_memory_gib, "usable_gib": round(gib(hw.usable), 2),
+            "margin_gib": round(gib(hw.margin_bytes), 2),
+            "limit_gib": round(gib(hw.limit), 2),
+            "mask_build_gib": round(gib(step.mask_build), 2),
+            "budget_peak_gib": round(gib(at_budget.total), 2) if at_budget else None,
             "fits": self.fits, "max_tokens_that_fit": self.max_tokens_that_fit,
             "advice": self.advice(), "epoch_hours": _rounded(self.epoch_hours, 4),
             "epoch_flops": self.epoch_flops, "tokens": self.tokens,
@@ -215,7 +256,7 @@ def _advice(plan: TrainingPlan) -> list[str]:
         if longest > 0:
             fixes.append(f"train on the first {longest:,} tokens of longer rows "
                          f"(enqueue --max-train-tokens {longest})")
-    needed = plan.step.total / GiB + 1.5
+    needed = plan.step.total / GiB / (1 - hw.margin)
     fixes.append(f"a larger GPU (at least {needed:.0f} GiB)")
     return fixes
 

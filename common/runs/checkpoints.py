@@ -44,8 +44,11 @@ class Ledger:
     total_steps: int = 0    # the schedule's length when this ledger was written (0: unknown)
     finished: str = ""      # why training ended (common.runs.epochs.Finish); "" while it goes on
     # shard -> rows left out of training and why: too_short (too few supervised tokens),
-    # too_long (no micro-batch fits them), cut (trained on their first --max-train-tokens)
+    # too_long (no micro-batch fits them, by the plan or alone out of memory), cut (trained on
+    # their first --max-train-tokens)
     set_aside: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Steps retried after running out of memory (at half the budget, checkpointing on).
+    oom_retries: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "finished": str(self.finished)}   # plain text, never the enum
@@ -57,7 +60,8 @@ class Ledger:
                    _ints(data.get("shard_steps")),
                    [None if t is None else float(t) for t in data.get("tau_by_epoch", [])],
                    int(data.get("total_steps", 0)), str(data.get("finished", "")),
-                   {str(k): _ints(v) for k, v in (data.get("set_aside") or {}).items()})
+                   {str(k): _ints(v) for k, v in (data.get("set_aside") or {}).items()},
+                   int(data.get("oom_retries", 0)))
 
     def set_aside_counts(self) -> dict[str, int]:
         """Rows set aside per reason, over the shards trained so far."""

@@ -223,6 +223,7 @@ class LedgerRecord(TypedDict):
     total_steps: NotRequired[Count]
     finished: NotRequired[Str]
     set_aside: NotRequired[dict[Str, dict[Str, Count]]]
+    oom_retries: NotRequired[Count]
 
 
 class CheckpointCommit(TypedDict):

@@ -26,7 +26,8 @@ def check_training(settings: Settings, run: str) -> CheckResult:
                            fix=f"plan it for the GPUs it will run on: dflash-pipeline "
                                f"plan-training --run {run} --num-gpus N --gpu-memory-gib G")
     ranks = len(gpus)
-    hardware = Hardware(memory, ranks, settings.train.parallel == "fsdp" and ranks > 1, gpu)
+    hardware = Hardware(memory, ranks, settings.train.parallel == "fsdp" and ranks > 1, gpu,
+                        margin=settings.train.memory_margin)
     try:
         plan = run_plan(settings, run, hardware)
     except (DflashError, ValueError) as exc:

@@ -28,7 +28,7 @@ from common.runs.epochs import Finish, shard_order
 from common.runs.records import RunConfig
 from common.runs.store import RunStore
 from workers.context import WorkerContext
-from workers.train.plan import planned_total
+from workers.train.plan import epoch_steps, planned_total
 
 if TYPE_CHECKING:
     from workers.train.session import Session
@@ -54,13 +54,16 @@ def revise_schedule(ctx: WorkerContext, session: Session, store: RunStore, confi
                     why: str) -> None:
     """Bring the schedule's length to what the data now says (unless --total-steps set it)."""
     schedule, ledger = session.trainer.schedule, session.ledger
+    manifest = store.manifest()
+    shard_rows = manifest.shard_rows if manifest is not None else []
+    rows_per_step = ctx.settings.train.rows_per_step
+    # An epoch's steps, whatever the schedule's length: status's hours per epoch.
+    session.pace.steps_per_epoch = epoch_steps(ledger, config, shard_rows, rows_per_step)[0]
     if ctx.settings.train.total_steps:
         schedule.revise(ctx.settings.train.total_steps, session.steps)
     else:
-        manifest = store.manifest()
-        shard_rows = manifest.shard_rows if manifest is not None else []
         before = schedule.total
-        total, basis = planned_total(ledger, config, shard_rows, ctx.settings.train.rows_per_step)
+        total, basis = planned_total(ledger, config, shard_rows, rows_per_step)
         if schedule.revise(total, session.steps):
             loud = abs(schedule.total - before) > QUIET_REVISION * before or "exact" in basis
             log.log(logging.INFO if loud else logging.DEBUG,
@@ -121,6 +124,10 @@ def end_epoch(ctx: WorkerContext, session: Session, config: RunConfig, shards: s
     log.info("run %s: epoch %d of %d done at step %d (%d shards); held-out tau %s; tau by "
              "epoch %s", config.run, epoch, config.epochs, session.steps, len(shards),
              "not measured" if tau is None else f"{tau:.3f}", ledger.tau_by_epoch)
+    planned, measured = session.pace.hours()
+    if measured is not None:
+        log.info("run %s: an epoch takes %.3g h at the measured steps' pace (the plan: %s)",
+                 config.run, measured, "none on the CPU" if planned is None else f"{planned:.3g} h")
     if epoch >= config.epochs:
         ledger.finished = Finish.SCHEDULE
         log.info("run %s: training finished: %d epoch(s), %d steps (the schedule's last: %d)",

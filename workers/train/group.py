@@ -49,5 +49,9 @@ def train_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> l
     return group_argv(settings, gpu, celery_argv) if is_group(settings) else celery_argv
 
 
+# Expandable segments: the allocator grows a segment instead of stranding fragments between
+# steps of different lengths (the memory plan's fragmentation share assumes them).
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
 TRAIN_LAUNCH = Launch("train", app="workers.downstream_app", preflight=is_group, node=group_node,
-                      argv=train_argv)
+                      argv=train_argv, environ=(ALLOC_CONF,))

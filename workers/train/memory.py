@@ -15,7 +15,7 @@ memory, the group's ranks, FSDP or not); on the CPU there is no plan: the budget
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ import torch
 from common.choices import Checkpointing
 from common.config import Settings
 from common.errors import PlanDoesNotFit
-from common.plan.memory import GiB, Micro
+from common.plan.memory import CUDA_CONTEXT, GiB, Micro
 from common.plan.shapes import DrafterDims, TargetDims
 from common.plan.verdict import Hardware, TrainingPlan
 from common.runs.records import RunConfig
@@ -43,16 +43,28 @@ def rank_plan(settings: Settings, config: RunConfig, target: Any,
     device = target_device(target)
     if device.type != "cuda":
         return None
-    props = torch.cuda.get_device_properties(device)
     group = current_group()
     ranks = group.world if group else 1
-    hardware = Hardware(props.total_memory / GiB, ranks,
-                        settings.train.parallel == "fsdp" and ranks > 1, props.name)
+    hardware = Hardware(reported_memory(device) / GiB, ranks,
+                        settings.train.parallel == "fsdp" and ranks > 1,
+                        torch.cuda.get_device_properties(device).name,
+                        margin=settings.train.memory_margin)
     tokens = getattr(config, "max_train_tokens", None) or REFERENCE_TOKENS
     return TrainingPlan(TargetDims.of_model(target), DrafterDims.from_config(drafter_config),
                         hardware, tokens,
                         checkpointing_mode=settings.train.activation_checkpointing,
                         max_anchors=settings.train.max_anchors)
+
+
+def reported_memory(device: torch.device) -> int:
+    """The memory this rank may plan with: what the device reports, less what other processes
+    hold on it (the free memory with this process's own: its allocator's and its context's)."""
+    free, total = torch.cuda.mem_get_info(device)
+    ours = torch.cuda.memory_reserved(device) + CUDA_CONTEXT
+    if free + ours < total:
+        log.warning("GPU %s: %.1f GiB of %.1f GiB are held by other processes; planning with "
+                    "the rest", device, (total - free - ours) / GiB, total / GiB)
+    return min(total, free + ours)
 
 
 def check_resident(plan: TrainingPlan | None, run: str) -> None:
@@ -89,6 +101,27 @@ def configure(trainer: Any, plan: TrainingPlan | None, settings: Settings) -> No
         trainer.checkpointing = lambda part: mode is Checkpointing.ON
     else:
         trainer.checkpointing = lambda part: plan.checkpointing_for(micro_of(part, block))
+    if plan is not None:
+        trainer.headroom = headroom_check(plan, block)
+
+
+def headroom_check(plan: TrainingPlan, block_size: int
+                   ) -> Callable[[Sequence[Drawn], bool], None]:
+    """Before an FSDP2 rank's forward (whose gathers a failing rank would leave waiting): an
+    out-of-memory error raised now, inside the ranks' agreement, where the plan says the
+    micro-batch's drafter step and gradient reduction need more than the device has free."""
+    def check(part: Sequence[Drawn], recompute: bool) -> None:
+        micro = micro_of(part, block_size)
+        step = plan.memory(micro, recompute or plan.checkpointing_for(micro))
+        need = step.drafter_activations + step.collective_buffers
+        device = torch.cuda.current_device()
+        free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+                - torch.cuda.memory_allocated(device))
+        if need > free:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (planned): the drafter step of {micro.tokens} tokens needs "
+                f"{need / GiB:.2f} GiB, {free / GiB:.2f} GiB are free")
+    return check
 
 
 def fits_row(plan: TrainingPlan | None, tokens: int, supervised: int) -> bool:

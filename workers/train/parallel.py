@@ -2,31 +2,38 @@
 
 ``dflash-pipeline worker train --nproc-per-node N`` starts N ranks through torch's launcher
 (:mod:`workers.train.ranks`). Rank 0 is the group's only Celery consumer. For every step it
-drops the short rows and draws the anchors of the whole global batch (``--rows-per-step``
-rows, the draws one rank would make), hands rank ``r`` rows ``r::N`` cut into micro-batches
-under the token budget (every rank as many: weight-0 stand-ins pad the shorter lists, so the
-collectives stay in step); every rank computes its micro-batches' target features, loss and
-backward, DDP all-reduces the gradients on the last (FSDP2 reduce-scatters each) and every rank
-takes the same optimizer step. Each loss is weighted by the *global* label weight, so N
-ranks train the same drafter as one rank with the same global batch. Rank 0 checkpoints the
-unwrapped drafter (one rank's format: any N resumes it) and reports metrics reduced over ranks.
-"""
+drops the short rows and draws the anchors of the whole global batch (``--rows-per-step`` rows,
+the draws one rank would make), hands rank ``r`` rows ``r::N`` cut into micro-batches under the
+token budget (every rank as many: weight-0 stand-ins pad the shorter lists, so the collectives
+stay in step); every rank computes its micro-batches' target features, loss and backward, each
+inside the ranks' agreement (an out-of-memory failure anywhere retries the step on all), the
+replicas' gradients are all-reduced once the step went through (FSDP2 reduce-scatters each
+micro-batch's) and every rank takes the same optimizer step. Each loss is weighted by the
+*global* label weight, so N ranks train the same drafter as one rank with the same global batch.
+Rank 0 checkpoints the unwrapped drafter (one rank's format: any N resumes it) and reports
+metrics reduced over ranks."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from common.errors import GroupLost, NothingToTrain, RankFailed
 from common.faults import inject
+from workers.train.agreement import Failure, failed_part
 from workers.train.drafter.features import FeaturedRow
-from workers.train.drafter.microbatch import Accumulated, Drawn, label_weight, micro_batches
+from workers.train.drafter.microbatch import (
+    Accumulated,
+    Drawn,
+    OutOfMemory,
+    label_weight,
+    micro_batches,
+)
 from workers.train.drafter.recipe import StepMetrics, TrainConfig
 from workers.train.drafter.schedule import Schedule
 from workers.train.drafter.train import DrafterTrainer
@@ -53,30 +60,26 @@ def _portable(row: Any) -> Any:
     return FeaturedRow(row.row, row.features.cpu()) if isinstance(row, FeaturedRow) else row
 
 
-def _out_of_memory(failed: RankFailed) -> bool:
-    """Whether a rank's agreed failure was torch's out-of-memory error."""
-    return "OutOfMemoryError" in str(failed)
-
-
 class DataParallelTrainer:
-    """A :class:`DrafterTrainer` whose drafter is a DDP replica (or an FSDP2 shard) on every
-    rank of the group."""
+    """A :class:`DrafterTrainer` whose drafter is a replica (DDP's layout) or an FSDP2 shard on
+    every rank of the group."""
 
     def __init__(self, trainer: DrafterTrainer, group: Group, run: str) -> None:
         self.trainer = trainer
         self.group = group
         self.run = run
-        device = trainer.device
         if group.sharded:
             from workers.train.sharding import shard
 
             shard(trainer)
             return
-        # Construction broadcasts rank 0's parameters; the target's heads are not in the tree.
-        # Gradients are the buckets themselves (no second copy of them).
-        trainer.module = DistributedDataParallel(
-            trainer.drafter, device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False, gradient_as_bucket_view=True)
+        # Rank 0's parameters on every rank (the target's heads are not in the tree). No DDP
+        # module: every backward here is local (the ranks agree before any collective) and
+        # :meth:`_reduce` all-reduces the gradients in place afterwards, so DDP's reducer would
+        # only add its buckets, a second float32 copy of the gradients.
+        with torch.no_grad():
+            for tensor in [*trainer.drafter.parameters(), *trainer.drafter.buffers()]:
+                dist.broadcast(tensor, src=0)
 
     @property
     def drafter(self) -> Any:
@@ -97,6 +100,10 @@ class DataParallelTrainer:
     @property
     def min_supervised(self) -> int:
         return self.trainer.min_supervised
+
+    @property
+    def oom(self) -> OutOfMemory:
+        return self.trainer.oom
 
     def state_dict(self) -> dict[str, Any]:
         """One rank's format; FSDP2 shards are gathered, by every rank (rank 0 calls them)."""
@@ -122,99 +129,134 @@ class DataParallelTrainer:
             return gathered_drafter(self.trainer, keep=self.group.rank == 0)
 
     def step(self, rows: Sequence[Any]) -> StepMetrics:
-        """Rank 0: one optimizer step of the whole group on the global batch ``rows``; an
-        out-of-memory micro-batch on any rank retries the step once at half the budget."""
+        """Rank 0: one optimizer step of the whole group on the global batch ``rows``; a
+        micro-batch out of memory on any rank, in its forward or backward, retries the step on
+        every rank (:class:`OutOfMemory`: half the budget, checkpointing on)."""
         started = time.perf_counter()
         t = self.trainer
         drawn, skipped = t.draw(rows)
         if not drawn:
             raise NothingToTrain(f"all {len(rows)} rows have < {t.min_supervised} "
                                  "supervised tokens")
-        total = float(label_weight(drawn, t.weights, t.block_size))
-        try:
-            return self._group_step(drawn, skipped, total, t.batch_tokens, started)
-        except RankFailed as failed:
-            if not _out_of_memory(failed):
-                raise
-            return self._group_step(drawn, skipped, total, t.halve_budget(drawn), started)
+        t.oom.new_step()
+        while True:
+            total = float(label_weight(drawn, t.weights, t.block_size))
+            parts, real = self._parts(drawn)
+            try:
+                return self._group_step(parts, real, skipped, total, started)
+            except RankFailed as failed:
+                drawn = t.after_out_of_memory(drawn, failed_part(failed, parts))
 
-    def _group_step(self, drawn: list[Drawn], skipped: int, total: float, budget: int,
-                    started: float) -> StepMetrics:
-        """Rank ``r`` trains rows ``r::N`` in micro-batches; every rank runs as many (collectives
-        stay in step), a rank with fewer pads with weight-0 stand-ins of the shortest row."""
+    def _parts(self, drawn: list[Drawn]) -> tuple[list[list[list[Drawn]]], list[int]]:
+        """Rank ``r``'s micro-batches of rows ``r::N``, and how many are real: every rank runs
+        as many (collectives stay in step), a rank with fewer pads with stand-ins of the
+        shortest row (weight 0)."""
         t, world = self.trainer, self.group.world
-        plans = [micro_batches(drawn[r::world], budget, t.block_size) for r in range(world)]
+        plans = [micro_batches(drawn[r::world], t.batch_tokens, t.block_size)
+                 for r in range(world)]
         count = max(len(plan) for plan in plans)
         stand_in = [min(drawn, key=lambda d: d.tokens)]
+        return ([plan + [stand_in] * (count - len(plan)) for plan in plans],
+                [len(plan) for plan in plans])
+
+    def _group_step(self, parts: list[list[list[Drawn]]], real: list[int], skipped: int,
+                    total: float, started: float) -> StepMetrics:
+        """Send each rank its micro-batches and train rank 0's."""
+        t = self.trainer
         # The schedule travels with the step: rank 0 alone revises it (workers.train.epochs).
-        messages = [([[(_portable(d.row), d.anchors) for d in part]
-                      for part in plan + [stand_in] * (count - len(plan))],
-                     [1.0] * len(plan) + [0.0] * (count - len(plan))) for plan in plans]
+        messages = [([[(_portable(d.row), d.anchors) for d in part] for part in mine],
+                     [1.0] * n + [0.0] * (len(mine) - n)) for mine, n in zip(parts, real,
+                                                                             strict=True)]
         with self.group.in_step(f"run {self.run}: data-parallel step {t.steps + 1}"):
-            self.group.send([("self",), *[("step", self.run, parts, shares, skipped, total,
-                                           t.schedule.to_json())
-                                          for parts, shares in messages[1:]]])
+            self.group.send([("self",), *[("step", self.run, part, shares, skipped, total,
+                                           t.schedule.to_json(), t.oom.recompute)
+                                          for part, shares in messages[1:]]])
             return self.train_part(*messages[0], skipped, total, started=started)
 
     def _prepare(self, part: Part) -> Any:
-        """This micro-batch's rows as a packed batch on this rank's device."""
+        """This micro-batch's rows packed on this rank's device, and its attention masks."""
         inject("train.forward")
         inject(f"train.forward.rank{self.group.rank}")
-        return self.trainer.pack([Drawn(row, anchors) for row, anchors in part])
+        t, drawn = self.trainer, [Drawn(row, anchors) for row, anchors in part]
+        batch = t.pack(drawn)
+        masks = t.masks(batch)
+        if self.group.sharded and t.headroom is not None:
+            t.headroom(drawn, t.oom.recompute)
+        return batch, masks
 
-    def _own(self, work: Callable[[], Any]) -> Any:
-        """Run work without collectives in it; every rank then learns whether any rank failed."""
+    def _own(self, work: Callable[[], Any], part: int) -> Any:
+        """Run work without collectives in it; every rank then learns whether any rank failed
+        (and where: an out-of-memory micro-batch is retried)."""
         failure, result = None, None
         try:
             result = work()
         except Exception as err:  # shared with the group before anyone leaves the step
             log.exception("rank %d: run %s: step %d failed", self.group.rank, self.run,
                           self.trainer.steps + 1)
-            failure = f"rank {self.group.rank}: {err!r}"
+            failure = Failure(self.group.rank, part, isinstance(err, torch.OutOfMemoryError),
+                              f"rank {self.group.rank}: {err!r}")
         self.group.agree(failure)
         return result
 
-    def _micro_step(self, part: Part, scale: float, last: bool) -> tuple[Any, Any, Any]:
-        """Forward and backward of one micro-batch; the gradients are reduced over the group
-        on the last (DDP) or on each (FSDP2, which keeps them sharded)."""
+    def _backward(self, loss: torch.Tensor) -> None:
+        """This rank's backward (replicas: local); under FSDP2 only the point before it, whose
+        failure the ranks agree on before its reduce-scatter."""
+        inject(f"train.backward.rank{self.group.rank}")
+        if not self.group.sharded:
+            loss.backward()
+
+    def _micro_step(self, part: Part, scale: float, index: int) -> tuple[Any, Any, Any]:
+        """Forward and backward of one micro-batch, each inside the ranks' agreement: replicas
+        run both without collectives (the gradients reduced by :meth:`_reduce`); under FSDP2
+        the packing (the target's forward, the mask) and the point before the backward are
+        agreed, the forward and backward gather."""
         t = self.trainer
-        batch = self._own(lambda: self._prepare(part))
+        batch, masks = self._own(lambda: self._prepare(part), index)
         if self.group.sharded:  # FSDP2's forward gathers parameters: a collective of the group
-            loss_sum, per_slot = t.forward_sum(batch)
+            loss_sum, per_slot = t.forward_sum(batch, masks)
+            self._own(lambda: self._backward(loss_sum * scale), index)
             (loss_sum * scale).backward()
             return batch, loss_sum, per_slot
-        loss_sum, per_slot = self._own(lambda: t.forward_sum(batch))
-        if last:
-            (loss_sum * scale).backward()   # DDP's all-reduce runs in this backward
-        else:
-            def local() -> None:
-                with cast(DistributedDataParallel, t.module).no_sync():
-                    (loss_sum * scale).backward()
-            self._own(local)
+        loss_sum, per_slot = self._own(lambda: t.forward_sum(batch, masks), index)
+        self._own(lambda: self._backward(loss_sum * scale), index)
         return batch, loss_sum, per_slot
 
+    def _reduce(self) -> None:
+        """Replicas: the accumulated gradients averaged over the group, in place."""
+        if self.group.sharded:
+            return
+        grads = [p.grad for p in self.trainer.drafter.parameters() if p.grad is not None]
+        works = [dist.all_reduce(g, async_op=True) for g in grads]
+        for work in works:
+            work.wait()
+        for g in grads:
+            g.div_(self.group.world)
+
     def train_part(self, parts: list[Part], shares: list[float], skipped: int, total: float,
-                   schedule: dict[str, Any] | None = None,
+                   schedule: dict[str, Any] | None = None, recompute: bool = False,
                    started: float | None = None) -> StepMetrics:
         """Every rank: its micro-batches' forward and backward, then the group's optimizer step.
 
         ``shares`` 0 marks stand-in micro-batches (a rank with fewer rows than the others);
         ``total`` is the global batch's label weight; ``schedule`` is rank 0's learning-rate
-        schedule (ranks > 0 take it).
+        schedule (ranks > 0 take it); ``recompute``: checkpointing on (a retried step).
         """
         started = time.perf_counter() if started is None else started
         t = self.trainer
         if schedule is not None:
             t.schedule = Schedule.from_json(schedule)
+            t.oom.recompute = recompute
         t.optimizer.zero_grad(set_to_none=True)   # a retried step starts clean
         t.drafter.train()
         done = Accumulated()
         for index, (part, share) in enumerate(zip(parts, shares, strict=True)):
-            # DDP and FSDP2 average gradients over ranks; times world, they sum to the batch's.
+            # The group averages gradients over ranks; times world, they sum to the batch's.
             scale = share * self.group.world / total
-            batch, loss_sum, per_slot = self._micro_step(part, scale, index == len(parts) - 1)
+            batch, loss_sum, per_slot = self._micro_step(part, scale, index)
             if share:
                 done.add(loss_sum, per_slot, batch)
+            del batch
+        self._reduce()
         grad_norm, lr = t.optimizer_step()
         return self._reduced(done, skipped, total, grad_norm, lr, started)
 

@@ -12,6 +12,14 @@ from common.runs.records import RunConfig
 def planned_total(ledger: Ledger, config: RunConfig, shard_rows: list[int],
                   rows_per_step: int) -> tuple[int, str]:
     """The schedule's length from the data, and its basis in words."""
+    per_epoch, basis = epoch_steps(ledger, config, shard_rows, rows_per_step)
+    return config.epochs * per_epoch, f"{config.epochs} epoch(s) x {basis}"
+
+
+def epoch_steps(ledger: Ledger, config: RunConfig, shard_rows: list[int],
+                rows_per_step: int) -> tuple[int, str]:
+    """Steps an epoch of the data makes (exact for trained shards, estimated for the rest),
+    and its basis in words."""
     known = {int(s) for s in ledger.shard_steps}
     exact = sum(ledger.shard_steps.values())
     unknown = [s for s in range(len(shard_rows)) if s not in known]
@@ -24,8 +32,8 @@ def planned_total(ledger: Ledger, config: RunConfig, shard_rows: list[int],
         how = f"{rate:.3f} rows per input row (held-out share only; nothing trained yet)"
     estimated = sum(math.ceil(shard_rows[s] * rate / rows_per_step) for s in unknown)
     per_epoch = max(1, exact + estimated)
-    basis = (f"{config.epochs} epoch(s) x {per_epoch} steps/epoch at {rows_per_step} rows/step: "
+    basis = (f"{per_epoch} steps/epoch at {rows_per_step} rows/step: "
              + (f"exact, all {len(known)} shards trained once" if not unknown else
                 f"{exact} exact from {len(known)} trained shard(s), {estimated} estimated for "
                 f"{len(unknown)} more at {how}"))
-    return config.epochs * per_epoch, basis
+    return per_epoch, basis

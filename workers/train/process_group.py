@@ -71,13 +71,14 @@ class Group:
                                 ) from err
             raise RankFailed(f"{what} failed on rank {self.rank}: {err!r}") from err
 
-    def agree(self, failure: str | None) -> None:
-        """Every rank: share this rank's failure (or None); raise ``RankFailed`` on all if any."""
+    def agree(self, failure: object | None) -> None:
+        """Every rank: share this rank's failure (or None); raise ``RankFailed`` on all if any
+        (its text each failure's, the failures themselves with it)."""
         reasons: list[Any] = [None] * self.world
         dist.all_gather_object(reasons, failure, group=self.control)
-        failed = [reason for reason in reasons if reason]
+        failed = [reason for reason in reasons if reason is not None]
         if failed:
-            raise RankFailed("; ".join(failed))
+            raise RankFailed("; ".join(map(str, failed)), failed)
 
     def stop(self) -> None:
         """Rank 0, leaving: release the others (unless a failure already ended the group)."""

@@ -10,7 +10,7 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.config import env_name
@@ -19,6 +19,7 @@ from common.runs.records import RunConfig
 from common.runs.store import RunStore
 from workers.context import WorkerContext, get_context
 from workers.devices import resolve_device
+from workers.train.pace import EpochPace
 from workers.train.parallel import distribute
 from workers.train.periodic_eval import PeriodicEval
 
@@ -51,6 +52,8 @@ class Session:
     last_step_at: float = 0.0
     plan: TrainingPlan | None = None   # this rank's memory plan (None on the CPU)
     config_max_tokens: int | None = None   # the run's --max-train-tokens (None: whole rows)
+    # An epoch's hours: the plan's and the measured steps' (status shows both).
+    pace: EpochPace = field(default_factory=lambda: EpochPace(None))
 
     @property
     def steps(self) -> int:
@@ -130,7 +133,7 @@ def new_session(ctx: WorkerContext, config: RunConfig) -> Session:
     heldout = manifest.heldout_ids if manifest is not None else frozenset()
     return Session(config.run, target, ranked, ledger, layers, pad_id, ranked.steps, heldout,
                    PeriodicEval.for_run(ctx, config, manifest, target, tokenizer), plan=plan,
-                   config_max_tokens=config.max_train_tokens)
+                   config_max_tokens=config.max_train_tokens, pace=EpochPace(plan))
 
 
 def first_total(ctx: WorkerContext, config: RunConfig, ledger: Ledger) -> int:

@@ -88,6 +88,7 @@ def train_rows(ctx: WorkerContext, lease: Lease, session: Session, config: RunCo
                task: ShardTask, rows: list[TrainRow]) -> None:
     """The shard's steps from the first row its epoch has not trained; checkpoints between."""
     size = ctx.settings.train.rows_per_step
+    session.trainer.oom.restore()   # a budget halved by an out-of-memory step lasts one shard
     for first in range(session.ledger.rows_done(task.shard), len(rows), size):
         lease.check()
         if ctx.stopping.is_set():
@@ -130,8 +131,10 @@ def progress_fields(session: Session, config: RunConfig) -> dict[str, Any]:
             "epochs": config.epochs,
             "total_steps": session.trainer.schedule.total,
             "tau_by_epoch": json.dumps(ledger.tau_by_epoch), "finished": str(ledger.finished),
+            "oom_retries": ledger.oom_retries,
             **{f"rows_{reason}": n for reason, n in aside.items()},
-            "memory_plan": session.plan.verdict() if session.plan else ""}
+            "memory_plan": session.plan.verdict() if session.plan else "",
+            **session.pace.fields()}
 
 
 def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: ShardTask,
@@ -198,7 +201,10 @@ def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: li
     except NothingToTrain as skip:
         log.info("run %s shard %d: %s", task.run, task.shard, skip)
         return None
+    finally:
+        note_out_of_memory(session, task)
     log.info("run %s shard %d: %s", task.run, task.shard, metrics.summary())
+    session.pace.add(rows, metrics.seconds)
     record = {"step": metrics.step, "loss": round(metrics.loss, 5),
               "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
               "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
@@ -208,6 +214,21 @@ def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: li
               **group_fields(), "at": time.time()}
     record_metrics(ctx, task.run, record)
     return metrics.acceptance_length
+
+
+def note_out_of_memory(session: Session, task: ShardTask) -> None:
+    """The step's out-of-memory retries and the rows it set aside, into the ledger."""
+    oom, ledger = session.trainer.oom, session.ledger
+    if not oom.retries and not oom.set_aside:
+        return
+    ledger.oom_retries += oom.retries
+    counts = ledger.set_aside.setdefault(str(task.shard), {})
+    counts["too_long"] = counts.get("too_long", 0) + oom.set_aside
+    log.warning("run %s shard %d: step %d retried %d time(s) out of memory, %d row(s) set aside; "
+                "micro-batches of %d tokens with activation checkpointing on for the rest of "
+                "the shard", task.run, task.shard, session.steps, oom.retries, oom.set_aside,
+                oom.current)
+    oom.new_step()
 
 
 def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None:

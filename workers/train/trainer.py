@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from workers.train.drafter.features import TrainRow, plain_row  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
+    from workers.train.drafter.microbatch import OutOfMemory
     from workers.train.drafter.model import DFlashDraftModel
     from workers.train.drafter.recipe import StepMetrics, TrainConfig
     from workers.train.drafter.schedule import Schedule
@@ -33,6 +34,10 @@ class Trainer(Protocol):
 
     @property
     def config(self) -> TrainConfig: ...
+
+    @property
+    def oom(self) -> OutOfMemory:
+        """The out-of-memory state: the budget in force, this step's retries."""
 
     def step(self, rows: Sequence[TrainRow]) -> StepMetrics: ...
 

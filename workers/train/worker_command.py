@@ -34,6 +34,10 @@ worker_train = stage_worker(
                    type=EnumChoice(Checkpointing),
                    help="Recompute the drafter's layers in the backward (auto: for the "
                         "micro-batches that would not fit without, by the memory plan)."),
+    setting_option("train_memory_margin", "--memory-margin",
+                   type=click.FloatRange(0, 0.5, max_open=True),
+                   help="Share of the GPU's reported memory the memory plan leaves free: the "
+                        "micro-batch budget and the checkpointing cut-over stay below the rest."),
     setting_option("train_eval_steps", "--eval-steps", type=click.IntRange(min=0),
                    help="Measure the acceptance length on held-out prompts every N steps "
                         "and at each checkpoint (0: never)."),

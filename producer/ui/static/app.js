@@ -229,6 +229,18 @@ function renderDownstream(s) {
       `step ${t.step}: loss ${t.loss}, slot-1 accuracy ${t.slot1_accuracy}, acceptance length `
       + `${t.acceptance_length}${t.tau !== undefined ? `, tau ${t.tau}` : ""}, `
       + `${t.tokens_per_s} tok/s`));
+    if (t.epoch_hours_measured != null) {
+      const h = (v) => `${Number(Number(v).toPrecision(3))} h`;
+      const planned = t.epoch_hours_planned;
+      figures.append(el("div", { id: "train-epoch-hours" }, el("span", { class: "label" }, "epoch"),
+        `${h(t.epoch_hours_measured)} at the measured steps' pace (`
+        + (planned == null ? "no plan on the CPU" : `the plan ${h(planned)}, measured/plan `
+          + `${(t.epoch_hours_measured / planned).toFixed(2)}`) + ")"));
+    }
+    if (Number(t.oom_retries) > 0) {
+      figures.append(el("div", { id: "train-oom" }, el("span", { class: "label" }, "memory"),
+        `${t.oom_retries} out-of-memory step(s) retried at half the budget, checkpointing on`));
+    }
     const slots = Array.isArray(t.slot_accuracy) ? t.slot_accuracy : [];
     bars($("slot-accuracy"), slots.map((a, i) => [`slot ${i + 1}`, Number(a)]));
   }

@@ -61,7 +61,10 @@ def dense_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: i
 def flex_block_mask(anchors: torch.Tensor, starts: torch.Tensor, context_len: int,
                     block_size: int, device: torch.device | str, window: int | None = None,
                     causal: bool = False) -> Any:
-    """The same pattern as a flex-attention ``BlockMask`` (sparse, never materialised)."""
+    """The same pattern as a flex-attention ``BlockMask``: kept sparse, but torch's (uncompiled)
+    ``create_block_mask`` builds it by evaluating the rule over the whole query x key grid, up to
+    4 bytes a cell at its peak; the memory plan counts that build
+    (:func:`common.plan.memory.mask_build_bytes`), which ends before the drafter's forward."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     n = anchors.shape[0]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from common.errors import NothingToTrain
 from workers.batching import length_batches
 from workers.train.drafter.blocks import block_labels
 from workers.train.drafter.features import TrainRow, plain_row
@@ -77,9 +78,63 @@ def halved_budget(budget: int, drawn: Sequence[Drawn], step: int) -> int:
     """The budget a step retries at after running out of memory: half of it (or of the step's
     tokens, without one); the log says so."""
     half = max(1, (budget or sum(d.tokens for d in drawn)) // 2)
-    log.warning("step %d: out of memory at a budget of %s tokens; retrying the step once at %d "
-                "tokens", step, budget or "no", half)
+    log.warning("step %d: out of memory at a budget of %s tokens; retrying the step at %d "
+                "tokens with activation checkpointing on (kept for the rest of the shard)",
+                step, budget or "no", half)
     return half
+
+
+@dataclass
+class OutOfMemory:
+    """A trainer's answer to running out of memory, the same for one rank and a group: retry
+    the step at half the budget with checkpointing on (both kept until :meth:`restore`, at the
+    next shard); a row that fails alone and checkpointed twice in a step is set aside. Each
+    retry halves the budget, marks a row or drops one, so a step retries a bounded number of
+    times."""
+
+    budget: int = NO_BUDGET     # the configured budget, restored at each shard
+    current: int = NO_BUDGET    # the budget in force
+    recompute: bool = False     # checkpointing forced on by an earlier out-of-memory step
+    retries: int = 0            # this step's retries
+    set_aside: int = 0          # this step's rows set aside
+    alone: set[int] = field(default_factory=set)   # rows that failed alone in this step
+
+    def configure(self, budget: int) -> None:
+        self.budget = self.current = budget
+
+    def restore(self) -> None:
+        """A new shard: the configured budget and checkpointing as the plan says again."""
+        if self.current != self.budget or self.recompute:
+            log.info("back to the configured budget of %s tokens", self.budget or "no")
+        self.current, self.recompute = self.budget, False
+
+    def new_step(self) -> None:
+        self.retries = self.set_aside = 0
+        self.alone.clear()
+
+    def retry(self, drawn: list[Drawn], failed: Sequence[Drawn] | None,
+              step: int) -> list[Drawn]:
+        """The rows the step retries with, after one of its micro-batches (``failed``; None:
+        unknown) ran out of memory. Raises NothingToTrain where no row is left to train."""
+        self.retries += 1
+        if failed is None and self.recompute and self.current == 1:
+            raise NothingToTrain(f"step {step}: out of memory with every row alone")
+        if failed is not None and len(failed) == 1 and self.recompute:
+            row = failed[0]
+            if id(row) not in self.alone:   # once more: the failure may have been transient
+                self.alone.add(id(row))
+                self.current = halved_budget(self.current, drawn, step)
+                return drawn
+            self.set_aside += 1
+            log.warning("step %d: a row of %d tokens ran out of memory alone with activation "
+                        "checkpointing on: set aside", step, row.tokens)
+            left = [d for d in drawn if d is not row]
+            if not left:
+                raise NothingToTrain(f"step {step}: every row ran out of memory alone")
+            return left
+        self.current = halved_budget(self.current, drawn, step)
+        self.recompute = True
+        return drawn
 
 
 @dataclass

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from common.errors import NothingToTrain
+from common.faults import inject
 from common.plan.memory import logits_chunk_for
 from common.runs.trainrows import TrainingRow
 from workers.target_heads import input_embedding, output_head
@@ -52,7 +53,7 @@ from workers.train.drafter.microbatch import (
     NO_BUDGET,
     Accumulated,
     Drawn,
-    halved_budget,
+    OutOfMemory,
     label_weight,
     micro_batches,
 )
@@ -80,12 +81,18 @@ class DrafterTrainer:
         self.drafter = drafter
         # The target's features of plain rows (stored rows bring theirs), per micro-batch.
         self.featurize = featurize
-        # Padded target tokens and draft positions a micro-batch may hold (0: the whole step).
-        self.batch_tokens = batch_tokens
+        # Padded target tokens and draft positions a micro-batch may hold (0: the whole step),
+        # halved after an out-of-memory step for the rest of the shard.
+        self.oom = OutOfMemory()
+        self.oom.configure(batch_tokens)
+        self.failed: Sequence[Drawn] | None = None   # the micro-batch that last raised
+        # A GPU plan's check that a micro-batch's drafter step fits what is free (a group's
+        # FSDP2 ranks run it before their forward: workers.train.memory.headroom_check).
+        self.headroom: Callable[[Sequence[Drawn], bool], None] | None = None
         # Whether a micro-batch recomputes the drafter's layers in the backward (the memory
         # plan's call under auto: workers.train.memory).
         self.checkpointing: Callable[[Sequence[Drawn]], bool] = lambda part: False
-        self.module: nn.Module = drafter   # what forward runs: the drafter or its DDP replica
+        self.module: nn.Module = drafter   # what forward runs (the drafter; FSDP2 shards it)
         self.config = config
         self.device = drafter.fc.weight.device
         self.block_size = drafter.config.block_size
@@ -102,6 +109,14 @@ class DrafterTrainer:
         self.attention = "flex" if use_flex else "sdpa"
         # A block needs an anchor and one supervised token after it.
         self.min_supervised = max(2, config.min_supervised_tokens or 2 * self.block_size)
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.oom.current
+
+    @batch_tokens.setter
+    def batch_tokens(self, tokens: int) -> None:
+        self.oom.configure(tokens)
 
     def prepare(self, rows: Sequence[FeaturedRow],
                 generator: torch.Generator | None = None) -> tuple[PackedBatch | None, int]:
@@ -125,7 +140,7 @@ class DrafterTrainer:
         """One micro-batch on the device: its rows' features (stored, or computed now by the
         target through :attr:`featurize`), blocks and labels."""
         rows = [d.row for d in drawn]
-        self.drafter.checkpointing = self.checkpointing(drawn)
+        self.drafter.checkpointing = self.oom.recompute or self.checkpointing(drawn)
         featured = [r for r in rows if isinstance(r, FeaturedRow)]
         if len(featured) == len(rows):
             features = [r.features for r in featured]
@@ -142,15 +157,20 @@ class DrafterTrainer:
         loss_sum, per_slot = self.forward_sum(batch)
         return loss_sum / self.weights[batch.valid.nonzero()[:, 1]].sum(), per_slot
 
-    def forward_sum(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def masks(self, batch: PackedBatch) -> Any:
+        """The micro-batch's attention masks (flex's build evaluates the whole grid once)."""
+        return batch_masks(self.drafter.config, batch, self.device, self.attention == "flex")
+
+    def forward_sum(self, batch: PackedBatch,
+                    masks: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The weighted cross-entropy *sum* (a micro-batch's share of the step's loss) and a
-        ``[2, B]`` tensor: correct and labelled counts per slot."""
+        ``[2, B]`` tensor: correct and labelled counts per slot (``masks``: built now if None)."""
+        masks = self.masks(batch) if masks is None else masks
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.device.type == "cuda"):
             hidden = self.module(batch.block_ids[None], batch.block_positions[None],
                                  batch.features[None], batch.context_positions[None],
-                                 batch_masks(self.drafter.config, batch, self.device,
-                                             self.attention == "flex"))[0]
+                                 masks)[0]
             hidden = hidden.view(batch.blocks, self.block_size, -1)[batch.valid]
             labels = batch.labels[batch.valid]
             slots = batch.valid.nonzero()[:, 1]
@@ -197,20 +217,23 @@ class DrafterTrainer:
 
     def step(self, rows: Sequence[TrainRow]) -> StepMetrics:
         """One optimizer step on ``rows`` (with features, or computed per micro-batch through
-        :attr:`featurize`); raises NothingToTrain when every row is too short. An out-of-memory
-        micro-batch is retried once, the whole step at half the budget."""
+        :attr:`featurize`); raises NothingToTrain when every row is too short. A micro-batch out
+        of memory retries the step (:class:`OutOfMemory`: half the budget, checkpointing on)."""
         started = time.perf_counter()
         drawn, skipped = self.draw(rows)
         if not drawn:
             raise NothingToTrain(f"all {skipped} rows have < {self.min_supervised} "
                                  "supervised tokens")
         self.drafter.train()
-        total = label_weight(drawn, self.weights, self.block_size)
-        try:
-            done = self.accumulate(micro_batches(drawn, self.batch_tokens, self.block_size), total)
-        except torch.OutOfMemoryError:
-            budget = self.halve_budget(drawn)
-            done = self.accumulate(micro_batches(drawn, budget, self.block_size), total)
+        self.oom.new_step()
+        while True:
+            total = label_weight(drawn, self.weights, self.block_size)
+            try:
+                done = self.accumulate(micro_batches(drawn, self.batch_tokens, self.block_size),
+                                       total)
+                break
+            except torch.OutOfMemoryError:
+                drawn = self.after_out_of_memory(drawn, self.failed)
         grad_norm, lr = self.optimizer_step()
         return self._metrics(done, skipped, total, grad_norm, lr, started)
 
@@ -220,20 +243,25 @@ class DrafterTrainer:
         ``total``; ``sync(last)`` wraps each backward (DDP: gradients reduced on the last)."""
         done = Accumulated()
         for index, part in enumerate(parts):
+            self.failed = part
+            inject("train.forward.rank0")
             batch = self.pack(part)
             loss_sum, per_slot = self.forward_sum(batch)
+            inject("train.backward.rank0")
             with sync(index == len(parts) - 1) if sync else contextlib.nullcontext():
                 (loss_sum / total).backward()
             done.add(loss_sum, per_slot, batch)
             del batch, loss_sum
+        self.failed = None
         return done
 
-    def halve_budget(self, drawn: Sequence[Drawn]) -> int:
-        """After an out-of-memory step: gradients dropped, the cache emptied, half the budget."""
+    def after_out_of_memory(self, drawn: list[Drawn],
+                            failed: Sequence[Drawn] | None) -> list[Drawn]:
+        """Free what the step holds (gradients, the allocator's cache); the rows to retry."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return halved_budget(self.batch_tokens, drawn, self.steps + 1)
+        return self.oom.retry(drawn, failed, self.steps + 1)
 
     def eval_drafter(self) -> DFlashDraftModel:
         """The drafter the acceptance-length eval decodes with: this one."""
