@@ -56,11 +56,13 @@ def env_name(name: str) -> str:
 
 
 def setting(default: Any, *, flat: str = "", zero_ok: bool = False, secret: bool = False,
-            device: bool = False) -> Any:
+            device: bool = False, below: float | None = None) -> Any:
     """A declared field: ``flat`` replaces prefix + name (a variable older than its section),
     ``zero_ok`` lets a number be 0 (off, the default, or an index), ``secret`` hides it in repr,
-    ``device`` checks it against :data:`DEVICE` (a choice's values are its enum's)."""
-    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device}
+    ``device`` checks it against :data:`DEVICE` (a choice's values are its enum's), ``below``
+    bounds a number from above (exclusive)."""
+    meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device,
+            "below": below}
     return field(default=default, metadata=meta)
 
 
@@ -167,7 +169,7 @@ class TrainSettings:
     # without, by the memory plan), on, off.
     activation_checkpointing: Checkpointing = Checkpointing.AUTO
     # Share of the GPU's reported memory the memory plan leaves free (budget, checkpointing).
-    memory_margin: float = 0.08
+    memory_margin: float = setting(0.08, zero_ok=True, below=0.5)
     eval_steps: int = setting(200, zero_ok=True)   # speculative-decoding eval every N (0: off)
     eval_prompts: int = 8
     eval_max_new_tokens: int = 256
@@ -305,6 +307,8 @@ def _coerce(name: str, raw: str, f: Field[Any]) -> object:
     meta = f.metadata
     if isinstance(value, int | float) and (value < 0 or (value == 0 and not meta.get("zero_ok"))):
         raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
+    if meta.get("below") is not None and not value < meta["below"]:   # NaN too
+        raise ConfigError(f"{env_name(name)}={raw!r} must be below {meta['below']}")
     if meta.get("device") and not DEVICE.fullmatch(str(value)):
         raise ConfigError(f"{env_name(name)}={raw!r} is not a device: {DEVICES}")
     return value

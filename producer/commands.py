@@ -220,8 +220,8 @@ def render_status(status: RunStatus) -> str:
         if down.get("memory_plan"):
             lines.append(f"  memory  {down['memory_plan']}")
         if int((down.get("train") or {}).get("oom_retries") or 0):
-            lines.append(f"  memory  {down['train']['oom_retries']} out-of-memory step(s) retried "
-                         "at half the budget, activation checkpointing on")
+            lines.append(f"  memory  {down['train']['oom_retries']} out-of-memory retries (each at "
+                         "half the budget, activation checkpointing on)")
         if drafter := status.get("drafter"):
             lines.append(f"  drafter shape from {drafter['source']}")
         if down.get("eval_error"):

@@ -7,8 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from common.runs.checkpoints import read_ledger
+from common.config import load_settings
+from common.errors import ConfigError, RankFailed
+from common.runs.checkpoints import OUT_OF_MEMORY, Ledger, read_ledger
+from common.runs.trainrows import TrainingRow
 from common.storage import open_storage
 from tests.conftest import Pipeline, wait_until
 from tests.test_generate_e2e import _mt_bench_rows, _write_jsonl
@@ -20,6 +24,8 @@ from tests.test_train_parallel import (  # noqa: F401 - the module-scoped refere
     reference,
     two_ranks,
 )
+from workers.train.agreement import Failure, failed_part
+from workers.train.drafter.microbatch import Drawn, OutOfMemory
 
 pytestmark = pytest.mark.xdist_group("train_parallel")
 
@@ -71,6 +77,48 @@ def test_a_training_group_trains_past_out_of_memory_steps(pipeline: Pipeline, tm
     assert read_ledger(storage, run).oom_retries == 2
     assert group.poll() is None, "the group stopped"
     text = pipeline.cli("status", "--run", run, check=True).stdout
-    assert "2 out-of-memory step(s) retried" in text, text
+    assert "2 out-of-memory retries" in text, text
     log = (pipeline.log_dir / "trainer.log").read_text()
     assert "retrying the step at" in log and "GroupLost" not in log
+
+
+def drawn_row(tokens: int) -> Drawn:
+    return Drawn(TrainingRow(f"r{tokens}", 0, [1] * tokens, [1] * tokens), torch.arange(2))
+
+
+def test_a_stand_in_that_fails_blames_no_row_and_a_lone_row_goes_after_two_failures() -> None:
+    """Rank 1's padding repeats rank 0's shortest row: its failure halves the budget and sets
+    nothing aside; a real lone row is set aside only when it fails twice, checkpointed."""
+    short, other = drawn_row(100), drawn_row(300)
+    parts, real = [[[short]], [[other], [short]]], [1, 1]
+    stand_in = RankFailed("rank 1: oom", [Failure(1, 1, True, "rank 1: oom")])
+    assert failed_part(stand_in, parts, real) is None
+    own = RankFailed("rank 1: oom", [Failure(1, 0, True, "rank 1: oom")])
+    assert failed_part(own, parts, real) == [other]
+    with pytest.raises(RankFailed):   # not memory: the shard parks as before
+        failed_part(RankFailed("rank 0: bug", [Failure(0, 0, False, "bug")]), parts, real)
+    oom = OutOfMemory()
+    oom.configure(1000)
+    rows = [short, other]
+    assert oom.retry(rows, None, 1) == rows and (oom.current, oom.recompute) == (500, True)
+    assert oom.retry(rows, [other], 1) == rows and oom.set_aside == 0
+    assert oom.retry(rows, [other], 1) == [short] and oom.set_aside == 1
+    assert oom.retries == 3
+
+
+def test_rows_set_aside_out_of_memory_count_as_too_long() -> None:
+    ledger = Ledger(set_aside={"0": {"too_long": 1, OUT_OF_MEMORY: 2}, "1": {"too_short": 1}})
+    assert ledger.set_aside_counts() == {"too_short": 1, "too_long": 3, "cut": 0}
+    assert Ledger.from_json(ledger.to_json()) == ledger
+    assert Ledger.from_json({"epoch": 0, "done": []}).oom_retries == 0   # an older ledger
+
+
+@pytest.mark.parametrize(("raw", "ok"), [("0", True), ("0.2", True), ("0.5", False),
+                                         ("nan", False), ("-0.1", False)])
+def test_the_memory_margin_is_a_share_below_a_half(raw: str, ok: bool) -> None:
+    env = {"DFLASH_TRAIN_MEMORY_MARGIN": raw}
+    if ok:
+        assert load_settings(env).train.memory_margin == float(raw)
+    else:
+        with pytest.raises(ConfigError, match="DFLASH_TRAIN_MEMORY_MARGIN"):
+            load_settings(env)

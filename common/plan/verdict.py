@@ -257,7 +257,7 @@ def _advice(plan: TrainingPlan) -> list[str]:
             fixes.append(f"train on the first {longest:,} tokens of longer rows "
                          f"(enqueue --max-train-tokens {longest})")
     needed = plan.step.total / GiB / (1 - hw.margin)
-    fixes.append(f"a larger GPU (at least {needed:.0f} GiB)")
+    fixes.append(f"a larger GPU (at least {math.ceil(needed)} GiB)")
     return fixes
 
 

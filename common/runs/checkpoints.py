@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 STATE_FILE, COMMIT_FILE = "state.pt", "_COMMIT.json"
 
 
+OUT_OF_MEMORY = "out_of_memory"   # a shard's rows set aside after failing alone, checkpointed
+
+
 @dataclass
 class Ledger:
     """What a trainer has consumed: the epoch (0-based), whole shards done in it, rows of the
@@ -64,10 +67,12 @@ class Ledger:
                    int(data.get("oom_retries", 0)))
 
     def set_aside_counts(self) -> dict[str, int]:
-        """Rows set aside per reason, over the shards trained so far."""
+        """Rows set aside per reason, over the shards trained so far (rows that ran out of
+        memory alone count as too long)."""
         total = {"too_short": 0, "too_long": 0, "cut": 0}
         for counts in self.set_aside.values():
             for reason, n in counts.items():
+                reason = "too_long" if reason == OUT_OF_MEMORY else reason
                 total[reason] = total.get(reason, 0) + n
         return total
 

@@ -23,12 +23,15 @@ class Failure:
         return self.text
 
 
-def failed_part(failed: RankFailed, parts: list[list[list[Drawn]]]) -> list[Drawn] | None:
+def failed_part(failed: RankFailed, parts: list[list[list[Drawn]]],
+                real: list[int]) -> list[Drawn] | None:
     """The micro-batch that ran out of memory (rank 0's view: ``parts[rank]`` lists each
-    rank's), None where unknown; raises ``failed`` again where a failure was not memory."""
+    rank's, the first ``real[rank]`` of them real), None where unknown or a stand-in (whose row
+    is another's: no row is blamed); raises ``failed`` again where a failure was not memory."""
     failures = [f for f in failed.failures if isinstance(f, Failure)]
     if not failures or not all(f.out_of_memory for f in failures):
         raise failed
     first = failures[0]
-    rank_parts = parts[first.rank] if first.rank < len(parts) else []
-    return rank_parts[first.part] if 0 <= first.part < len(rank_parts) else None
+    if not 0 <= first.rank < len(parts) or not 0 <= first.part < real[first.rank]:
+        return None
+    return parts[first.rank][first.part]

@@ -15,6 +15,7 @@ memory, the group's ranks, FSDP or not); on the CPU there is no plan: the budget
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from common.choices import Checkpointing
 from common.config import Settings
 from common.errors import PlanDoesNotFit
-from common.plan.memory import CUDA_CONTEXT, GiB, Micro
+from common.plan.memory import CUDA_CONTEXT, FRAGMENTATION, GiB, Micro, gathered_bytes
 from common.plan.shapes import DrafterDims, TargetDims
 from common.plan.verdict import Hardware, TrainingPlan
 from common.runs.records import RunConfig
@@ -102,10 +103,10 @@ def configure(trainer: Any, plan: TrainingPlan | None, settings: Settings) -> No
     else:
         trainer.checkpointing = lambda part: plan.checkpointing_for(micro_of(part, block))
     if plan is not None:
-        trainer.headroom = headroom_check(plan, block)
+        trainer.headroom = headroom_check(plan, block, trainer.device)
 
 
-def headroom_check(plan: TrainingPlan, block_size: int
+def headroom_check(plan: TrainingPlan, block_size: int, device: torch.device
                    ) -> Callable[[Sequence[Drawn], bool], None]:
     """Before an FSDP2 rank's forward (whose gathers a failing rank would leave waiting): an
     out-of-memory error raised now, inside the ranks' agreement, where the plan says the
@@ -113,8 +114,11 @@ def headroom_check(plan: TrainingPlan, block_size: int
     def check(part: Sequence[Drawn], recompute: bool) -> None:
         micro = micro_of(part, block_size)
         step = plan.memory(micro, recompute or plan.checkpointing_for(micro))
-        need = step.drafter_activations + step.collective_buffers
-        device = torch.cuda.current_device()
+        # The drafter step, the gradient buffers and the layers FSDP2 gathers (back in the
+        # allocator's cache now), with the allocator's fragmentation share.
+        need = math.ceil((step.drafter_activations + step.collective_buffers
+                          + gathered_bytes(plan.drafter, plan.hardware.device))
+                         * (1 + FRAGMENTATION))
         free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
                 - torch.cuda.memory_allocated(device))
         if need > free:

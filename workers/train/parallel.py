@@ -145,7 +145,7 @@ class DataParallelTrainer:
             try:
                 return self._group_step(parts, real, skipped, total, started)
             except RankFailed as failed:
-                drawn = t.after_out_of_memory(drawn, failed_part(failed, parts))
+                drawn = t.after_out_of_memory(drawn, failed_part(failed, parts, real))
 
     def _parts(self, drawn: list[Drawn]) -> tuple[list[list[list[Drawn]]], list[int]]:
         """Rank ``r``'s micro-batches of rows ``r::N``, and how many are real: every rank runs

@@ -66,7 +66,9 @@ class Group:
         except Exception as err:
             self.broken = True
             os.kill(os.getpid(), signal.SIGTERM)
-            if collective_failure(err):
+            # Out of memory past the agreement (inside FSDP2's gathers): the others are left
+            # in a collective; the group restarts and the shard resumes from its checkpoint.
+            if collective_failure(err) or isinstance(err, torch.OutOfMemoryError):
                 raise GroupLost(f"{what} failed on rank {self.rank} ({err!r}); the group stops"
                                 ) from err
             raise RankFailed(f"{what} failed on rank {self.rank}: {err!r}") from err

@@ -28,7 +28,7 @@ from common.choices import Mode
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
 from common.queue.celery_app import TASK_TRAIN, app
-from common.runs.checkpoints import save_checkpoint
+from common.runs.checkpoints import OUT_OF_MEMORY, save_checkpoint
 from common.runs.epochs import row_order
 from common.runs.records import RunConfig, ShardTask, TaskOutcome
 from common.runs.store import RunStore
@@ -154,6 +154,10 @@ def training_rows(ctx: WorkerContext, store: RunStore, session: Session, task: S
                                            plain_row(r).supervised_tokens)]
     counts = {"too_short": len(cut) - len(kept), "too_long": len(kept) - len(fitting),
               "cut": sum(a is not b for a, b in zip(rows, cut, strict=True))}
+    # Rows that ran out of memory alone in this shard's epoch so far (a resumed shard keeps them).
+    before = session.ledger.set_aside.get(str(task.shard), {})
+    if session.ledger.rows_done(task.shard) and before.get(OUT_OF_MEMORY):
+        counts[OUT_OF_MEMORY] = before[OUT_OF_MEMORY]
     session.ledger.set_aside[str(task.shard)] = counts
     log.info("run %s shard %d: %d rows to train, %d held-out samples left out, %d rows with "
              "< %d supervised tokens and %d no micro-batch fits set aside, %d cut to %s "
@@ -223,7 +227,7 @@ def note_out_of_memory(session: Session, task: ShardTask) -> None:
         return
     ledger.oom_retries += oom.retries
     counts = ledger.set_aside.setdefault(str(task.shard), {})
-    counts["too_long"] = counts.get("too_long", 0) + oom.set_aside
+    counts[OUT_OF_MEMORY] = counts.get(OUT_OF_MEMORY, 0) + oom.set_aside
     log.warning("run %s shard %d: step %d retried %d time(s) out of memory, %d row(s) set aside; "
                 "micro-batches of %d tokens with activation checkpointing on for the rest of "
                 "the shard", task.run, task.shard, session.steps, oom.retries, oom.set_aside,

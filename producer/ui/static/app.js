@@ -239,7 +239,7 @@ function renderDownstream(s) {
     }
     if (Number(t.oom_retries) > 0) {
       figures.append(el("div", { id: "train-oom" }, el("span", { class: "label" }, "memory"),
-        `${t.oom_retries} out-of-memory step(s) retried at half the budget, checkpointing on`));
+        `${t.oom_retries} out-of-memory retries (each at half the budget, checkpointing on)`));
     }
     const slots = Array.isArray(t.slot_accuracy) ? t.slot_accuracy : [];
     bars($("slot-accuracy"), slots.map((a, i) => [`slot ${i + 1}`, Number(a)]));
