@@ -17,19 +17,18 @@ counts it by area (``status --json``'s ``foreign_objects``). The caps are the ``
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import orjson
 import zstandard
 from pydantic import TypeAdapter, ValidationError
 
 from common.config import ReadSettings
 from common.errors import ForeignObject
+from common.json_parse import parse as parse_value
 from common.key_layout import parse
 from common.storage import Storage
 
@@ -45,6 +44,8 @@ _counts: Counter[str] = Counter()
 
 def area_of(key: str) -> str:
     """The layout area a key belongs to, for the counts (``generated``, ``index``, ...)."""
+    if key.startswith("dflash:"):
+        return "redis"   # a value read from Redis (:func:`read_value`)
     parts = key.split("/")
     if len(parts) > 2 and parts[0] == "runs":
         found = parse(key)
@@ -116,16 +117,25 @@ def decompress(key: str, data: bytes, cap: int) -> bytes:
     return out
 
 
-def parse_json(key: str, data: bytes) -> Any:
+def parse_json(key: str, data: bytes | str) -> Any:
+    """The JSON value of an object's (or a Redis value's) bytes: :func:`common.json_parse.parse`,
+    depth-limited, NaN refused, any failure :class:`ForeignObject`."""
+    return parse_value(key, data)
+
+
+def read_value(key: str, data: bytes | str, schema: TypeAdapter[T]) -> T:
+    """A JSON value read from Redis (``key``: its Redis key), parsed and validated as a stored
+    record is: a role may write it too."""
+    return validated(key, parse_value(key, data), schema)
+
+
+def value_or_none(key: str, data: bytes | str, schema: TypeAdapter[T]) -> T | None:
+    """A Redis value (:func:`read_value`), or None where it is foreign (noted)."""
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        if "surrogate" not in str(exc):   # anything else is no JSON for the slower parser too
-            raise ForeignObject(key, f"not JSON ({exc})") from None
-        try:
-            return json.loads(data)   # lone surrogates, as the fallback encoder writes them
-        except ValueError as again:
-            raise ForeignObject(key, f"not JSON ({again})") from None
+        return read_value(key, data, schema)
+    except ForeignObject as exc:
+        note(exc)
+        return None
 
 
 def validated(key: str, value: Any, schema: TypeAdapter[T], line: int = 0) -> T:

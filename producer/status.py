@@ -8,7 +8,6 @@ progress and rejections are counted from the stored parts, so no figure goes bac
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +17,17 @@ from common import keys
 from common.choices import Mode
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
-from common.engine.speculative import by_worker, choices_by_worker
-from common.monitor.run_monitor import pause_from_storage
+from common.engine.speculative import by_worker, choices_by_worker, engines_of
+from common.monitor.run_monitor import pause_from_storage, pause_of
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
 from common.queue.reconcile import read_stage, waiting_messages
-from common.reads import foreign_counts, part_getter, rows_or_none
+from common.reads import foreign_counts, part_getter, rows_or_none, value_or_none
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.commit_set import CommitSet
 from common.runs.index import RunIndex, shard_total
 from common.runs.records import RunConfig, RunState
-from common.runs.schemas import SAMPLE
+from common.runs.schemas import METRIC_LIST, SAMPLE
 from common.runs.store import RunStore
 from common.storage import Storage
 from producer.enqueue import read_manifest
@@ -196,8 +195,9 @@ class StatusReader:
         # Steps retried out of memory: the live count, else the newest checkpoint's.
         train["oom_retries"] = _count(train.get("oom_retries"), ledger.oom_retries)
         for name in ("slot_accuracy", "tau_per_position"):
-            if isinstance(train.get(name), str):
-                train[name] = json.loads(train[name])
+            if isinstance(train.get(name), str):   # JSON text, read as any Redis value
+                train[name] = value_or_none(f"{TRAIN.keys(self.run).metrics}:{name}",
+                                            train[name], METRIC_LIST)
         tau = train.get("tau")
         # The periodic eval's last failure, until an eval succeeds (training went on).
         error = ({"message": train["eval_error"], "step": int(train["eval_error_step"])}
@@ -273,10 +273,10 @@ class StatusReader:
             "partial": {keys.parse_shard_name(k): int(v) for k, v in partial.items()},
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
-            "engines": {name: json.loads(v) for name, v in engines.items()},
+            "engines": engines_of(engines),
             "gates": gates,
             "window": [int(x) for x in window],
-            "pause": json.loads(pause) if pause else None,
+            "pause": pause_of(redis_keys.redis_paused(self.run), pause),
             "train": train,
             "speculative": by_worker(spec),
             "mtp": choices_by_worker(mtp),

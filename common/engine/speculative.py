@@ -13,9 +13,13 @@ algorithm and mean accept length (total tokens / total verify steps, SGLang's ow
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from common.errors import ForeignObject
+from common.queue import redis_keys
+from common.reads import note, parse_json, value_or_none
+from common.runs.schemas import ENGINE
 
 SPEC_PREFIX = "spec_"
 VERIFY_CT = "spec_verify_ct"
@@ -80,9 +84,21 @@ def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, str]]:
     found = {}
     for worker, value in sorted(raw.items()):
         try:
-            entry = json.loads(value)
-        except ValueError:
+            entry = parse_json(f"dflash:generate:mtp:{worker}", value)
+        except ForeignObject as exc:
+            note(exc)
             continue
         if isinstance(entry, dict):
             found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason")}
+    return found
+
+
+def engines_of(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The Redis hash of announced engine servers (:func:`common.queue.redis_keys.redis_engines`)
+    as ``{host:gpu: record}``; an entry that is no engine record is noted and left out."""
+    found = {}
+    for name, value in sorted(raw.items()):
+        entry = value_or_none(f"{redis_keys.redis_engines()}:{name}", value, ENGINE)
+        if entry is not None:
+            found[name] = dict(entry)
     return found

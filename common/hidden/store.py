@@ -39,7 +39,7 @@ from safetensors.torch import save as st_save
 from common import keys
 from common.choices import Layout
 from common.errors import ForeignObject, HiddenStateError, NotFound
-from common.reads import note, read_json
+from common.reads import note, parse_json, read_json
 from common.runs.records import dumps
 from common.runs.schema import COMMIT_SCHEMA, check_schema
 from common.runs.schemas import HIDDEN_INDEX
@@ -189,10 +189,11 @@ def encode_part(records: list[HiddenRecord], meta: HiddenMeta, dtype: str = "bf1
     return st_save(tensors, metadata=metadata)
 
 
-def decode_part(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """A part's tensors and its safetensors metadata."""
+def decode_part(data: bytes, key: str = "a hidden-state part"
+                ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A part's tensors and its safetensors metadata (the header parsed as stored JSON is)."""
     size = int.from_bytes(data[:8], "little")
-    metadata = json.loads(data[8 : 8 + size]).get("__metadata__", {})
+    metadata = parse_json(key, data[8 : 8 + size]).get("__metadata__", {})
     return st_load(data), metadata
 
 
@@ -331,12 +332,15 @@ def _part_records(storage: Storage, shard: int, part: HiddenPart) -> Iterator[di
         raise HiddenStateError(f"{part.key}: {len(data):,} bytes where the shard's commit says "
                                f"{part.bytes:,}")
     try:
-        tensors, metadata = decode_part(data)
-        ids, turns = json.loads(metadata["sample_ids"]), json.loads(metadata["turns"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, SafetensorError) as exc:
+        tensors, metadata = decode_part(data, part.key)
+        ids = parse_json(part.key, metadata["sample_ids"])
+        turns = parse_json(part.key, metadata["turns"])
+        offsets = tensors["offsets"].tolist()
+    except (ForeignObject, ValueError, KeyError, TypeError, AttributeError, SafetensorError,
+            RecursionError) as exc:   # UnicodeDecodeError is a ValueError
         raise HiddenStateError(f"{part.key}: not a hidden-state part ({exc})") from None
-    offsets = tensors["offsets"].tolist()
-    if ids != part.sample_ids or turns != part.turns or len(offsets) != len(ids) + 1:
+    if ids != part.sample_ids or turns != part.turns or len(offsets) != len(ids) + 1 \
+            or not all(isinstance(o, int) for o in offsets) or offsets != sorted(offsets):
         raise HiddenStateError(f"{part.key}: records differ from the shard's commit")
     last = tensors.get("last_hidden_states")
     for i, (sample_id, turn) in enumerate(zip(ids, turns, strict=True)):

@@ -28,7 +28,7 @@ from common.errors import ForeignObject, NotFound, RunPaused
 from common.gates.judge import GateConfig
 from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
 from common.queue import redis_keys
-from common.reads import note, read_record
+from common.reads import note, parse_json, read_record, read_value
 from common.runs.records import dumps
 from common.runs.schemas import PAUSE, RESUME
 from common.storage import Storage
@@ -68,8 +68,8 @@ class GateState:
                           int(after) if after is not None else self.gates.pause_after)
 
     def paused(self) -> dict[str, Any] | None:
-        raw = self.client.get(redis_keys.redis_paused(self.run))
-        return json.loads(raw) if raw else None
+        key = redis_keys.redis_paused(self.run)
+        return pause_of(key, self.client.get(key))
 
     def ensure_ready(self) -> None:
         """Rebuild the shared state from storage if Redis lost it (one worker does it)."""
@@ -87,6 +87,36 @@ class GateState:
             if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
                 return self.ensure_ready()
             time.sleep(0.2)
+
+
+def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
+    """The pause a Redis value holds (None: not paused); one that does not read as a pause
+    record still counts as one (a gate fails closed), its reason saying why."""
+    if not raw:
+        return None
+    try:
+        pause = read_value(key, raw, PAUSE)
+    except ForeignObject as exc:
+        note(exc)
+        return {"reason": f"unreadable pause record ({exc.why})"}
+    return dict(pause)
+
+
+def examples_of(key: str, raw: list[Any]) -> list[dict[str, Any]]:
+    """The rejected examples a Redis list holds, each an object with an ``id``; a value that
+    is not one is noted and left out."""
+    found = []
+    for value in raw:
+        try:
+            entry = parse_json(key, value)
+        except ForeignObject as exc:
+            note(exc)
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            found.append(entry)
+        else:
+            note(ForeignObject(key, "an example that is not an object with an id"))
+    return found
 
 
 def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:

@@ -22,7 +22,6 @@ live worker holds; the queue's list is Celery's public contract for a waiting me
 from __future__ import annotations
 
 import base64
-import json
 import time
 from dataclasses import dataclass
 
@@ -30,6 +29,8 @@ import redis
 from celery import Celery
 
 from common import keys
+from common.errors import ForeignObject
+from common.json_parse import parse
 from common.queue import redis_keys
 from common.queue.celery_app import StageSpec
 from common.runs.records import ShardTask
@@ -87,12 +88,12 @@ def queued_in(client: redis.Redis, queue: str) -> set[tuple[str, int]] | None:
 def _task_of(raw: str | bytes) -> ShardTask | None:
     """The shard of a Celery message (protocol 2, JSON) as kombu's Redis transport stores it."""
     try:
-        message = json.loads(raw)
+        message = parse("a queued message", raw)   # any role with broker access writes these
         body = message["body"]
         if message["properties"].get("body_encoding") == "base64":
             body = base64.b64decode(body)
-        return ShardTask.from_json(json.loads(body)[0][0])
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return ShardTask.from_json(parse("a queued message", body)[0][0])
+    except (ForeignObject, TypeError, ValueError, KeyError, IndexError, AttributeError):
         return None
 
 

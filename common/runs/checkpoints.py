@@ -223,10 +223,13 @@ def load_checkpoint(storage: Storage, run: str, step: int | None = None,
     for (step_, seq), commit in readable_commits(storage, run, step):
         key = keys.drafter_checkpoint(run, step_, STATE_FILE, seq)
         try:
-            # Bounded by what its commit says it holds: a state is GBs at the user's shape.
+            # Bounded by what its commit says it holds (every writer states it): a state is
+            # GBs at the user's shape, and one of no stated size is never read unbounded.
             size = int(commit.get("bytes") or 0)
-            data = storage.get(key, limit=size) if size else storage.get(key)
-            if size and len(data) != size:
+            if size <= 0:
+                raise ValueError("its commit states no size for the state")
+            data = storage.get(key, limit=size)
+            if len(data) != size:
                 raise ValueError(f"{len(data):,} bytes where its commit says {size:,}")
             state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
             return state, Ledger.from_json(state.pop("ledger"))

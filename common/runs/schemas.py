@@ -257,6 +257,18 @@ class HiddenIndexRecord(TypedDict):
     schema: NotRequired[Int]
 
 
+# --- values in Redis (any role with Redis access may write them) -------------------------
+
+class EngineRecord(TypedDict):
+    """An engine server a worker announced (:func:`common.queue.redis_keys.redis_engines`)."""
+
+    url: Str
+    log: NotRequired[Str | None]
+    pid: NotRequired[Int | None]
+    worker: NotRequired[Str | None]
+    algorithm: NotRequired[Str | None]
+
+
 GENERATED_COMMIT = TypeAdapter(GeneratedCommit)
 SAMPLE = TypeAdapter(Sample)
 INPUT_ROW = TypeAdapter(InputRow)
@@ -269,3 +281,5 @@ PARKING = TypeAdapter(ParkingRecord)
 CHECKPOINT_COMMIT = TypeAdapter(CheckpointCommit)
 HIDDEN_INDEX = TypeAdapter(HiddenIndexRecord)
 BENCH_VERDICT = TypeAdapter(BenchVerdictRecord)
+ENGINE = TypeAdapter(EngineRecord)
+METRIC_LIST = TypeAdapter(list[Number | None])   # per slot or position; null: not measured

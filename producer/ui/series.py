@@ -8,7 +8,6 @@ history.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import defaultdict
@@ -18,7 +17,7 @@ from typing import Any
 from common import keys
 from common.errors import ForeignObject, NotFound
 from common.gates.partstats import SampleStat, part_stats
-from common.reads import note, part_getter, read_record, rows_or_none
+from common.reads import note, parse_json, part_getter, read_record, rows_or_none
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.index import RunIndex, manifest_shards, shard_total
 from common.runs.schemas import CHECKPOINT_COMMIT, SAMPLE
@@ -96,9 +95,9 @@ class SeriesReader:
             metrics = commit.get("metrics") or {}
             numeric = {name: value for name, raw in metrics.items()
                        if name not in SKIPPED_METRICS and (value := _number(raw)) is not None}
-            slots = _slots(metrics.get("slot_accuracy"))
+            slots = _slots(key, metrics.get("slot_accuracy"))
             numeric.update({f"slot{i + 1}_accuracy": a for i, a in enumerate(slots)
-                            if f"slot{i + 1}_accuracy" not in numeric})
+                            if a is not None and f"slot{i + 1}_accuracy" not in numeric})
             by_step[int(commit.get("step", _checkpoint_order(key)[0]))] = numeric
         names = sorted({name for values in by_step.values() for name in values})
         steps = sorted(by_step)
@@ -118,12 +117,15 @@ def _number(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _slots(raw: Any) -> list[float]:
+def _slots(key: str, raw: Any) -> list[float | None]:
+    """A checkpoint's per-slot accuracies (JSON text in its metrics), None where a slot was not
+    measured; none at all where they are not a list of numbers (foreign JSON: noted)."""
     try:
-        values = json.loads(raw) if isinstance(raw, str) else raw
-        return [float(v) for v in values or []]
-    except (TypeError, ValueError):
+        values = parse_json(key, raw) if isinstance(raw, str) else raw
+    except ForeignObject as exc:
+        note(exc)
         return []
+    return [_number(v) for v in values] if isinstance(values, list) else []
 
 
 def bucket_size(span_s: float) -> int:

@@ -78,10 +78,29 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _json({"error": f"{type(exc).__name__}: {exc}"}, 503)
 
 
-def _panel(method: str) -> Handler:
+def _view(method: str) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         views = request.app[VIEWS]
         return _json(await asyncio.to_thread(getattr(views, method), request.match_info["run"]))
+
+    return handle
+
+
+def panel(name: str, handler: Handler) -> Handler:
+    """``handler`` with its failure answered as this panel's own error (JSON naming the panel:
+    503 for storage or Redis trouble, 500 for anything else), never the page's: the other
+    panels of a refresh answer as usual. An unknown run stays a 404."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (NotFound, RunNotFound):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug or a forged object: this panel's answer
+            known = isinstance(exc, DflashError | OSError)
+            log.log(logging.WARNING if known else logging.ERROR, "%s: %s: %s", request.path,
+                    type(exc).__name__, exc, exc_info=not known)
+            return _json({"panel": name, "error": f"{type(exc).__name__}: {exc}"[:1000]},
+                         503 if known else 500)
 
     return handle
 
@@ -189,7 +208,7 @@ def make_app(views: Views, auth: str = "",
     app.router.add_get("/runs/{run}", run_page)
     app.router.add_get("/api/runs", run_list)
     for name in ("status", "series", "shards", "gates"):
-        app.router.add_get(f"/api/runs/{{run}}/{name}", _panel(name))
-    app.router.add_get("/api/runs/{run}/engines", engines)
+        app.router.add_get(f"/api/runs/{{run}}/{name}", panel(name, _view(name)))
+    app.router.add_get("/api/runs/{run}/engines", panel("engines", engines))
     app.router.add_static("/static/", STATIC)
     return app

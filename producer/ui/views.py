@@ -6,7 +6,6 @@ so what never changes (commits, parts, checkpoints) is read once per dashboard p
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -18,6 +17,7 @@ import redis
 
 from common import keys
 from common.errors import NotFound, RunNotFound
+from common.monitor.run_monitor import examples_of
 from common.queue import redis_keys
 from common.runs.index import RunIndex
 from common.runs.store import RunStore
@@ -153,8 +153,8 @@ class Views:
                 hist.update({int(k): int(v) for k, v in
                              self.client.hgetall(redis_keys.redis_gate_hist(run)).items()})
                 for reason in status["gates"]["reasons"]:
-                    raw = self.client.lrange(redis_keys.redis_gate_examples(run, reason), 0, 2)
-                    examples[reason] = [json.loads(x) for x in raw]
+                    key = redis_keys.redis_gate_examples(run, reason)
+                    examples[reason] = examples_of(key, self.client.lrange(key, 0, 2))
             else:
                 reachable, source = status["redis"]["reachable"], "storage"
         except redis.RedisError:

@@ -25,6 +25,8 @@ from common.monitor.run_monitor import (
     Samples,
     Thresholds,
     count_samples,
+    examples_of,
+    pause_of,
     stamp,
 )
 from common.queue import redis_keys
@@ -97,8 +99,7 @@ class RunMonitor(GateState):
         pipe.get(redis_keys.redis_paused(self.run))
         *_, window, since, paused = pipe.execute()
         if paused:
-            pause_now: dict[str, Any] = json.loads(paused)
-            return pause_now
+            return pause_of(redis_keys.redis_paused(self.run), paused)
         outcomes = [int(x) for x in window]
         reason = pause_reason(outcomes, int(since or 0), limits.max_reject_rate,
                               limits.pause_after)
@@ -111,10 +112,9 @@ class RunMonitor(GateState):
         top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
         examples: list[dict[str, Any]] = []
         for name, _ in Counter(reasons).most_common():
-            raw = self.client.lrange(redis_keys.redis_gate_examples(self.run, name), 0,
-                                     EXAMPLES - 1)
-            examples += [json.loads(x) for x in raw if json.loads(x)["id"] not in
-                         {e["id"] for e in examples}]
+            key = redis_keys.redis_gate_examples(self.run, name)
+            examples += [x for x in examples_of(key, self.client.lrange(key, 0, EXAMPLES - 1))
+                         if x["id"] not in {e["id"] for e in examples}]
         record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
                   "examples": examples[:EXAMPLES], "at": time.time(),
                   "checked": int(stats.get("checked", 0)),

@@ -12,11 +12,11 @@ shows them under the run's ``downstream``) until an eval succeeds again.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.json_parse import finite_list
 from common.runs.records import InputManifest, RunConfig
 from workers.context import WorkerContext
 from workers.train.evaluation import EvalPrompt, evaluate, heldout_prompts, stop_ids
@@ -86,4 +86,4 @@ class PeriodicEval:
                  " ".join(f"{p:.2f}" for p in stats.per_position[:8]))
         return {"tau": round(stats.tau, 4), "tau_pooled": round(stats.tau_pooled, 4),
                 "tau_step": step, "tau_prompts": stats.prompts,
-                "tau_per_position": json.dumps([round(p, 4) for p in stats.per_position])}
+                "tau_per_position": finite_list(stats.per_position)}

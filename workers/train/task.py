@@ -27,6 +27,7 @@ from common import keys
 from common.choices import Mode
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
+from common.json_parse import finite_list
 from common.queue.celery_app import TASK_TRAIN, app
 from common.runs.checkpoints import OUT_OF_MEMORY, save_checkpoint
 from common.runs.epochs import row_order
@@ -211,7 +212,7 @@ def train_step(ctx: WorkerContext, session: Session, config: RunConfig, rows: li
     session.pace.add(rows, metrics.seconds)
     record = {"step": metrics.step, "loss": round(metrics.loss, 5),
               "slot1_accuracy": round(metrics.slot_accuracy[0], 4),
-              "slot_accuracy": json.dumps([round(a, 4) for a in metrics.slot_accuracy]),
+              "slot_accuracy": finite_list(metrics.slot_accuracy),
               "acceptance_length": round(metrics.acceptance_length, 3),
               "tokens_per_s": round(metrics.tokens_per_s, 1), "lr": metrics.lr,
               **progress_fields(session, config), "eta_s": round(session.eta_s(), 1),

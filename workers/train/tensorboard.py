@@ -40,7 +40,8 @@ class TrainBoard:
             if name == "slot_accuracy":
                 slots = json.loads(value) if isinstance(value, str) else value
                 for k, accuracy in enumerate(slots, start=1):
-                    self.writer.add_scalar(f"slot_accuracy/slot{k}", float(accuracy), step)
+                    if accuracy is not None:   # null: the slot had no label this step
+                        self.writer.add_scalar(f"slot_accuracy/slot{k}", float(accuracy), step)
             elif name not in SKIPPED and isinstance(value, int | float):
                 self.writer.add_scalar(f"train/{name}", float(value), step)
         self.log_epochs(record.get("tau_by_epoch"))

@@ -323,14 +323,22 @@ function renderGates(gates) {
 }
 
 async function refreshRun() {
+  // Each panel on its own: one that fails (its API answers its error) is named in the banner
+  // and keeps its last figures, while every other panel renders.
   const base = `/api/runs/${encodeURIComponent(RUN)}`;
-  const [status, series, shards, engines, gates] = await Promise.all(
-    ["status", "series", "shards", "engines", "gates"].map((p) => getJSON(`${base}/${p}`)));
-  renderStatus(status);
-  renderShards(shards);
-  renderEngines(engines);
-  renderGates(gates);
-  renderSeries(series);
+  const panels = [["status", renderStatus], ["shards", renderShards],
+    ["engines", renderEngines], ["gates", renderGates], ["series", renderSeries]];
+  const answers = await Promise.allSettled(panels.map(([p]) => getJSON(`${base}/${p}`)));
+  const failed = [];
+  panels.forEach(([name, render], i) => {
+    try {
+      if (answers[i].status === "rejected") throw answers[i].reason;
+      render(answers[i].value);
+    } catch (error) {
+      failed.push(`${name}: ${error.message || error}`);
+    }
+  });
+  if (failed.length) throw new Error(failed.join("; "));
 }
 
 async function loop(refresh) {
