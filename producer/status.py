@@ -17,7 +17,7 @@ from common import keys
 from common.choices import Mode
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
-from common.engine.speculative import by_worker, choices_by_worker, engines_of
+from common.engine.speculative import by_worker, choices_by_worker
 from common.monitor.run_monitor import pause_from_storage, pause_of
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
@@ -273,7 +273,7 @@ class StatusReader:
             "partial": {keys.parse_shard_name(k): int(v) for k, v in partial.items()},
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
-            "engines": engines_of(engines),
+            "engines": redis_keys.engines_of(engines),
             "gates": gates,
             "window": [int(x) for x in window],
             "pause": pause_of(redis_keys.redis_paused(self.run), pause),

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from embedded.memtrack import LiveBytes
 from embedded.tinymodel import ensure_tiny_model
 from tests.conftest import ROOT, TinyTarget
 from tests.fla_replay import fla_allocations
-from tests.test_training_memory import random_row
+from tests.test_training_memory import one_thread, random_row  # noqa: F401 - autouse fixture
 from workers.train.drafter.features import target_features
 from workers.train.drafter.masks import flex_block_mask
 from workers.train.drafter.model import DFlashDraftModel, add_mask_token
@@ -83,14 +82,6 @@ def load_bf16(path: Path) -> Bf16:
     mask_id = add_mask_token(AutoTokenizer.from_pretrained(path), model)
     model.requires_grad_(False)
     return Bf16(path, model, TargetDims.load(path), mask_id)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

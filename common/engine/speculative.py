@@ -17,9 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.errors import ForeignObject
-from common.queue import redis_keys
-from common.reads import note, parse_json, value_or_none
-from common.runs.schemas import ENGINE
+from common.reads import note, parse_json
 
 SPEC_PREFIX = "spec_"
 VERIFY_CT = "spec_verify_ct"
@@ -92,13 +90,3 @@ def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, str]]:
             found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason")}
     return found
 
-
-def engines_of(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """The Redis hash of announced engine servers (:func:`common.queue.redis_keys.redis_engines`)
-    as ``{host:gpu: record}``; an entry that is no engine record is noted and left out."""
-    found = {}
-    for name, value in sorted(raw.items()):
-        entry = value_or_none(f"{redis_keys.redis_engines()}:{name}", value, ENGINE)
-        if entry is not None:
-            found[name] = dict(entry)
-    return found

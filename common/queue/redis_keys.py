@@ -5,10 +5,14 @@ Redis is transport only: everything here can be rebuilt from storage or is advis
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from common.errors import MalformedName
 from common.keys import parse_shard_name, shard_name
+from common.reads import value_or_none
+from common.runs.schemas import ENGINE
 
 
 def redis_runs() -> str:
@@ -171,3 +175,14 @@ def redis_engines() -> str:
     """Hash host:gpu -> JSON {url, log, pid, worker, algorithm} of the engine servers workers
     started (worker: its Celery node; algorithm: its speculative one, or null)."""
     return "dflash:engines"
+
+
+def engines_of(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The Redis hash of announced engine servers (:func:`redis_engines`)
+    as ``{host:gpu: record}``; an entry that is no engine record is noted and left out."""
+    found = {}
+    for name, value in sorted(raw.items()):
+        entry = value_or_none(f"{redis_engines()}:{name}", value, ENGINE)
+        if entry is not None:
+            found[name] = dict(entry)
+    return found
