@@ -86,7 +86,8 @@ def rank_main(steps: int, rows_per_step: int) -> None:
         reduce = trainer._reduce   # the gradients' all-reduce after the ranks agreed
 
         def step(s: int) -> tuple[int, float]:
-            trainer._reduce = reduce if synced(s) else lambda: None   # type: ignore[method-assign]
+            # Blocks without the all-reduce give the step's communication share (below).
+            trainer._reduce = reduce if synced(s) else lambda: None
             started = time.perf_counter()
             if group.rank:
                 trainer.train_part(*group.receive()[2:])

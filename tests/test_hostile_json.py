@@ -53,7 +53,7 @@ def _status(storage: LocalStorage, client: Any) -> dict[str, Any]:
     """Status as ``status --json`` prints it (valid JSON: no NaN) and as text."""
     status = dict(StatusReader(storage, client, RUN).read())
     json.dumps(status, allow_nan=False)
-    assert render_status(status)   # type: ignore[arg-type]
+    assert render_status(status)   # type: ignore[arg-type]  # the --json dict as RunStatus
     return status
 
 
@@ -150,6 +150,7 @@ class Failing:
 
 
 def test_a_failing_panel_answers_its_own_error() -> None:
+    # type: ignore below: a stand-in Views whose panels raise
     answers = asyncio.run(_get(Failing(), ("status", "series")))   # type: ignore[arg-type]
     code, body = answers["status"]
     assert code == 500
