@@ -131,14 +131,6 @@ def test_the_logits_recompute_is_counted(tiny: Tiny) -> None:
     assert recomputed - drafter_flops(dims, row, 16, logits_chunk=1 << 20) == one_pass
 
 
-@pytest.fixture
-def redis_client(tmp_path: Path) -> Iterator[Any]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.kill()
-
-
 def session_for(tiny: Tiny, plan: bool) -> Session:
     """A train worker's session on the tiny target; with a plan at a made-up CPU rate."""
     drafter = DFlashDraftModel.for_target(tiny.target, tiny.mask_id, init_seed=0)
@@ -154,13 +146,13 @@ def session_for(tiny: Tiny, plan: bool) -> Session:
 
 @pytest.mark.parametrize("target_model", ["tiny-qwen3"], indirect=True)
 @pytest.mark.parametrize("plan", [True, False], ids=["planned", "cpu-no-plan"])
-def test_status_shows_the_planned_and_measured_hours(tiny: Tiny, redis_client: RedisServer,
+def test_status_shows_the_planned_and_measured_hours(tiny: Tiny, redis_server: RedisServer,
                                                      tmp_path: Path, plan: bool) -> None:
     """Three steps through the worker's own step (its metrics record to a real Redis): the
     first is a warm-up; status gives the other two's hours per epoch, planned beside
     measured, in ``--json`` and in its text."""
     settings = load_settings().replace(storage=str(tmp_path / "storage"),
-                                       broker_url=redis_client.url, train_rows_per_step=2)
+                                       broker_url=redis_server.url, train_rows_per_step=2)
     ctx = WorkerContext(settings)
     storage = LocalStorage(str(tmp_path / "storage"))
     config = RunConfig(run=RUN, model="tiny-qwen3", input="in.jsonl", format="jsonl",
@@ -173,7 +165,7 @@ def test_status_shows_the_planned_and_measured_hours(tiny: Tiny, redis_client: R
     assert session.pace.steps_per_epoch == 3
     for first in range(0, len(rows), 2):
         train_step(ctx, session, config, rows[first:first + 2], ShardTask(RUN, 0))
-    status = StatusReader(storage, redis_client.client(), RUN).read()
+    status = StatusReader(storage, redis_server.client(), RUN).read()
     train = status["downstream"]["train"]
     planned, measured = session.pace.hours()
     assert session.pace.steps == 2 and measured is not None and measured > 0
