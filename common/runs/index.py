@@ -12,18 +12,18 @@ the index) is ignored whole, so it can never add a committed shard; each entry c
 commit's ETag and size as the listing shows them and is used only where they match (else that
 commit is read instead), so no entry can stand for another commit than the one listed. Objects
 are bounded and typed when read (:mod:`common.reads`); a lagging, missing, corrupt or forged one
-costs speed only. Objects are never overwritten; each is put under a fresh random tag (no other
-key can take an honest writer's name first), so two writers extending one chunk both land and
-readers take the fullest. A worker indexes a chunk when its commit completes it; a reader that
-had to read :data:`COMPACT_AT` commits of a chunk directly writes them (checked: only what it
-read or verified) into a fuller object.
+costs speed only: a reader passes each bad one by to the next fullest (common.runs.index_choice).
+Objects are never overwritten; each is put under a fresh random tag (no other key can take an
+honest writer's name first), so two writers extending one chunk both land and readers take the
+fullest. A worker indexes a chunk when its commit completes it; a reader that had to read
+:data:`COMPACT_AT` commits of a chunk directly writes them (checked: only what it read or
+verified) into a fuller object, unless a listed one as full is not known bad.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from common import keys
 from common.errors import ForeignObject, NotFound
 from common.reads import bounded_get, note, read_record
 from common.runs.commit_cache import THREADS, fetch
+from common.runs.index_choice import Choice, fullest_first, listed_choices, may_write, to_try
 from common.runs.index_objects import (  # noqa: F401 - re-exported: the index's one import
     DIGESTS,
     KINDS,
@@ -44,6 +45,7 @@ from common.runs.index_objects import (  # noqa: F401 - re-exported: the index's
     decode_chunk,
     entry_of,
     identity_of,
+    provable,
     proven_entry,
     read_commit,
     write_chunk,
@@ -109,16 +111,16 @@ class ChunkRead:
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """What one scan reads: each chunk's fullest index object and the listed chunks."""
+    """What one scan reads: each chunk's index objects, fullest first, and the listed chunks."""
 
     total: int
-    best: dict[int, tuple[str, int]]
+    choices: dict[int, list[Choice]]
     todo: list[int]
     listings: dict[int, Listing]
 
     def fingerprint(self) -> frozenset[str]:
         """Changes exactly when a new index object, commit or part appears."""
-        return frozenset([key for key, _ in self.best.values()] + [
+        return frozenset([key for chosen in self.choices.values() for key, _ in chosen] + [
             key for listing in self.listings.values()
             for key in [*listing.commits.values(),
                         *(k for p in listing.parts.values() for k in p)]])
@@ -149,48 +151,56 @@ class RunIndex:
         """The index listed, then every chunk not known complete (what its objects are checked
         against; a kept chunk with every shard known needs no LIST). Listed in that order, an
         object names no commit the chunk's listing could miss."""
-        candidates = self._candidates()
+        candidates = listed_choices(self.storage, self.run, STORED, self.bad)
         todo = [c for c in range(math.ceil(total / CHUNK)) if c not in self.done]
         listings = self._list(todo, total)
-        best = {}
+        choices = {}
         for chunk in todo:
             proven = len(set(self.entries.get(chunk, {})) | set(listings[chunk].commits))
-            fitting = [(k, n) for k, n in candidates.get(chunk, ()) if n <= proven]
-            for key, count in candidates.get(chunk, ()):
-                if count > proven:
-                    self._ignore(key, f"it counts {count} shards, {proven} have a commit")
-            if fitting:  # the fullest that names no more shards than have commits
-                best[chunk] = max(fitting, key=lambda kn: kn[1])
-        return ScanPlan(total, best, todo, listings)
+            fitting, too_full = fullest_first(candidates.get(chunk, ()), proven)
+            for key, count in too_full:
+                self._ignore(key, f"it counts {count} shards, {proven} have a commit")
+            choices[chunk] = fitting
+        return ScanPlan(total, choices, todo, listings)
 
     def scan(self, total: int, plan: ScanPlan | None = None) -> Iterator[ChunkRead]:
         """Every chunk of ``total`` shards not known complete, in order (kept chunks: skipped)."""
         plan = plan or self.plan(total)
-        best, todo, listings = plan.best, plan.todo, plan.listings
-        wanted = [best[c][0] for c in todo if c in best and best[c][0] not in self.read_keys]
-        objects = fetch(self.storage, wanted, self.threads, get=self._get)
+        todo, listings = plan.todo, plan.listings
+        tries = {c: to_try(plan.choices.get(c, ()), self.read_keys) for c in todo}
+        firsts = [tries[c][0] for c in todo if tries[c]]   # fetched ahead, concurrently
+        objects = fetch(self.storage, firsts, self.threads, get=self._get)
         for chunk in todo:
             known = dict(self.entries.get(chunk, {})) if self.keep else {}
             listing = listings.get(chunk, Listing())
-            key = best.get(chunk, ("", 0))[0]
-            if key and key not in self.read_keys:
-                _, data = next(objects)
-                found = self._decode(key, data, chunk)
-                if self.keep:
-                    self.read_keys.add(key)
-                if found is not None and self._proven(key, found, listing.commits, known):
-                    known.update(self._matching(key, found, listing, known))
-            self._read_direct(chunk, listing, known, total)
+            if tries[chunk]:
+                self._take(chunk, tries[chunk], next(objects)[1], listing, known)
+            self._read_direct(chunk, listing, known, total, plan.choices.get(chunk, []))
             if self.keep:
                 self.entries[chunk] = known
                 if len(known) == CHUNK:  # a last chunk may grow until the manifest is out
                     self.done.add(chunk)
             yield ChunkRead(chunk, known, listing.parts, chunk in listings)
 
+    def _take(self, chunk: int, tries: list[str], data: bytes, listing: Listing,
+              known: dict[int, Entry]) -> None:
+        """Add the entries of the chunk's fullest good index object to ``known``: each one found
+        bad (remembered in ``bad``) passes to the next; what a bad one proves is kept."""
+        for i, key in enumerate(tries):
+            found = self._decode(key, data if i == 0 else self._get(key), chunk)
+            if self.keep:
+                self.read_keys.add(key)
+            if found is not None and self._proven(key, found, listing.commits, known):
+                known.update(self._matching(key, found, listing, known))
+                if key not in self.bad:
+                    return
+                if not provable(self.storage, listing.identities.values()):
+                    return   # no object can prove itself here: the next would fail the same
+
     def _read_direct(self, chunk: int, listing: Listing, known: dict[int, Entry],
-                     total: int) -> None:
+                     total: int, choices: list[Choice]) -> None:
         """Read the chunk's commits the index lacks (a foreign one is noted and left out); index
-        them if that was many (or all)."""
+        them if that was many (or all), and no listed object as full is left to read."""
         commits = listing.commits
         new = [commits[s] for s in sorted(commits) if s not in known]
         for key, data in fetch(self.storage, new, self.threads, get=self._commit_get):
@@ -206,7 +216,9 @@ class RunIndex:
         complete = len(commits) == chunk_size(chunk, total)
         read = {s: (listing.identities[s], self.bodies[s]) for s in self.bodies
                 if s // CHUNK == chunk and s in listing.identities}
-        if read and new and (len(new) >= self.compact_at or complete):
+        if (read and new and (len(new) >= self.compact_at or complete)
+                and may_write(choices, self.bad, len(read))
+                and provable(self.storage, (identity for identity, _ in read.values()))):
             # Compaction copies what it read itself, nothing it took on trust.
             written = write_chunk(self.storage, self.run, chunk, read)
             if written and self.keep:  # what it holds is known: the next scan need not read it
@@ -239,7 +251,8 @@ class RunIndex:
                 good[shard] = entry
                 self.bodies[shard] = stored[2].encode()
         stale = sorted(set(found) - set(good) - set(known))
-        if stale:
+        if stale:   # forged, or its commits since replaced: not to be read again, nor counted
+            self.bad.add(key)
             log.debug("run %s: index object %s: %d commits do not prove to be the listed ones "
                       "(%s): reading those", self.run, key, len(stale),
                       ", ".join(map(str, stale[:5])))
@@ -249,15 +262,6 @@ class RunIndex:
         """Pass over a forged (or foreign) index object: warned once per process, counted."""
         self.bad.add(key)
         note(ForeignObject(key, f"{why}; reading the commits instead"))
-
-    def _candidates(self) -> dict[int, list[tuple[str, int]]]:
-        """chunk -> (key, count) of each of its index objects not found unreadable."""
-        found: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for key in self.storage.list(keys.index_prefix(self.run, STORED)):
-            entry = keys.index_entry(key)
-            if entry and key not in self.bad:
-                found[entry[0]].append((key, entry[1]))
-        return found
 
     def _get(self, key: str) -> bytes:
         """An index object's bytes, capped (an empty body where it vanished)."""
