@@ -28,11 +28,40 @@ class Layout(StrEnum):
 
 
 class MtpMode(StrEnum):
-    """Generation through the target's own MTP head: auto decides per run by its bench."""
+    """Generation through the target's own MTP head: auto decides per run by its bench
+    (:func:`common.engine.mtp.decide_mtp`)."""
 
     AUTO = "auto"
     ON = "on"
     OFF = "off"
+
+
+class MtpSource(StrEnum):
+    """What decided a run's MTP configuration on a worker (``status``' ``source``)."""
+
+    BENCH = "bench"            # the run's bench verdict for this GPU, TP and engine
+    MEASURED = "measured"      # the worker's own measurement (issue 66, point 3)
+    SAMPLING = "sampling"      # the run's sampling, which the speculative verify does not keep
+    FORCED = "forced"          # --mtp on/off, or the user's own --speculative-algorithm
+    NO_HEAD = "no head"        # the worker cannot generate through a head (none, CPU, URL)
+    NO_BENCH = "no bench"      # auto without a verdict: the head's rule (until point 3)
+
+
+class SpecAlgorithm(StrEnum):
+    """SGLang's EAGLE-family speculative algorithms (``--speculative-algorithm``); NEXTN
+    drafts through the target's own MTP head."""
+
+    NEXTN = "NEXTN"
+    EAGLE = "EAGLE"
+    EAGLE3 = "EAGLE3"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> SpecAlgorithm | None:
+        """A flag's value as SGLang reads it (any case); None for another algorithm or none."""
+        try:
+            return cls(raw.upper()) if raw else None
+        except ValueError:
+            return None
 
 
 class Checkpointing(StrEnum):

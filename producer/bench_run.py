@@ -22,17 +22,17 @@ import os
 import random
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from common import keys
-from common.choices import EngineKind
+from common.choices import EngineKind, MtpMode
 from common.config import Settings
-from common.engine.lossless import lossless_refusal
 from common.engine.models import resolve_model_path, stop_token_ids, template_sha
-from common.engine.mtp import MtpChoice, MtpWorker, target_shape
+from common.engine.mtp import MtpChoice, MtpWorker, decide_mtp, target_shape
 from common.engine.serving import engine_command, visible_devices
 from common.engine.speculative import server_algorithm
 from common.errors import ConfigError, DflashError, EngineError, OptionRefused, StorageRefused
@@ -92,34 +92,34 @@ def server_context(url: str) -> int | None:
     return context if isinstance(context, int) else None
 
 
-def configurations(settings: Settings, modes: list[str] | None, shape: Any,
-                   config: RunConfig) -> dict[str, MtpChoice]:
-    """The MTP choice of each configuration to measure; OptionRefused for one that cannot run."""
+def configurations(settings: Settings, modes: Sequence[MtpMode] | None, shape: Any,
+                   config: RunConfig) -> dict[MtpMode, MtpChoice]:
+    """The MTP choice of each configuration to measure, as the worker's decision
+    (:func:`decide_mtp`) forced each way makes it; OptionRefused for one that cannot run."""
     asked = modes is not None
-    choices: dict[str, MtpChoice] = {}
-    for mode in modes or ["off", "on"]:
+    choices: dict[MtpMode, MtpChoice] = {}
+    for mode in modes or [MtpMode.OFF, MtpMode.ON]:
         try:
             worker = MtpWorker.of(settings.replace(mtp=mode), shape)
         except OptionRefused:
             if asked:
                 raise
             continue
-        choice = worker.turned(mode == "on", f"asked {mode}"
-                               + (f": {worker.recipe()}" if mode == "on" else ""))
-        if choice.user_algorithm is not None:
+        if worker.user_algorithm is not None:
             if asked:
                 raise OptionRefused("DFLASH_ENGINE_ARGS sets its own --speculative-algorithm: "
                                     "bench measures it as given (drop --mtp)")
-            return {"on": choice}
-        if mode == "on" and not choice.on:
-            continue
-        refusal = lossless_refusal(choice.algorithm, choice.device, config.sampling,
-                                   settings.generate.engine_args, os.environ)
-        if refusal is not None:
+            return {MtpMode.ON: worker.start()}
+        try:
+            choice = decide_mtp(worker, config.run, config.sampling, None,
+                                settings.generate.max_in_flight,
+                                settings.generate.engine_args, os.environ)
+        except ConfigError as exc:   # --mtp on would not keep the run's sampling
             if asked:
-                raise OptionRefused(f"--mtp on: {refusal}")
+                raise OptionRefused(str(exc).removeprefix(f"run {config.run}: ")) from exc
             continue
-        choices[mode] = choice
+        if choice.on == (mode is MtpMode.ON):
+            choices[mode] = choice
     return choices
 
 
@@ -134,7 +134,7 @@ def committed(storage: Storage, run: str) -> tuple[int, int]:
             sum(d.stats.get("completion_tokens", 0) for d in digests))
 
 
-def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: list[int],
+def bench_run(settings: Settings, run: str, modes: Sequence[str] | None, levels: list[int],
               num: int, gpus: int, model: str | None = None, gpu: int | None = None,
               seed: int = 0) -> BenchResult:
     """The rows of every configuration and concurrency, the run's projection, and the stored
@@ -158,7 +158,8 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
     if not drawn:
         raise ConfigError(f"run {run!r} has no readable input rows to bench")
     work = Conversations(drawn, config, tokenizer, stop_token_ids(model_path), None)
-    rows = _measure_all(settings, run, modes, levels, work, model_path, gpu)
+    asked = [MtpMode(mode) for mode in modes] if modes is not None else None
+    rows = _measure_all(settings, run, asked, levels, work, model_path, gpu)
     done = committed(storage, run)
     remaining = max(manifest.rows - manifest.rejected - done[0], 0)
     turns = sum(len(r["turns"]) for r in drawn) / len(drawn)
@@ -167,7 +168,7 @@ def bench_run(settings: Settings, run: str, modes: list[str] | None, levels: lis
     return BenchResult(rows, projection, key, note)
 
 
-def _measure_all(settings: Settings, run: str, modes: list[str] | None, levels: list[int],
+def _measure_all(settings: Settings, run: str, modes: list[MtpMode] | None, levels: list[int],
                  work: Conversations, model_path: Any, gpu: int | None) -> list[BenchRow]:
     """Each configuration's rows: on ``--engine-url``'s server as it runs, else on an engine
     started per configuration."""
@@ -190,13 +191,13 @@ def _measure_all(settings: Settings, run: str, modes: list[str] | None, levels: 
     return rows
 
 
-def _measure(url: str, mode: str | None, work: Conversations,
+def _measure(url: str, mode: MtpMode | None, work: Conversations,
              levels: list[int]) -> list[BenchRow]:
     if mode is None:   # a running server: its own flags say whether it drafts
-        mode = "on" if server_algorithm(_get(f"{url}/get_server_info")) else "off"
+        mode = MtpMode.ON if server_algorithm(_get(f"{url}/get_server_info")) else MtpMode.OFF
     work = replace(work, context=server_context(url))
     try:
-        return [asyncio.run(run_loop(url, level, work, mode)) for level in levels]
+        return [asyncio.run(run_loop(url, level, work, mode.value)) for level in levels]
     except aiohttp.ClientError as exc:
         raise EngineError(f"the engine at {url} failed during the bench: {exc}") from exc
 

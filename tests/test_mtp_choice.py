@@ -8,16 +8,24 @@ tests/test_mtp_e2e.py and tests/test_bench_run.py.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from common.choices import MtpMode, MtpSource
 from common.config import load_settings
-from common.engine.lossless import engine_platform, lossless_refusal
-from common.engine.mtp import MtpWorker, choose_mtp
+from common.engine.lossless import (
+    ARGMAX_PLATFORMS,
+    GREEDY_SOURCE,
+    engine_platform,
+    lossless_refusal,
+)
+from common.engine.mtp import MtpWorker, choose_mtp, decide_mtp
 from common.engine.sampling import Sampling
 from common.engine.serving import engine_command
 from common.engine.target import TargetShape
@@ -27,8 +35,8 @@ from common.runs.bench_verdict import Decider, read_verdict, write_verdict
 from common.storage import LocalStorage
 from producer.bench import BenchRow, Sent, steady_row
 from producer.projection import project
+from tests.sglang_real import require_sglang
 from tests.test_serving_lines import qwen36
-from workers.generate.mtp_run import decide
 
 SAMPLED = Sampling(temperature=0.6, top_p=0.95, top_k=20)
 NO_ROCM = Path("/nonexistent-rocm")
@@ -63,6 +71,28 @@ def test_every_parameter_the_verify_does_not_keep_is_named() -> None:
     assert "SGLANG_SIMULATE_ACC_LEN" in lossless_refusal(
         "EAGLE", "cuda", SAMPLED, "", {"SGLANG_SIMULATE_ACC_LEN": "3"})
     assert lossless_refusal(None, "cpu", Sampling(min_p=0.5)) is None   # nothing drafts
+    assert lossless_refusal("NEXTN", "npu", SAMPLED) is None   # a sampled verify (below)
+
+
+def test_the_argmax_platforms_are_the_pinned_sglangs() -> None:
+    """The platforms refused for sampling are those whose verify the pinned SGLang makes
+    commit the argmax; an Ascend NPU samples through sgl_kernel_npu, as CUDA does."""
+    found = subprocess.run([str(require_sglang()), "-c", "import importlib.util as u; "
+                            "print(u.find_spec('sglang').submodule_search_locations[0])"],
+                           capture_output=True, text=True, check=True, timeout=120)
+    root = Path(found.stdout.strip())
+    path, line = GREEDY_SOURCE.split()[0].split(":")
+    tree = ast.parse((root.parent / path).read_text())
+    greedy = next(n for n in ast.walk(tree)
+                  if isinstance(n, ast.FunctionDef) and n.name == "_verify_uses_greedy")
+    assert greedy.lineno == int(line)
+    returned = next(n for n in ast.walk(greedy) if isinstance(n, ast.Return))
+    flags = {n.id for n in ast.walk(returned) if isinstance(n, ast.Name)}
+    assert {f.removeprefix("is_") for f in flags if f.startswith("is_") and f != "is_all_greedy"} \
+        == set(ARGMAX_PLATFORMS) == {"cpu", "xpu", "hip"}
+    kernels = (root / "kernels/ops/speculative/verify_sampling.py").read_text().splitlines()
+    assert kernels[7] == "if is_npu():" and "sgl_kernel_npu.sample" in kernels[9]
+    assert kernels[11].strip() == "tree_speculative_sampling_target_only,"
 
 
 def test_the_platform_is_the_one_sglang_will_use() -> None:
@@ -89,28 +119,33 @@ def _verdict(tmp_path: Path, rates: dict[int, tuple[float, float]]):  # noqa: AN
 
 def test_auto_follows_the_runs_verdict_at_the_nearest_concurrency(tmp_path: Path) -> None:
     verdict = _verdict(tmp_path, {16: (900.0, 2000.0), 256: (4000.0, 3000.0)})
-    low = decide(worker(), "r", SAMPLED, verdict, 32, "", {})
+    low = decide_mtp(worker(), "r", SAMPLED, verdict, 32, "", {})
     assert low.on and low.args and "at concurrency 16: mtp on 2,000.0 vs off 900.0" in low.reason
-    high = decide(worker(), "r", SAMPLED, verdict, 200, "", {})
+    high = decide_mtp(worker(), "r", SAMPLED, verdict, 200, "", {})
     assert not high.on and not high.args and "mtp on is not faster" in high.line()
-    none = decide(worker(), "r", SAMPLED, None, 128, "", {})
+    assert low.source is high.source is MtpSource.BENCH
+    none = decide_mtp(worker(), "r", SAMPLED, None, 128, "", {})
     assert none.on and none.reason.startswith("no bench: the target states an MTP head")
+    assert none.source is MtpSource.NO_BENCH
     # on and off decide without the verdict; a worker without a head is off whatever it says
-    assert decide(worker("on"), "r", SAMPLED, verdict, 200, "", {}).on
-    assert not decide(worker("off"), "r", SAMPLED, verdict, 32, "", {}).on
+    forced = [decide_mtp(worker(mode), "r", SAMPLED, verdict, 32, "", {}) for mode in ("on", "off")]
+    assert [(c.on, c.source, c.mode) for c in forced] == [
+        (True, MtpSource.FORCED, MtpMode.ON), (False, MtpSource.FORCED, MtpMode.OFF)]
     dense = MtpWorker.of(sglang(), None, env={})
-    assert not decide(dense, "r", SAMPLED, verdict, 32, "", {}).on
+    headless = decide_mtp(dense, "r", SAMPLED, verdict, 32, "", {})
+    assert not headless.on and headless.source is MtpSource.NO_HEAD
 
 
 def test_a_sampling_the_verify_changes_parks_under_on_and_runs_plain_under_auto() -> None:
     minp = Sampling(min_p=0.05)
     with pytest.raises(ConfigError, match="run r: --mtp on: .*min_p 0.05"):
-        decide(worker("on"), "r", minp, None, 128, "", {})
-    auto = decide(worker(), "r", minp, None, 128, "", {})
+        decide_mtp(worker("on"), "r", minp, None, 128, "", {})
+    auto = decide_mtp(worker(), "r", minp, None, 128, "", {})
     assert not auto.on and "min_p 0.05" in auto.reason and auto.reason.startswith("the run's")
+    assert auto.source is MtpSource.SAMPLING
     own = MtpWorker.of(sglang(engine_args="--speculative-algorithm EAGLE3"), qwen36(), env={})
     with pytest.raises(ConfigError, match="presence_penalty"):
-        decide(own, "r", Sampling(presence_penalty=0.5), None, 8, "", {})
+        decide_mtp(own, "r", Sampling(presence_penalty=0.5), None, 8, "", {})
 
 
 def test_a_verdict_holds_for_its_hardware_and_engine_only(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Whether SGLang's speculative verify keeps a run's sampling exactly, read from its source.
 
     platform = engine_platform(settings.generate.engine_args, os.environ)   # cpu, cuda, hip...
-    why = lossless_refusal("NEXTN", platform, run.sampling, engine_args)    # None: lossless
+    why = lossless_refusal(SpecAlgorithm.NEXTN, platform, run.sampling, engine_args)  # None: ok
 
 The pinned SGLang (0.5.23) verifies an EAGLE/NEXTN draft in ``eagle_sample``
 (:data:`VERIFY`). What it applies exactly, for every request of a verified batch:
@@ -24,6 +24,10 @@ What it does not:
 - **the argmax platforms**: ``_verify_uses_greedy`` (line 485-500) commits the argmax, whatever
   the sampling, on the CPU (``SGLANG_USE_CPU_ENGINE=1``, ``srt/utils/common.py`` line 221), on
   XPU, and on ROCm without ``--speculative-use-rejection-sampling``: only greedy runs are exact.
+  Those three are all (line 500): an Ascend NPU verifies by sampling, through
+  ``sgl_kernel_npu``'s ``tree_speculative_sampling_target_only``
+  (``sglang/kernels/ops/speculative/verify_sampling.py`` lines 8-13), as CUDA does, so ``npu``
+  is not refused for sampling (tests/test_mtp_choice.py holds this list to the pinned source).
 - **acceptance thresholds** below 1 (``--speculative-accept-threshold-single/-acc``,
   ``srt/arg_groups/fields/spec.py`` line 109-116) accept drafts the target would not have drawn,
   and ``SGLANG_SIMULATE_ACC_LEN`` replaces the verify with a simulated acceptance (line 807).
@@ -35,12 +39,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common.choices import SpecAlgorithm
 from common.engine.sampling import Sampling
 
 VERIFY = "sglang/srt/speculative/eagle_utils.py"
 GREEDY_SOURCE = f"{VERIFY}:485 _verify_uses_greedy"
-EAGLE_FAMILY = ("NEXTN", "EAGLE", "EAGLE3")
-# Platforms whose verify commits the argmax even when sampling (GREEDY_SOURCE).
+# Platforms whose verify commits the argmax even when sampling (GREEDY_SOURCE, line 500: its
+# is_cpu, is_xpu and is_hip arguments; npu samples, see the module's docstring).
 ARGMAX_PLATFORMS = {"cpu": "the CPU", "xpu": "XPU",
                     "hip": "ROCm without --speculative-use-rejection-sampling"}
 ROCM_MARKERS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -117,7 +122,7 @@ def inexact(algorithm: str | None, platform: str, sampling: Sampling,
             env: Mapping[str, str] | None = None) -> list[str]:
     """Each reason generating ``sampling`` through ``algorithm`` on ``platform`` would not
     keep the target's distribution (empty: it keeps it)."""
-    if algorithm is None or algorithm.upper() not in EAGLE_FAMILY:
+    if SpecAlgorithm.parse(algorithm) is None:   # not the EAGLE family: not verified here
         return []
     reasons = [*inexact_engine(engine_args, env or {}), *inexact_parameters(sampling)]
     if platform in ARGMAX_PLATFORMS and not is_greedy(sampling):

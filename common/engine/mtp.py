@@ -6,11 +6,13 @@ configuration its engine starts in.
     log.info(choice.line())      # "mtp on (auto): the target states an MTP head ..."
     argv = engine_command(settings, model_dir, choice.args)
 
-Per run, the worker turns it on or off (:mod:`workers.generate.mtp_run`: the run's sampling,
-its bench verdict). ``auto`` starts on where the target states an MTP head (in its config and its
-weights: :attr:`TargetShape.has_mtp`) and SGLang verifies with a sampled verify (a GPU); the flags
-are :func:`common.engine.serving.mtp_engine_args` (SGLang's Qwen3.5/3.6 recipe) plus what the
-pinned SGLang needs for a hybrid (:func:`hybrid_spec_args`). A user's own
+Per run, the worker turns it on or off by :func:`decide_mtp` (the run's sampling, its bench
+verdict; ``bench --run`` asks the same function which configurations it may measure); each
+choice names its :class:`~common.choices.MtpSource`. ``auto`` starts on where the target
+states an MTP head (in its config and its weights: :attr:`TargetShape.has_mtp`) and SGLang
+verifies with a sampled verify (a GPU); the flags are
+:func:`common.engine.serving.mtp_engine_args` (SGLang's Qwen3.5/3.6 recipe) plus what the pinned
+SGLang needs for a hybrid (:func:`hybrid_spec_args`). A user's own
 ``--speculative-algorithm`` in ``DFLASH_ENGINE_ARGS`` wins over all of it; other
 ``--speculative-*`` tuning flags there only tune ours. ``on`` where MTP cannot run (no head, the
 CPU engine, a server started elsewhere) is an :class:`OptionRefused` (one ``error:`` line, exit
@@ -24,10 +26,18 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from common.choices import EngineKind, MtpMode
+from common.choices import EngineKind, MtpMode, MtpSource, SpecAlgorithm
 from common.config import Settings
-from common.engine.lossless import ARGMAX_PLATFORMS, GREEDY_SOURCE, engine_platform, flag_value
+from common.engine.lossless import (
+    ARGMAX_PLATFORMS,
+    GREEDY_SOURCE,
+    engine_platform,
+    flag_value,
+    inexact,
+    lossless_refusal,
+)
 from common.engine.serving import (
     ENGINE_ARGS_FIELD,
     MTP_DRAFT_TOKENS,
@@ -36,7 +46,26 @@ from common.engine.serving import (
     mtp_engine_args,
 )
 from common.engine.target import NO_MTP_HEAD, TargetShape
-from common.errors import OptionRefused
+from common.errors import ConfigError, OptionRefused
+
+if TYPE_CHECKING:
+    from common.engine.sampling import Sampling
+
+
+class MeasuredPick(Protocol):
+    """A bench verdict's answer at one concurrency (common.runs.bench_verdict.Pick)."""
+
+    @property
+    def on(self) -> bool: ...
+
+    def line(self) -> str: ...
+
+
+class Verdict(Protocol):
+    """A stored bench verdict as the decision reads it (common.runs.bench_verdict.Verdict)."""
+
+    def at(self, in_flight: int) -> MeasuredPick | None: ...
+
 
 # SGLang resolves the hybrid's mamba radix cache "auto" to extra_buffer on a GPU with the overlap
 # scheduler (srt/arg_groups/overrides.py _mamba_radix_cache_resolution); stated here, so the
@@ -46,11 +75,13 @@ MAMBA_STRATEGY = "extra_buffer"
 
 @dataclass(frozen=True)
 class MtpChoice:
-    """What a worker asked (``mode``), what its engine does (``on``, ``args``) and why."""
+    """What a worker asked (``mode``), what its engine does (``on``, ``args``), why and what
+    decided it (``source``)."""
 
-    mode: str
+    mode: MtpMode
     on: bool
     reason: str
+    source: MtpSource
     device: str = "cuda"                # the platform SGLang verifies on
     args: tuple[str, ...] = ()
     user_algorithm: str | None = None   # DFLASH_ENGINE_ARGS' own --speculative-algorithm
@@ -58,7 +89,7 @@ class MtpChoice:
     @property
     def algorithm(self) -> str | None:
         """The speculative algorithm the engine is launched with (ours or the user's)."""
-        return "NEXTN" if self.on else self.user_algorithm
+        return SpecAlgorithm.NEXTN if self.on else self.user_algorithm
 
     def line(self) -> str:
         return f"mtp {'on' if self.on else 'off'} ({self.mode}): {self.reason}"
@@ -103,7 +134,7 @@ class MtpWorker:
     """What one worker can do: its mode, platform, the NEXTN flags where it can generate through
     the head (else why not), and the user's own algorithm, if any."""
 
-    mode: str
+    mode: MtpMode
     device: str
     head_args: tuple[str, ...] | None
     cannot: str | None = None
@@ -124,36 +155,42 @@ class MtpWorker:
         args = (*mtp_engine_args(shape), *hybrid_spec_args(shape, settings.generate.engine_args))
         return cls(mode, device, args)
 
-    def turned(self, on: bool, reason: str) -> MtpChoice:
-        """The engine's configuration with MTP ``on`` (where it can run) or off, and why."""
+    def turned(self, on: bool, reason: str, source: MtpSource) -> MtpChoice:
+        """The engine's configuration with MTP ``on`` (where it can run) or off, why, and what
+        decided it."""
         if self.user_algorithm is not None:
             return MtpChoice(self.mode, False, f"DFLASH_ENGINE_ARGS sets --speculative-algorithm "
                              f"{self.user_algorithm} (the user's speculative flags win)",
-                             self.device, user_algorithm=self.user_algorithm)
+                             MtpSource.FORCED, self.device, user_algorithm=self.user_algorithm)
         if on and self.head_args is not None:
-            return MtpChoice(self.mode, True, reason, self.device, self.head_args)
-        return MtpChoice(self.mode, False, reason, self.device)
+            return MtpChoice(self.mode, True, reason, source, self.device, self.head_args)
+        return MtpChoice(self.mode, False, reason, source, self.device)
 
     def start(self) -> MtpChoice:
         """The configuration before any run is known: ``auto`` on where a head is stated and
         SGLang's verify samples (a GPU)."""
         if self.mode is MtpMode.OFF:
-            return self.turned(False, "asked off")
+            return self.turned(False, "asked off", MtpSource.FORCED)
         if self.head_args is None:
-            return self.turned(False, self.cannot or "")
+            return self.turned(False, self.cannot or "", MtpSource.NO_HEAD)
         where = (f"{ARGMAX_PLATFORMS[self.device]} (greedy runs only)"
                  if self.device in ARGMAX_PLATFORMS else "the GPU")
         if self.mode is MtpMode.AUTO and self.device in ARGMAX_PLATFORMS:
             return self.turned(False, f"SGLang runs on {ARGMAX_PLATFORMS[self.device]}, where "
                                f"its verify commits the argmax even when sampling "
-                               f"({GREEDY_SOURCE}); --mtp on for greedy runs")
-        why = "asked on" if self.mode is MtpMode.ON else "the target states an MTP head"
-        return self.turned(True, f"{why}, SGLang on {where}: {self.recipe()}")
+                               f"({GREEDY_SOURCE}); --mtp on for greedy runs",
+                               MtpSource.NO_BENCH)
+        if self.mode is MtpMode.ON:
+            return self.turned(True, f"asked on, SGLang on {where}: {self.recipe()}",
+                               MtpSource.FORCED)
+        return self.turned(True, f"the target states an MTP head, SGLang on {where}: "
+                                 f"{self.recipe()}", MtpSource.NO_BENCH)
 
     def recipe(self) -> str:
         hybrid = self.head_args is not None and "--mamba-radix-cache-strategy" in self.head_args
-        return (f"NEXTN, {MTP_STEPS} steps, top-{MTP_TOPK}, {MTP_DRAFT_TOKENS} tokens verified "
-                "per step" + (" (hybrid: mamba radix cache extra_buffer)" if hybrid else ""))
+        return (f"{SpecAlgorithm.NEXTN}, {MTP_STEPS} steps, top-{MTP_TOPK}, "
+                f"{MTP_DRAFT_TOKENS} tokens verified per step"
+                + (" (hybrid: mamba radix cache extra_buffer)" if hybrid else ""))
 
     def can(self) -> bool:
         return self.head_args is not None
@@ -166,13 +203,46 @@ def choose_mtp(settings: Settings, shape: TargetShape | None,
     return MtpWorker.of(settings, shape, env).start()
 
 
+def decide_mtp(worker: MtpWorker, run: str, sampling: Sampling, verdict: Verdict | None,
+               in_flight: int, engine_args: str, env: Mapping[str, str]) -> MtpChoice:
+    """The one decision (worker and ``bench``): MTP on or off for ``run`` on ``worker``, why
+    and its source; ConfigError (the shard parks) where ``--mtp on`` or the user's own
+    algorithm would not keep the run's sampling."""
+    if worker.user_algorithm is not None:
+        choice = worker.turned(False, "", MtpSource.FORCED)
+        refusal = lossless_refusal(choice.algorithm, worker.device, sampling, engine_args, env)
+        if refusal is not None:
+            raise ConfigError(f"run {run}: {refusal}")
+        return choice
+    if worker.mode is MtpMode.OFF or not worker.can():
+        return worker.start()
+    nextn = SpecAlgorithm.NEXTN
+    refusal = lossless_refusal(nextn, worker.device, sampling, engine_args, env)
+    if refusal is not None:
+        if worker.mode is MtpMode.ON:
+            raise ConfigError(f"run {run}: --mtp on: {refusal}")
+        why = "; ".join(inexact(nextn, worker.device, sampling, engine_args, env))
+        return worker.turned(False, f"the run's sampling is not kept exactly by SGLang's "
+                                    f"speculative verify: {why}", MtpSource.SAMPLING)
+    if worker.mode is MtpMode.ON:
+        return worker.turned(True, f"asked on: {worker.recipe()}", MtpSource.FORCED)
+    pick = verdict.at(in_flight) if verdict is not None else None
+    if pick is None:
+        start = worker.start()
+        return worker.turned(start.on, f"no bench: {start.reason}", MtpSource.NO_BENCH)
+    verb = "faster" if pick.on else "not faster"
+    return worker.turned(pick.on, f"{pick.line()}: mtp on is {verb} at --max-in-flight "
+                                  f"{in_flight}" + (f" ({worker.recipe()})" if pick.on else ""),
+                         MtpSource.BENCH)
+
+
 def _cannot(settings: Settings, shape: TargetShape | None) -> str | None:
     """Why this worker cannot generate through the MTP head, or None."""
     if settings.generate.engine is not EngineKind.SGLANG:
         return "the CPU engine has no speculative decoding (use --engine sglang)"
     if settings.generate.engine_url:
         return ("the server at --engine-url runs with the flags it was started with (start it "
-                "with the NEXTN flags of `serve-command mtp`)")
+                f"with the {SpecAlgorithm.NEXTN} flags of `serve-command mtp`)")
     if settings.generate.engine_cmd and ENGINE_ARGS_FIELD not in settings.generate.engine_cmd:
         return f"--engine-cmd has no {ENGINE_ARGS_FIELD} field to pass the MTP flags"
     if shape is None or not shape.has_mtp:

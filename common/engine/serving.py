@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.choices import SpecAlgorithm
 from common.config import Settings
 from common.engine.sampling import Sampling
 from common.engine.target import NO_MTP_HEAD, TargetShape
 
 DFLASH = "DFLASH"
-NEXTN = "NEXTN"   # SGLang's name for a checkpoint's own MTP head as the draft (EAGLE-style)
+NEXTN = SpecAlgorithm.NEXTN   # SGLang's name for a checkpoint's own MTP head as the draft
 # SGLang's Qwen3.5/Qwen3-Next recipes: 3 MTP steps, a chain (top-1), 4 tokens verified per step.
 MTP_STEPS, MTP_TOPK, MTP_DRAFT_TOKENS = 3, 1, 4
 DFLASH_BLOCK_SIZE = 16

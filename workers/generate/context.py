@@ -1,11 +1,14 @@
 """The generate stage's per-process state: the worker's context plus the engine, in one
 configuration at a time.
 
-One engine serves one configuration (MTP on or off). A task whose run needs the other waits
-until the engine's current tasks finish (new tasks of the running configuration wait behind it,
-so it is never starved); then the engine is stopped and started again in the configuration that
-task needs (:meth:`GenerateContext.serving`). The wait holds the shard's lease, so no other
-worker takes it meanwhile.
+One engine serves one configuration (MTP on or off); it is relaunched only to serve the
+configuration it does not run (:meth:`GenerateContext.serving`). Tasks of the running
+configuration take it at once. A task whose run needs the other waits; the switch is decided
+when it has waited ``DFLASH_MTP_SWITCH_DWELL`` seconds counted from its arrival or the engine's
+last launch (at once when the engine has served nothing since its launch), so runs alternating
+in the queue do not flip it back and forth. From then new tasks of the running configuration
+wait behind it (it is never starved); once the engine's tasks finish, it is stopped and started
+in the other configuration. The wait holds the shard's lease, so no other worker takes it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,7 +30,7 @@ import redis
 from common.choices import EngineKind, MtpMode
 from common.config import Settings
 from common.engine.models import resolve_model_path, stop_token_ids
-from common.engine.mtp import MtpChoice, MtpWorker, target_shape
+from common.engine.mtp import MtpChoice, MtpWorker, decide_mtp, target_shape
 from common.errors import ConfigError
 from common.gates.judge import TokenInfo
 from common.queue import redis_keys
@@ -35,9 +39,11 @@ from common.runs.records import RunConfig
 from workers.context import WorkerContext, get_context
 from workers.generate.engines.base import Engine, EngineLoop
 from workers.generate.engines.cpu import CpuEngine
-from workers.generate.mtp_run import decide, record_choice
+from workers.generate.mtp_run import record_choice
 
 log = logging.getLogger(__name__)
+
+SWITCH_POLL = 1.0   # seconds a waiting task sleeps between looks at its dwell (or until woken)
 
 
 def build_engine(settings: Settings, mtp: MtpChoice) -> Engine:
@@ -75,11 +81,15 @@ class GenerateContext:
     worker: WorkerContext
     _engine: Engine | None = None
     _users: int = 0                    # tasks generating on the engine now
-    _wanted: bool | None = None        # the configuration a waiting task needs
+    _served: int = 0                   # tasks the engine has taken since its launch
+    _launched: float = 0.0             # when it was launched (``clock``)
+    _switch: bool | None = None        # the configuration a decided switch goes to (mtp on)
+    _waiting: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _runs: dict[str, MtpChoice] = field(default_factory=dict)
     _deciding: threading.Lock = field(default_factory=threading.Lock)
     loop: EngineLoop = field(default_factory=EngineLoop)
+    clock: Callable[[], float] = time.monotonic
 
     @cached_property
     def mtp(self) -> MtpWorker:
@@ -122,9 +132,9 @@ class GenerateContext:
             settings = self.worker.settings
             verdict = (read_verdict(self.worker.storage, config.run, self.decider)
                        if self.mtp.mode is MtpMode.AUTO and self.mtp.can() else None)
-            choice = decide(self.mtp, config.run, config.sampling, verdict,
-                            settings.generate.max_in_flight, settings.generate.engine_args,
-                            os.environ)
+            choice = decide_mtp(self.mtp, config.run, config.sampling, verdict,
+                                settings.generate.max_in_flight,
+                                settings.generate.engine_args, os.environ)
             log.info("run %s: %s", config.run, choice.line())
             record_choice(self.worker.redis, config.run, worker, choice)
             self._runs[config.run] = choice
@@ -132,16 +142,19 @@ class GenerateContext:
 
     @contextmanager
     def serving(self, choice: MtpChoice) -> Iterator[Engine]:
-        """The engine in ``choice``'s configuration, held until the block ends; relaunched in
-        it once no task is generating on the other one."""
+        """The engine in ``choice``'s configuration, held until the block ends; switched to it
+        where the dwell rule says so (the module's docstring)."""
+        arrived = self.clock()
         with self._cond:
-            while not self._serves(choice):
-                if self._users == 0:
-                    self._relaunch(choice)
-                    break
-                self._wanted = choice.on
-                self._cond.wait()
+            self._waiting[choice.on] += 1
+            try:
+                while not self._admits(choice, arrived):
+                    self._cond.wait(SWITCH_POLL)
+            finally:
+                self._waiting[choice.on] -= 1
+                self._cond.notify_all()
             self._users += 1
+            self._served += 1
             engine = self._engine
         assert engine is not None
         try:
@@ -151,20 +164,43 @@ class GenerateContext:
                 self._users -= 1
                 self._cond.notify_all()
 
-    def _serves(self, choice: MtpChoice) -> bool:
-        mtp = self._engine.mtp if self._engine is not None else None
-        running = mtp is not None and mtp.on == choice.on
-        return running and self._wanted in (None, choice.on)
+    def _running(self) -> bool | None:
+        """The configuration the engine runs (mtp on), None without an engine."""
+        if self._engine is None:
+            return None
+        return self._engine.mtp is not None and self._engine.mtp.on
 
-    def _relaunch(self, choice: MtpChoice) -> None:
-        """Stop the engine and start it in ``choice``'s configuration (the lock held)."""
+    def _admits(self, choice: MtpChoice, arrived: float) -> bool:
+        """Whether a task of ``choice`` may generate now, the engine switched for it where the
+        dwell rule says so (the lock held)."""
+        running, switch = self._running(), self._switch
+        if switch is not None and self._waiting[switch] == 0:   # its tasks are gone
+            self._switch = switch = None
+        if running is None or (switch == choice.on and self._users == 0):
+            self._launch(choice)
+            return True
+        if running == choice.on:   # kept, unless a switch away is decided
+            return switch is None
+        waited = self.clock() - max(arrived, self._launched)
+        dwell = self.worker.settings.generate.mtp_switch_dwell
+        if switch is None and (self._served == 0 or waited >= dwell):
+            self._switch = choice.on
+            log.info("engine: switching to mtp %s once its %d task(s) finish: %s (waited %.0f "
+                     "s, dwell %.0f s)", "on" if choice.on else "off", self._users,
+                     choice.reason, waited, dwell)
+            return self._admits(choice, arrived)
+        return False
+
+    def _launch(self, choice: MtpChoice) -> None:
+        """Start the engine in ``choice``'s configuration, stopping the one running (the lock
+        held, no task on it)."""
         if self._engine is not None:
             log.info("engine: relaunching with mtp %s (%s)", "on" if choice.on else "off",
                      choice.reason)
             self._engine.close()
             self._engine = None
         self._engine = build_engine(self.worker.settings, choice)
-        self._wanted = None
+        self._launched, self._served, self._switch = self.clock(), 0, None
         self.__dict__.pop("tokens", None)
         announce_engine(self.worker, self._engine)
 
