@@ -127,6 +127,10 @@ class GenerateSettings:
     # states one and SGLang runs on a GPU (common/engine/mtp.py says why, in the worker's start
     # line).
     mtp: MtpMode = MtpMode.AUTO
+    # Seconds a task of a run needing the other MTP configuration waits (from its arrival or the
+    # engine's last launch) before the engine is switched for it; tasks of the running one keep
+    # it meanwhile, so runs alternating in the queue do not flip it (0: switch once it drains).
+    mtp_switch_dwell: float = setting(120.0, zero_ok=True)
     # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
     # worker's own.
     engine_python: str = ""
@@ -197,6 +201,10 @@ class ReadSettings:
     index_decoded_bytes: int = 64 * 2**20   # ... and decompressed
     part_bytes: int = 2**30                 # a part or an input shard as stored (zstd)
     part_decoded_bytes: int = 4 * 2**30     # ... and decompressed
+    # Lines (blank ones too) of a part or input shard where its run's shard size is not at
+    # hand (common/row_caps.py): a JSONL object is streamed and cut past its caps.
+    part_rows: int = 1_000_000
+    row_bytes: int = 64 * 2**20             # one line of a part or input shard
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,20 @@
 """Every read of a stored object typed and bounded: no object a role may write can stop a reader.
 
     data = read_json(storage, key, COMMIT)             # bytes capped, parsed, validated
-    rows = read_rows(storage, part_key, SAMPLE_ROW)    # .jsonl.zst: capped before and after zstd
+    rows = read_rows(storage, part_key, SAMPLE_ROW, cap)   # .jsonl.zst: streamed, rows capped
     try: ... except ForeignObject: ...                 # noted: warned once, counted by area
 
 An object is read with a cap on its bytes (streamed, cut at the cap) and, compressed, on what it
 decompresses to (its zstd frame must state its size, as every writer of ours does, and the cap is
 checked before a byte is decompressed; a frame that lies is cut where it passes its own size);
-the decoded value is then validated against its record's type (:mod:`common.runs.schemas`). An
-object that fails any of these is :class:`ForeignObject`, naming the key and why: its caller
-treats it as foreign (ignored as if it were not there), and :func:`note` warns once per key and
-counts it by area (``status --json``'s ``foreign_objects``). The caps are the ``read`` settings
-(``DFLASH_READ_*``), carried by the storage object (:attr:`common.storage.Storage.limits`).
+a JSONL object is streamed, a line at a time, and cut where it passes its kind's caps on rows and
+line bytes (:mod:`common.row_caps`: what an honest one of its run can hold), so memory grows with
+the rows kept, never with the bytes read. The decoded value is then validated against its
+record's type (:mod:`common.runs.schemas`). An object that fails any of these is
+:class:`ForeignObject`, naming the key and why: its caller treats it as foreign (ignored as
+if it were not there), and :func:`note` warns once per key and counts it by area
+(``status --json``'s ``foreign_objects``). The caps are the ``read`` settings (``DFLASH_READ_*``),
+carried by the storage object (:attr:`common.storage.Storage.limits`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import io
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import zstandard
@@ -30,6 +33,7 @@ from common.config import ReadSettings
 from common.errors import ForeignObject
 from common.json_parse import parse as parse_value
 from common.key_layout import parse
+from common.row_caps import RowCaps, default_caps
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 NOTED_AT_MOST = 10_000   # foreign objects warned about per process (a flood stays bounded)
 _UNKNOWN_SIZE = zstandard.CONTENTSIZE_UNKNOWN
+CHUNK_BYTES = 2**20      # a JSONL object is decompressed this much at a time
 _lock = threading.Lock()
 _noted: set[str] = set()
 _counts: Counter[str] = Counter()
@@ -95,8 +100,8 @@ def read_bytes(storage: Storage, key: str, cap: int) -> bytes:
     return data
 
 
-def decompress(key: str, data: bytes, cap: int) -> bytes:
-    """One zstd frame's content, which must state its size and stay within ``cap`` bytes."""
+def _stated_size(key: str, data: bytes, cap: int) -> int:
+    """The size a zstd frame states for its content, which must be stated and within ``cap``."""
     try:
         size = zstandard.get_frame_parameters(data).content_size
     except zstandard.ZstdError as exc:
@@ -105,6 +110,12 @@ def decompress(key: str, data: bytes, cap: int) -> bytes:
         raise ForeignObject(key, "its zstd frame does not state its size")
     if size > cap:
         raise ForeignObject(key, f"decompresses to {size:,} bytes, above {cap:,}")
+    return size
+
+
+def decompress(key: str, data: bytes, cap: int) -> bytes:
+    """One zstd frame's content, which must state its size and stay within ``cap`` bytes."""
+    size = _stated_size(key, data, cap)
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
                                                         read_across_frames=False) as reader:
@@ -181,17 +192,64 @@ def decode_json_zst(storage: Storage, key: str, data: bytes, schema: TypeAdapter
     return validated(key, parse_json(key, raw), schema)
 
 
-def decode_rows(storage: Storage, key: str, data: bytes, schema: TypeAdapter[T]) -> list[T]:
-    """The rows of a ``.jsonl.zst`` object already fetched, bounded, each validated."""
-    raw = decompress(key, data, limits_of(storage).part_decoded_bytes)
-    return [validated(key, parse_json(key, line), schema, n)
-            for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
+def stream_rows(key: str, data: bytes, schema: TypeAdapter[T], cap: RowCaps) -> Iterator[T]:
+    """The rows of a ``.jsonl.zst`` object, each validated as it is decompressed: memory grows
+    with the rows kept, not the bytes read; past a cap of ``cap``, :class:`ForeignObject`."""
+    size = _stated_size(key, data, cap.decoded_bytes)
+    for n, line in enumerate(_lines(key, data, size, cap.line_bytes), 1):
+        if n > cap.rows:
+            raise ForeignObject(key, f"more than {cap.rows:,} lines")
+        if line.strip():
+            yield validated(key, parse_json(key, line), schema, n)
 
 
-def read_rows(storage: Storage, key: str, schema: TypeAdapter[T]) -> list[T]:
+def _lines(key: str, data: bytes, size: int, line_cap: int) -> Iterator[bytes]:
+    """A zstd frame's lines, each at most ``line_cap`` bytes, decompressed a chunk at a time."""
+    done = held = 0
+    pending: list[bytes] = []
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
+                                                        read_across_frames=False) as reader:
+            while chunk := reader.read(CHUNK_BYTES):
+                done += len(chunk)
+                if done > size:
+                    break
+                *whole, tail = chunk.split(b"\n")
+                for line in whole:
+                    if held + len(line) > line_cap:
+                        raise ForeignObject(key, f"a line longer than {line_cap:,} bytes")
+                    yield b"".join([*pending, line]) if pending else line
+                    pending, held = [], 0
+                pending.append(tail)
+                held += len(tail)
+                if held > line_cap:
+                    raise ForeignObject(key, f"a line longer than {line_cap:,} bytes")
+    except zstandard.ZstdError as exc:
+        raise ForeignObject(key, f"corrupt zstd data ({exc})") from None
+    if done != size:
+        raise ForeignObject(key, f"its zstd frame holds {'more than ' if done > size else ''}"
+                                 f"{done:,} bytes, not the {size:,} it states (truncated or "
+                                 "forged)")
+    if held:
+        yield b"".join(pending)
+
+
+def _caps(storage: Storage, cap: RowCaps | int | None) -> RowCaps:
+    return cap if isinstance(cap, RowCaps) else default_caps(limits_of(storage), cap)
+
+
+def decode_rows(storage: Storage, key: str, data: bytes, schema: TypeAdapter[T],
+                cap: RowCaps | int | None = None) -> list[T]:
+    """The rows of a ``.jsonl.zst`` object already fetched, streamed and bounded, each
+    validated (``cap``: :func:`common.row_caps.row_caps`, a row cap, or None: the defaults)."""
+    return list(stream_rows(key, data, schema, _caps(storage, cap)))
+
+
+def read_rows(storage: Storage, key: str, schema: TypeAdapter[T],
+              cap: RowCaps | int | None = None) -> list[T]:
     """The rows of a part or input shard (``.jsonl.zst``), capped before and after zstd."""
     return decode_rows(storage, key, read_bytes(storage, key, limits_of(storage).part_bytes),
-                       schema)
+                       schema, cap)
 
 
 def bounded_get(storage: Storage, cap: Callable[[ReadSettings], int]
@@ -201,14 +259,15 @@ def bounded_get(storage: Storage, cap: Callable[[ReadSettings], int]
     return lambda key: read_bytes(storage, key, limit)
 
 
-def rows_or_none(storage: Storage, key: str, schema: TypeAdapter[T],
-                 data: bytes | None = None) -> list[T] | None:
-    """A part's or input shard's rows (``data``: already fetched through :func:`bounded_get`),
-    or None where the object is foreign (noted): readers go on without it."""
+def rows_or_none(storage: Storage, key: str, schema: TypeAdapter[T], data: bytes | None = None,
+                 cap: RowCaps | int | None = None) -> list[T] | None:
+    """A part's or input shard's rows (``data``: already fetched through :func:`bounded_get`;
+    ``cap``: as :func:`decode_rows` takes it), or None where the object is foreign (noted):
+    readers go on without it."""
     try:
         if data is None:
-            return read_rows(storage, key, schema)
-        return decode_rows(storage, key, data, schema)
+            return read_rows(storage, key, schema, cap)
+        return decode_rows(storage, key, data, schema, cap)
     except ForeignObject as exc:
         note(exc)
         return None

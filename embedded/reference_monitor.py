@@ -6,7 +6,6 @@ Kept as the reference that tests and ``benchmarks/seed_scale.py`` compare
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -18,6 +17,7 @@ from common import keys
 from common.gates.judge import GateConfig
 from common.monitor.run_monitor import Samples, count_samples, resume_state
 from common.queue import redis_keys
+from common.queue.redis_keys import push_pause
 from common.runs.records import decode_jsonl_zst
 from common.storage import Storage
 
@@ -83,7 +83,7 @@ def rebuild_from_parts(client: redis.Redis, storage: Storage, run: str,
     samples, partial = judged_samples(storage, run)
     names = [redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run),
              redis_keys.redis_gate_window(run), redis_keys.redis_answers(run),
-             redis_keys.redis_paused(run), redis_keys.redis_partial(run),
+             redis_keys.redis_partial(run),   # never the pause: only resume lifts it
              *(redis_keys.redis_gate_examples(run, r) for r in _reasons(samples))]
     pipe = client.pipeline(transaction=True)
     pipe.delete(*names)
@@ -105,8 +105,8 @@ def rebuild_from_parts(client: redis.Redis, storage: Storage, run: str,
     for field_name in ("max_reject_rate", "pause_after"):
         if last.get(field_name) is not None:
             pipe.hset(redis_keys.redis_gates(run), field_name, last[field_name])
-    if events and events[-1][0] == "pause":
-        pipe.set(redis_keys.redis_paused(run), json.dumps(events[-1][1]))
+    if events and events[-1][0] == "pause":   # added unless Redis has one in force
+        push_pause(client, run, events[-1][1])
     pipe.hset(redis_keys.redis_gates(run), "ready", 1)
     pipe.execute()
     log.info("run %s: quality monitor rebuilt from %d stored samples in %.1fs", run, len(samples),

@@ -32,6 +32,7 @@ from common.storage import Storage
 from producer.enqueue import EnqueueReport
 from producer.enqueue_drafter import enqueue_origin
 from producer.fit import ContextCheck, context_length
+from producer.pause_lines import pause_lines
 from producer.status import StatusReader
 from producer.status_record import RunStatus
 from producer.status_rules import epoch_hours_line
@@ -230,14 +231,7 @@ def render_status(status: RunStatus) -> str:
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
     if pause := status.get("pause"):
-        window = pause.get("window") or {}
-        lines.append(f"  PAUSED  {pause['reason']}")
-        if window:
-            lines.append(f"    window that tripped: {window['rejected']}/{window['size']} "
-                         f"rejected ({window['rate']:.0%}; limit {window['max_reject_rate']:.0%}"
-                         f" over {window['limit']}); whole run so far {gates['rate']:.1%}")
-        lines += [f"    e.g. {e['id']}: {', '.join(e['reasons'])}: {e['answer'][:80]!r}"
-                  for e in pause.get("examples", [])]
+        lines += pause_lines(pause, gates)
         lines.append(f"  see `dflash-pipeline report --run {status['run']}`, then `dflash-pipeline "
                      f"resume --run {status['run']} --accept-gates` to continue")
     lines += [f"  engine {name}: {e['url']}" + (f" (log {e['log']})" if e.get("log") else "")

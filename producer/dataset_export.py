@@ -175,19 +175,22 @@ def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
              progress: Any) -> Iterator[Sample]:
     """The canonical samples in the planned order, reading each shard's parts once (a bounded
     pool reads ahead, in order)."""
-    plan = [(commit, ids, sorted({commit.part_of[i] for i in ids})) for commit, ids in order]
+    plan = [(commit, ids, sorted({commit.part_of[i] for i in ids if i in commit.part_of}))
+            for commit, ids in order]   # proven commits: their own shard's parts only
     fetched = fetch(storage, [part for _, _, parts in plan for part in parts],
                     get=part_getter(storage))
+    caps = RunStore(storage, order[0][0].run).sample_caps if order else None
     for commit, ids, parts in plan:
         wanted = set(ids)
         found: dict[str, Sample] = {}
         for part, data in itertools.islice(fetched, len(parts)):
-            for sample in rows_or_none(storage, part, SAMPLE, data) or []:
-                if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
+            for sample in rows_or_none(storage, part, SAMPLE, data, caps) or []:
+                if sample["id"] in wanted and commit.part_of.get(sample["id"]) == part:
                     found[sample["id"]] = sample
         missing = [i for i in ids if i not in found]
-        if missing:   # a foreign part (noted): its samples cannot be exported
-            log.warning("run %s shard %d: %d samples not exported: their part is foreign",
+        if missing:   # a foreign part (noted), or none named: its samples cannot be exported
+            log.warning("run %s shard %d: %d samples not exported: their part is foreign or "
+                        "not named",
                         commit.run, commit.shard, len(missing))
         for sample_id in ids:
             if sample_id in found:

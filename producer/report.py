@@ -149,7 +149,7 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
              if keys.part_number(key) is not None and keys.shard_of(key) is not None]
     for key, data in fetch(storage, names, get=part_getter(storage)):  # read ahead, in order
         parts += 1
-        for record in rows_or_none(storage, key, SAMPLE, data) or []:
+        for record in rows_or_none(storage, key, SAMPLE, data, store.sample_caps) or []:
             tally.add(record, key.startswith(rejected_area))
     log.debug("run %s: read %d parts, %d samples", run, parts, len(tally.seen))
     total = tally.accepted + tally.rejected

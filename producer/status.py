@@ -18,11 +18,13 @@ from common.choices import Mode
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
 from common.engine.speculative import by_worker, choices_by_worker
-from common.monitor.run_monitor import pause_from_storage, pause_of
+from common.monitor.run_monitor import pause_from_storage
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
 from common.queue.reconcile import read_stage, waiting_messages
-from common.reads import foreign_counts, part_getter, rows_or_none, value_or_none
+from common.queue.redis_values import count_of, field_key, number_of, shard_counts
+from common.reads import foreign_counts, limits_of, part_getter, rows_or_none, value_or_none
+from common.row_caps import RowCaps, RowKind, row_caps
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.commit_set import CommitSet
 from common.runs.index import RunIndex, shard_total
@@ -138,17 +140,23 @@ class StatusReader:
         self.index = self.index or RunIndex(self.storage, self.run, rejected=True)
         uncommitted = [key for read in self.index.scan(total)
                        for part_keys in read.uncommitted_parts().values() for key in part_keys]
-        for chunk in self.index.entries.values():
-            self.commits.update({shard: CommitDigest.of_entry(shard, entry)
-                                 for shard, entry in chunk.items() if shard not in self.commits})
+        for chunk in self.index.entries.values():   # within the total (a kept entry read
+            self.commits.update({shard: CommitDigest.of_entry(shard, entry)   # before it: not)
+                                 for shard, entry in chunk.items()
+                                 if shard not in self.commits and shard < total})
         return uncommitted
+
+    @property
+    def _caps(self) -> RowCaps:
+        """A part's caps from the run's config (read first by :meth:`read`)."""
+        return row_caps(RowKind.SAMPLES, self.fixed.get("config"), limits_of(self.storage))
 
     def _stored_progress(self, part_keys: list[str]) -> StoredProgress:
         """Samples and rejections in the parts of uncommitted shards, read from storage."""
         keys_ = [key for key in part_keys if keys.shard_of(key) not in self.commits]
         for key, data in fetch(self.storage, [k for k in keys_ if k not in self.parts],
                                get=part_getter(self.storage)):
-            samples = rows_or_none(self.storage, key, SAMPLE, data) or []   # foreign: none
+            samples = rows_or_none(self.storage, key, SAMPLE, data, self._caps) or []  # foreign
             self.parts[key] = StoredPart(frozenset(s["id"] for s in samples),
                                          sum(not s.get("quality", {}).get("passed", True)
                                              for s in samples))
@@ -198,17 +206,20 @@ class StatusReader:
             if isinstance(train.get(name), str):   # JSON text, read as any Redis value
                 train[name] = value_or_none(f"{TRAIN.keys(self.run).metrics}:{name}",
                                             train[name], METRIC_LIST)
-        tau = train.get("tau")
+        metrics = TRAIN.keys(self.run).metrics
+        tau = number_of(field_key(metrics, "tau"), train.get("tau"))
         # The periodic eval's last failure, until an eval succeeds (training went on).
-        error = ({"message": train["eval_error"], "step": int(train["eval_error_step"])}
+        error = ({"message": train["eval_error"], "step": count_of(
+            field_key(metrics, "eval_error_step"), train["eval_error_step"])}
                  if train.get("eval_error") and train.get("eval_error_step") else None)
         return {"mode": "online", "stage": "train", "parked": parked,
                 "committed": len(ledger.done), "train": train,
                 "rows_set_aside": ledger.set_aside_counts(),
                 "memory_plan": train.get("memory_plan") or None,
                 "finished": ledger.finished or None,
-                "tau": float(tau) if tau not in (None, "") else None,
-                "tau_step": int(train["tau_step"]) if train.get("tau_step") else None,
+                "tau": tau,
+                "tau_step": count_of(field_key(metrics, "tau_step"), train["tau_step"])
+                if train.get("tau_step") else None,
                 "eval_error": error}
 
     def _gates(self, stats: dict[str, str] | None, live: dict[str, Any] | None,
@@ -216,13 +227,16 @@ class StatusReader:
         """Quality-gate counts: the run monitor's live ones, else commits' and stored parts'."""
         window, turns, modes = None, None, None
         if stats is not None:
-            checked, rejected = int(stats.get("checked", 0)), int(stats.get("rejected", 0))
-            judged = int(stats.get("turns", 0))
-            turns = {"judged": judged, "rejected": int(stats.get("turns_rejected", 0))}
-            off = int(stats.get("thinking_off", 0))
-            modes = {"on": checked - off, "off": off}
-            reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items()
-                       if k.startswith("reason:")}
+            hash_key = redis_keys.redis_gates(self.run)
+
+            def counter(name: str) -> int:   # a foreign value (noted) reads as 0
+                return count_of(field_key(hash_key, name), stats.get(name))
+
+            checked, rejected = counter("checked"), counter("rejected")
+            turns = {"judged": counter("turns"), "rejected": counter("turns_rejected")}
+            off = counter("thinking_off")
+            modes = {"on": max(checked - off, 0), "off": off}
+            reasons = {k.split(":", 1)[1]: counter(k) for k in stats if k.startswith("reason:")}
             outcomes = live["window"] if live is not None else []
             if outcomes:
                 bad = sum(outcomes)
@@ -256,11 +270,12 @@ class StatusReader:
             pipe.hgetall(redis_keys.redis_engines())
             pipe.hgetall(redis_keys.redis_gates(self.run))
             pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
-            pipe.get(redis_keys.redis_paused(self.run))
             pipe.hgetall(TRAIN.keys(self.run).metrics)
             pipe.hgetall(redis_keys.redis_speculative(self.run))
             pipe.hgetall(redis_keys.redis_mtp(self.run))
-            partial, events, engines, gates, window, pause, train, spec, mtp = pipe.execute()
+            redis_keys.read_pause(pipe, self.run)
+            (partial, events, engines, gates, window, train, spec, mtp,
+             *pause) = pipe.execute()
         except redis.RedisError:
             return None
         tokens_per_s, samples_per_s = _rates(events)
@@ -270,13 +285,13 @@ class StatusReader:
                        for stage, info in stages.items()
                        for s, r in sorted(info.parked.items())
                        if stage != "generate" or s not in self.commits],
-            "partial": {keys.parse_shard_name(k): int(v) for k, v in partial.items()},
+            "partial": shard_counts(redis_keys.redis_partial(self.run), partial),
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
             "engines": redis_keys.engines_of(engines),
             "gates": gates,
-            "window": [int(x) for x in window],
-            "pause": pause_of(redis_keys.redis_paused(self.run), pause),
+            "window": [count_of(redis_keys.redis_gate_window(self.run), x) for x in window],
+            "pause": redis_keys.pause_in(self.run, *pause),
             "train": train,
             "speculative": by_worker(spec),
             "mtp": choices_by_worker(mtp),

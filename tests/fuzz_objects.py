@@ -1,31 +1,71 @@
-"""Objects no reader should take for a record, each at a key a role of the stack may write: the
+"""Objects no reader should take for a record, at every key a role of the stack may write: the
 generator of tests/test_fuzz_layout.py.
 
-    for forged in forgeries(random.Random(seed), run, templates):
-        forged.role, forged.key, forged.body     # written with that role's key
+    for forged in forgeries(random.Random(seed), run, templates, batch):
+        forged.role, forged.key, forged.body, forged.overwrite   # put with that role's key
 
-Every key template a role may write (docs/policies/<role>.json) gets bodies that are not valid
-records of their key: not JSON, JSON of the wrong type at one field of a real record, counts out
-of range or huge, truncated zstd, a zstd frame that hides its size, a compression bomb, an empty
-body. Keys parse (a commit of a shard past the run's last, the newest checkpoint step, an index
-object with the real one's count and a tag that lists before it) or almost parse (a digit short,
-a tag not hex). A well-formed record a role may legitimately write is its stage's own output,
-not in scope.
+The cases are derived, not chosen: :func:`layouts` gives one or more keys for every kind of the
+storage layout (``common.key_layout.KeyKind``; a kind without one fails
+``test_every_layout_kind_is_fuzzed``), each key is written by every role whose policy file
+(``docs/policies/<role>.json``, AWS's evaluation logic of tests/test_policies.py) lets it write
+there, and each gets every body family of its object's format (:func:`bodies`): the wrong type
+at one field of a real record, JSON of another type, not JSON, an empty body, deep nesting with a
+lone surrogate, NaN, many small rows under the decompressed cap, a zstd frame that states a size
+past the cap (a bomb), truncated zstd, a frame that hides its size, a pickle where a tensor file
+goes, a safetensors header bomb. A key of a kind whose objects a writer replaces (the index, the
+gate and bench records, ``latest.json``, parking records) is also written over an existing
+object, where the store allows it (MinIO: everywhere; AWS: ``latest.json`` only). A
+well-formed record a role may legitimately write is its stage's own output, not in scope.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import zstandard
 
+from common import keys
+from common.key_layout import KeyKind
+from tests.test_policies import POLICIES, decide, fill
+
 BOMB_BYTES = 2 * 2**30   # what the bomb decompresses to: a reader that inflates it is gone
+MANY_ROWS = 4_000_000    # {"id":"x"} rows: ~3.6 KiB of zstd, 44 MB decoded (under the caps)
+DEEP = 50_000            # nesting of the deep body: past any recursive parser's limit
 WRONG = ("a string", -1, 10**18, 1.5, None, True, [0], {"x": 1})
+ROLES = ("producer", "generate", "hidden", "train", "reconciler", "reader", "export-s3")
+PWNED = "/tmp/dflash-fuzz-pwned"   # the pickle's payload makes this directory if ever loaded
+
+
+class Family(StrEnum):
+    """An object's format, which decides its body families."""
+
+    JSON = "json"
+    JSONL = "jsonl"
+    JSONL_ZST = "jsonl.zst"
+    JSON_ZST = "json.zst"
+    SAFETENSORS = "safetensors"
+    TORCH = "torch"
+    BYTES = "bytes"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One key of the layout as the fuzz writes it: ``key(run, n)`` (n: a number no honest
+    writer takes), its format, the real record its bodies take apart, replaced by its writer."""
+
+    kind: KeyKind
+    key: Callable[[str, int], str]
+    family: Family
+    template: str
+    replaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,117 +74,216 @@ class Forged:
     key: str
     body: bytes
     what: str
+    overwrite: bool = False
 
 
-def bomb() -> bytes:
-    """~64 KiB of zstd that decompresses to :data:`BOMB_BYTES` (its frame states the size)."""
-    chunk = zstandard.ZstdCompressor(level=19)
-    writer = chunk.compressobj(size=BOMB_BYTES)
-    zero = b"\0" * 2**24
-    out = [writer.compress(zero) for _ in range(BOMB_BYTES // len(zero))]
-    return b"".join(out) + writer.flush()
+def _stamp(n: int) -> str:
+    return f"00000000T000000.{n:06d}-000000"   # sorts before every real stamp
+
+
+def layouts(index_count: int) -> list[Layout]:
+    """Every kind of the layout, at keys a reader meets: past the last shard or step, in a real
+    shard beside its real parts, tags and stamps that list first."""
+    past = 100000
+    L, F = Layout, Family
+    return [
+        L(KeyKind.RUN_CONFIG, lambda r, n: keys.run_config(f"{r}-f{n}"), F.JSON, "run"),
+        L(KeyKind.INPUT, lambda r, n: keys.input_shard(r, past + n), F.JSONL_ZST, "input_row"),
+        L(KeyKind.MANIFEST, lambda r, n: keys.inputs_manifest(r), F.JSON, "manifest"),
+        L(KeyKind.INPUT_ROWS, lambda r, n: keys.rejected_input_rows(r, 5000 + n), F.JSONL,
+          "input_row"),
+        L(KeyKind.PART, lambda r, n: keys.generated_part(r, 0, 5000 + n), F.JSONL_ZST,
+          "sample"),
+        L(KeyKind.PART, lambda r, n: keys.generated_part(r, past + n, 0), F.JSONL_ZST,
+          "sample"),
+        L(KeyKind.PART, lambda r, n: keys.rejected_part(r, 1, 5000 + n), F.JSONL_ZST, "sample"),
+        L(KeyKind.PART, lambda r, n: keys.hidden_part(r, 0, 5000 + n), F.SAFETENSORS, "tensor"),
+        L(KeyKind.PART, lambda r, n: keys.hidden_part(r, past + n, 0), F.SAFETENSORS, "tensor"),
+        L(KeyKind.COMMIT, lambda r, n: keys.generated_commit(r, past + n), F.JSON, "commit"),
+        L(KeyKind.COMMIT, lambda r, n: keys.hidden_commit(r, past + n), F.JSON, "commit"),
+        L(KeyKind.COMMIT, lambda r, n: keys.hidden_commit(r, n % 2), F.JSON, "commit"),
+        L(KeyKind.HIDDEN_INDEX, lambda r, n: keys.hidden_index(r, past + n), F.JSON, "commit"),
+        L(KeyKind.FAILED, lambda r, n: keys.failed_shard(r, 0, _stamp(n)), F.JSON, "failed",
+          True),
+        L(KeyKind.FAILED, lambda r, n: keys.failed_shard(r, past + n, _stamp(n), "hidden"),
+          F.JSON, "failed", True),
+        L(KeyKind.FAILED, lambda r, n: keys.failed_shard(r, 1, _stamp(n), "train"), F.JSON,
+          "failed", True),
+        L(KeyKind.GATE, lambda r, n: keys.gate_event(r, "pause", _stamp(n)), F.JSON, "pause",
+          True),
+        L(KeyKind.GATE, lambda r, n: keys.gate_event(r, "resume", _stamp(n)), F.JSON, "resume",
+          True),
+        L(KeyKind.REPORT, lambda r, n: keys.report_png(r, _stamp(n)), F.BYTES, "none", True),
+        L(KeyKind.CHECKPOINT, lambda r, n: keys.drafter_checkpoint(r, 900000 + n, "state.pt"),
+          F.TORCH, "none"),
+        L(KeyKind.CHECKPOINT, lambda r, n: keys.drafter_checkpoint(r, 900000 + n,
+                                                                   "_COMMIT.json"),
+          F.JSON, "checkpoint"),
+        L(KeyKind.CHECKPOINT, lambda r, n: keys.drafter_checkpoint(r, 900000 + n,
+                                                                   "_COMMIT.json", 1),
+          F.JSON, "checkpoint"),
+        L(KeyKind.LATEST, lambda r, n: keys.drafter_latest(r), F.JSON, "latest", True),
+        *[L(KeyKind.INDEX, lambda r, n, kind=kind: keys.index_object(
+            r, kind, 0, index_count, f"{n:08x}"), F.JSON_ZST, "index", True)
+          for kind in ("commits", "digests", "summaries")],
+        L(KeyKind.PROBE, lambda r, n: keys.access_probe("generated"), F.BYTES, "none", True),
+        L(KeyKind.BENCH, lambda r, n: keys.bench_verdict(r, "unknown-tp1-0123abcd", _stamp(n)),
+          F.JSON, "bench", True),
+    ]
+
+
+ALMOST = (   # keys a digit or a character away from a template: no reader takes them
+    ("generate", "runs/{run}/generated/shard-0{n:04d}/_COMMIT.json", Family.JSON, "commit"),
+    ("train", "runs/{run}/drafter/step-{n:06d}0/_COMMIT.json", Family.JSON, "checkpoint"),
+    ("reconciler", "runs/{run}/index/commits/chunk-0000-{count:03d}-{n:08x}g.json.zst",
+     Family.JSON_ZST, "index"),
+)
+
+
+def writers(key: str) -> list[str]:
+    """The roles whose policy file lets them put ``key`` (AWS's evaluation, a storage prefix)."""
+    found = []
+    for role in ROLES:
+        policy = [fill(POLICIES / f"{role}.json", "data/")]
+        if decide(policy, "s3:PutObject", f"arn:aws:s3:::my-bucket/data/{key}"):
+            found.append(role)
+    return found
+
+
+def _zst(data: bytes, size: bool = True) -> bytes:
+    return zstandard.ZstdCompressor(write_content_size=size).compress(data)
 
 
 _BOMB: bytes | None = None
 
 
-def _bomb() -> bytes:
+def bomb() -> bytes:
+    """~64 KiB of zstd that decompresses to :data:`BOMB_BYTES` (its frame states the size)."""
     global _BOMB
     if _BOMB is None:
-        _BOMB = bomb()
+        writer = zstandard.ZstdCompressor(level=19).compressobj(size=BOMB_BYTES)
+        zero = b"\0" * 2**24
+        _BOMB = b"".join(writer.compress(zero) for _ in range(BOMB_BYTES // len(zero))) \
+            + writer.flush()
     return _BOMB
 
 
-def mutated(rng: random.Random, record: Any) -> tuple[Any, str]:
-    """``record`` with one field (at any depth) given a value of the wrong type or range."""
+@functools.cache
+def _many_rows(zst: bool) -> bytes:
+    """:data:`MANY_ROWS` tiny rows, zstd-compressed (~3.6 KiB); plain JSONL: a 40th of them."""
+    many = b'{"id":"x"}\n' * (MANY_ROWS if zst else MANY_ROWS // 40)
+    return _zst(many) if zst else many
+
+
+def mutated(rng: random.Random, record: Any, value: Any = None) -> tuple[Any, str]:
+    """``record`` with one field (at any depth) given a wrong value (``value``, or one of the
+    wrong type or range)."""
     record = copy.deepcopy(record)
     paths: list[list[Any]] = []
 
-    def walk(value: Any, path: list[Any]) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
+    def walk(item: Any, path: list[Any]) -> None:
+        if isinstance(item, dict):
+            for k, v in item.items():
                 paths.append([*path, k])
                 walk(v, [*path, k])
-        elif isinstance(value, list) and value:
+        elif isinstance(item, list) and item:
             paths.append([*path, 0])
-            walk(value[0], [*path, 0])
+            walk(item[0], [*path, 0])
 
     walk(record, [])
     if not paths:
-        return rng.choice(WRONG), "not an object"
+        return (value if value is not None else rng.choice(WRONG)), "not an object"
     path = rng.choice(paths)
     parent = record
     for step in path[:-1]:
         parent = parent[step]
-    wrong = rng.choice([w for w in WRONG if type(w) is not type(parent[path[-1]])])
+    wrong = value if value is not None else rng.choice(
+        [w for w in WRONG if type(w) is not type(parent[path[-1]])])
     parent[path[-1]] = wrong
     return record, f"{'.'.join(map(str, path))} = {wrong!r}"
 
 
-def bodies(rng: random.Random, template: Any, zst: bool, lines: bool) -> Iterator[
-        tuple[bytes, str]]:
-    """Bodies that are not a valid record like ``template`` (zstd-compressed where the key's
-    objects are: ``zst``; a JSON line per record: ``lines``)."""
-    def encode(value: Any) -> bytes:
-        text = json.dumps(value).encode() + (b"\n" if lines else b"")
-        return zstandard.ZstdCompressor().compress(text) if zst else text
-
+def _json_values(rng: random.Random, template: Any) -> Iterator[tuple[bytes, str]]:
+    """The JSON texts that are no valid record like ``template``."""
     record, what = mutated(rng, template)
-    yield encode(record), f"wrong type: {what}"
-    yield encode(rng.choice(WRONG)), "JSON of another type"
-    yield bytes(rng.getrandbits(8) for _ in range(64)), "not JSON"
+    yield json.dumps(record).encode(), f"wrong type: {what}"
+    yield json.dumps(rng.choice(WRONG)).encode(), "JSON of another type"
+    deep = b'{"s": "\\ud800", "a": ' + b"[" * DEEP + b"]" * DEEP + b"}"
+    yield deep, "deep nesting with a lone surrogate"
+    record, what = mutated(rng, template, float("nan"))
+    yield json.dumps(record, allow_nan=True).encode(), f"NaN: {what}"
+
+
+def _pickle() -> bytes:
+    """A pickle whose loading would make :data:`PWNED` (``weights_only`` must refuse it)."""
+    return (b"cos\nmakedirs\n(V" + PWNED.encode() + b"\nI01\ntR.")
+
+
+def _safetensors_bodies(rng: random.Random) -> Iterator[tuple[bytes, str]]:
+    yield struct.pack("<Q", 2**62) + b"{}", "a safetensors header that states 4 EiB"
+    header = b"[" * DEEP + b"]" * DEEP
+    yield struct.pack("<Q", len(header)) + header, "a safetensors header nested deep"
+    big = json.dumps({"x": {"dtype": "F32", "shape": [2**20, 2**20],
+                            "data_offsets": [0, 2**42]}}).encode()
+    yield struct.pack("<Q", len(big)) + big, "a tensor past the file's end"
+    yield _pickle(), "a pickle where a tensor file goes"
+
+
+def bodies(rng: random.Random, family: Family, template: Any) -> Iterator[tuple[bytes, str]]:
+    """Every body family of ``family`` that is not a valid object like ``template``."""
+    yield bytes(rng.getrandbits(8) for _ in range(64)), "random bytes"
     yield b"", "an empty body"
+    if family is Family.SAFETENSORS:
+        yield from _safetensors_bodies(rng)
+        return
+    if family is Family.TORCH:
+        yield _pickle(), "a pickle whose loading runs code"
+        yield b"PK\x03\x04" + bytes(26), "a zip that ends at its first header"
+        return
+    if family is Family.BYTES:
+        return
+    lines = family in (Family.JSONL, Family.JSONL_ZST)
+    zst = family in (Family.JSONL_ZST, Family.JSON_ZST)
+    for text, what in _json_values(rng, template):
+        text += b"\n" if lines else b""
+        yield (_zst(text) if zst else text), what
+    if lines:
+        yield _many_rows(zst), "many small rows under the cap"
     if zst:
-        whole = encode(template)
+        whole = _zst(json.dumps(template).encode())
         yield whole[:max(1, len(whole) // 2)], "truncated zstd"
-        streamed = zstandard.ZstdCompressor(write_content_size=False).compress(
-            json.dumps(template).encode())
-        yield streamed, "a zstd frame that hides its size"
-    yield _bomb(), "a compression bomb"
+        yield _zst(json.dumps(template).encode(), size=False), "a frame that hides its size"
+        yield bomb(), "a zstd frame that states 2 GiB"
 
 
 def forgeries(rng: random.Random, run: str, templates: dict[str, Any],
               batch: int = 0) -> list[Forged]:
-    """Every role's forgeries against ``run`` (and a forged run of the producer's), the bodies
-    drawn from ``templates`` (real records of the run: commit, manifest, checkpoint, sample,
-    input row, resume, pause, bench verdict, index object's decoded JSON, and its count of
-    shards). In a key,
-    ``{shard}`` is a shard past the run's last, ``{part}`` a part number no worker wrote,
-    ``{step}`` a step past every real one, ``{tag}`` an index tag that lists before any random
-    one, ``{stamp}`` a gate stamp that sorts before every real one; each ``batch`` (0 to 8)
-    numbers its keys apart from the others', so that no batch finds its keys taken."""
-    out: list[Forged] = []
-    count = templates["index_count"]
-
-    def add(role: str, key: str, template: str, zst: bool = False, lines: bool = False) -> None:
-        for body, what in bodies(rng, templates[template], zst, lines):
-            n = len(out) + 500 * batch
-            out.append(Forged(role, key.format(
-                shard=f"{100000 + n:06d}", part=f"{5000 + n:04d}", step=f"{900000 + n:06d}",
-                tag=f"{n:08x}", stamp=f"00000000T000000.{n:06d}-000000", run=run), body, what))
-
-    add("producer", "runs/{run}-forged/run.json", "run")   # a run whose run.json is foreign
-    add("producer", "runs/{run}/inputs/shard-{shard}.jsonl.zst", "input_row", True, True)
-    add("producer", "runs/{run}/inputs/_MANIFEST.json", "manifest")   # taken: refused
-    add("producer", "runs/{run}/gates/resume-{stamp}.json", "resume")
-    add("producer", "runs/{run}/bench/unknown-tp1-0123abcd/verdict-{stamp}.json", "bench")
-    add("generate", "runs/{run}/generated/shard-000000/part-{part}.jsonl.zst", "sample", True,
-        True)
-    add("generate", "runs/{run}/rejected/shard-000001/part-{part}.jsonl.zst", "sample", True,
-        True)
-    add("generate", "runs/{run}/generated/shard-{shard}/_COMMIT.json", "commit")
-    add("generate", "runs/{run}/generated/shard-{shard}/part-0000.jsonl.zst", "sample", True,
-        True)
-    add("generate", "runs/{run}/generated/shard-0{part}/_COMMIT.json", "commit")  # 5 digits
-    add("generate", "runs/{run}/gates/pause-{stamp}.json", "pause")
-    add("hidden", "runs/{run}/hidden/shard-{shard}/_COMMIT.json", "commit")
-    add("hidden", "runs/{run}/hidden/shard-{shard}/index.json", "commit")
-    add("train", "runs/{run}/drafter/step-{step}/_COMMIT.json", "checkpoint")
-    add("train", "runs/{run}/drafter/step-{step}/state.pt", "checkpoint")
-    add("train", "runs/{run}/drafter/step-{step}0/_COMMIT.json", "checkpoint")   # 7 digits
-    chunk = "runs/{run}/index/commits/chunk-0000-" + f"{count:03d}"
-    for role in ("producer", "generate", "hidden", "train", "reconciler"):
-        add(role, chunk + "-{tag}.json.zst", "index", True)
-        add(role, chunk + "-{tag}g.json.zst", "index", True)   # 9 characters: no index object
-    rng.shuffle(out)
-    return out
+    """Every role's forgeries against ``run`` (and forged runs), bodies drawn from
+    ``templates`` (real records of the run, by :attr:`Layout.template`; ``index_count``: the
+    real index object's count; ``existing``: the run's real keys by kind). First each body at
+    a key of its own (put once), then, for kinds a writer replaces, bodies put over the keys
+    just written and over the run's real objects of that kind. Each ``batch`` (0 to 8) numbers
+    its keys apart from the others', so that no batch finds its keys taken."""
+    created: list[Forged] = []
+    replaced: list[Forged] = []
+    existing: dict[str, list[str]] = templates.get("existing", {})
+    for n, layout in enumerate(layouts(templates["index_count"])):
+        base = 500 * batch + 20 * n
+        template = templates.get(layout.template, {})
+        for role in writers(layout.key(run, base)):
+            found = list(bodies(rng, layout.family, template))
+            mine = [layout.key(run, base + i) for i in range(len(found))]
+            created += [Forged(role, key, body, what)
+                        for key, (body, what) in zip(mine, found, strict=True)]
+            if layout.replaced:
+                over = sorted(set(mine)) + existing.get(layout.kind.value, [])
+                replaced += [Forged(role, key, body, f"over an object: {what}", True)
+                             for key in over
+                             for body, what in [found[rng.randrange(len(found))]]]
+    for role, pattern, family, name in ALMOST:
+        key = pattern.format(run=run, n=100000 + 500 * batch, count=templates["index_count"])
+        created += [Forged(role, key, body, what)
+                    for body, what in bodies(rng, family, templates.get(name, {}))]
+    rng.shuffle(created)
+    rng.shuffle(replaced)
+    return created + replaced

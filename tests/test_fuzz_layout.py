@@ -1,15 +1,19 @@
-"""No object a stage may write can stop another: a fuzz test of the whole storage layout.
+"""No object a role may write can stop another: a fuzz test of the whole storage layout.
 
 A real run is generated and trained under each role's least-privilege key on moto's server with
 IAM enforced (tests/test_least_privilege.py's). Then, batch by seeded batch, every role writes
-with its own key objects that are no valid record of their key (tests/fuzz_objects.py: not JSON,
-the wrong type at a field, out of range, truncated zstd, a compression bomb that would inflate
-to 2 GiB, an empty body) at keys that parse and keys that almost parse, named so that a reader
-would take them first. After each batch: a reconciler pass over the run completes, a new run
+with its own key, at every kind of key the layout has that its policy lets it write
+(tests/fuzz_objects.py derives the cases from ``common.key_layout`` and docs/policies), every
+body family of that object's format: the wrong type at one field of a real record, JSON of
+another type, not JSON, empty, deep nesting with a lone surrogate, NaN, 4M small rows under
+the cap, a zstd frame stating 2 GiB, truncated zstd, a frame hiding its size, a pickle where a
+tensor file goes, safetensors header bombs; kinds a writer replaces are also written over the
+run's real objects. After each batch: a reconciler pass over the run completes, a new run
 trains to its end beside the forgeries and parks nothing, ``status``, ``report``, ``resume
---dry-run``, ``export-dataset``, ``export-drafter`` and the dashboard's pages answer, the
-committed counts are unchanged, and no process of the stack held more than
-:data:`MEMORY_BOUND` at its peak. Seeds that once failed stay in :data:`REGRESSIONS`.
+--dry-run``, ``export-dataset``, ``export-drafter`` and every dashboard panel answer (HTTP 200),
+the committed counts are unchanged, every worker and its threads live, no pickle ran, and no
+process of the stack held more than :data:`MEMORY_BOUND` at its peak. Seeds that once failed
+stay in :data:`REGRESSIONS`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, Pipeline, RedisServer, wait_until
-from tests.fuzz_objects import forgeries
+from tests.fuzz_objects import PWNED, ROLES, Family, bodies, forgeries, layouts, writers
 from tests.test_least_privilege import IamS3, iam_s3s  # noqa: F401 - the moto IAM fixture
 
 pytestmark = pytest.mark.e2e
@@ -93,7 +97,7 @@ def run_trained(pipeline: Pipeline, s3: IamS3, run: str, rows: int, src: Path) -
 
 
 def templates(storage: Any, run: str) -> dict[str, Any]:
-    """Real records of ``run`` for the forgeries to take apart."""
+    """Real records of ``run`` for the forgeries to take apart, and its real keys by kind."""
     from common import keys
     from common.runs.checkpoints import readable_commits
     from common.runs.records import decode_jsonl_zst
@@ -103,37 +107,55 @@ def templates(storage: Any, run: str) -> dict[str, Any]:
     commit = json.loads(storage.get(commits[0]))
     part = next(p for p in commit["parts"] if "/generated/" in p)
     checkpoint = next(readable_commits(storage, run))[1]
+    existing: dict[str, list[str]] = {}
+    for key in storage.list(f"runs/{run}/"):
+        if (parsed := keys.parse(key)) is not None:
+            existing.setdefault(parsed.kind.value, []).append(key)
     return {
         "run": json.loads(storage.get(keys.run_config(run))),
         "manifest": json.loads(storage.get(keys.inputs_manifest(run))),
         "commit": commit, "checkpoint": checkpoint,
+        "latest": json.loads(storage.get(keys.drafter_latest(run))),
         "sample": decode_jsonl_zst(storage.get(part))[0],
         "input_row": decode_jsonl_zst(storage.get(keys.input_shard(run, 0)))[0],
         "resume": {"accepted": True, "checked": 1, "max_reject_rate": 0.5, "pause_after": 10},
         "pause": {"reason": "forged", "at": 1.0},
+        "failed": {"run": run, "shard": 0, "stage": "generate", "error": "forged", "at": 1.0},
         "bench": {"run": run, "gpu": "unknown", "tp": 1, "engine": "0123abcd",
                   "stamp": "20260101T000000.000000", "rows": [
                       {"mtp": "off", "concurrency": 8, "output_tokens_per_s": 100.0},
                       {"mtp": "on", "concurrency": 8, "output_tokens_per_s": 200.0}]},
         "index": {"v": 2, "run": run, "kind": "commits", "chunk": 0, "shards": {
             str(commit["shard"]): {"etag": "0" * 32, "size": 1, "body": "{}"}}},
-        "index_count": len(commits)}
+        "index_count": len(commits),
+        "existing": {kind: found for kind, found in existing.items() if kind in REPLACED}}
+
+
+REPLACED = ("run-index object", "gate event", "latest checkpoint pointer", "parking record",
+            "bench verdict", "report", "access probe")
+"""Kinds whose real objects the fuzz writes over: what a writer replaces, or derived data; the
+records that hold a run's truth (inputs, parts, commits, checkpoints) are put once by
+docs/policies/aws/put-once.json, and a key that may write them over on MinIO is that stage's."""
 
 
 def write_batch(s3: IamS3, seed: int, batch: int, run: str, found: dict[str, Any],
                 fresh: bool) -> int:
     """The seed's forgeries against ``run``, each put with its role's key (refused ones
-    skipped); how many landed. A ``fresh`` run (not enqueued yet) keeps its manifest's key free:
-    a producer forging its own run's manifest stops only its own enqueue."""
+    skipped); how many landed. A ``fresh`` run (not enqueued yet) keeps its manifest's key free
+    (a producer forging its own run's manifest stops only its own enqueue) and gets no pause
+    records: a pause, readable or not, pauses the run (gates fail closed), which is its
+    purpose; the run beside takes them after it finished."""
     from botocore.exceptions import ClientError
 
-    landed = 0
+    landed, clients = 0, {role: s3.client(role) for role in ROLES}
     for forged in forgeries(random.Random(seed), run, found, batch):
-        if fresh and forged.key.endswith("/inputs/_MANIFEST.json"):
+        if fresh and (forged.key.endswith("/inputs/_MANIFEST.json")
+                      or "/gates/pause-" in forged.key):
             continue
+        once = {} if forged.overwrite else {"IfNoneMatch": "*"}
         try:
-            s3.client(forged.role).put_object(Bucket=s3.bucket, Key=s3.prefix + forged.key,
-                                              Body=forged.body, IfNoneMatch="*")
+            clients[forged.role].put_object(Bucket=s3.bucket, Key=s3.prefix + forged.key,
+                                              Body=forged.body, **once)
             landed += 1
         except ClientError as exc:
             assert exc.response["Error"]["Code"] in ("AccessDenied", "PreconditionFailed"), (
@@ -164,10 +186,26 @@ def check_readers(pipeline: Pipeline, s3: IamS3, run: str, truth: dict[str, Any]
     with running_ui(reader, tmp_path / "ui.log") as ui:
         rows = {r["run"]: r for r in ui.json("/api/runs")["runs"]}
         assert rows[run]["state"] == "done" and "error" not in rows[run]
-        assert "error" in rows[f"{run}-forged"], rows   # the foreign run.json: one row
-        for panel in ("status", "series", "shards", "gates", "engines"):
+        forged = [r for name, r in rows.items() if name.startswith(f"{run}-f")]
+        assert forged and any("error" in r for r in forged), rows   # foreign run.json: a row
+        for panel in PANELS:
             code, _ = ui.get(f"/api/runs/{run}/{panel}")
             assert code == 200, panel
+        assert ui.json("/api/runs")["runs"], "the dashboard stopped answering"
+
+
+PANELS = ("status", "series", "series?live=1", "shards", "gates", "engines")
+
+
+def check_alive(pipeline: Pipeline) -> None:
+    """Every worker process is up and none of their threads died of an exception; no pickle
+    ran its payload."""
+    for worker in pipeline.workers:
+        assert worker.poll() is None, f"worker {worker.pid} exited"
+    for log in pipeline.log_dir.glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert "Exception in thread" not in text, (log.name, text[-3000:])
+    assert not Path(PWNED).exists(), "a forged pickle was loaded"
 
 
 def check_reconciler(s3: IamS3, redis_url: str, runs: list[str]) -> None:
@@ -222,4 +260,29 @@ def test_no_object_a_role_may_write_stops_another(stack: tuple[Pipeline, IamS3],
         run_trained(pipeline, s3, beside, 4, src)   # the trainer trains on, parks nothing
         check_reconciler(s3, pipeline.env["DFLASH_BROKER_URL"], [run, beside])
         check_readers(pipeline, s3, run, truth, tmp_path / f"seed-{seed}")
+        check_alive(pipeline)
         assert peak_rss(pipeline) < MEMORY_BOUND, f"seed {seed}: {peak_rss(pipeline) / GiB:.2f}"
+
+
+def test_every_layout_kind_is_fuzzed() -> None:
+    """The cases come from the layout and the policies: every kind of key has a layout, each
+    parses to its kind, every writer role writes some, each format gets its body families."""
+    from common import keys
+    from common.key_layout import KeyKind
+
+    found = layouts(3)
+    assert {layout.kind for layout in found} == set(KeyKind)
+    for layout in found:
+        parsed = keys.parse(layout.key("fz", 7))
+        assert parsed is not None and parsed.kind is layout.kind, layout
+    written = {role for layout in found for role in writers(layout.key("fz", 7))}
+    assert written == {"producer", "generate", "hidden", "train", "reconciler"}
+    rng = random.Random(0)
+    whats = {family: " | ".join(w for _, w in bodies(rng, family, {"a": [1], "b": 2.0}))
+             for family in Family}
+    for family, needed in ((Family.JSON, ("deep nesting", "NaN", "wrong type")),
+                           (Family.JSONL_ZST, ("many small rows", "states 2 GiB", "truncated")),
+                           (Family.SAFETENSORS, ("header that states", "pickle")),
+                           (Family.TORCH, ("pickle",))):
+        assert all(n in whats[family] for n in needed), (family, whats[family])
+    assert not Path(PWNED).exists()

@@ -96,7 +96,9 @@ def test_hostile_commits_and_pause_records_leave_status_and_the_gates(run, tmp_p
     after = _status(storage, client)
     assert after["shards"]["committed"] == before["shards"]["committed"] == 3
     assert after["samples"]["done"] == before["samples"]["done"]
-    assert after["state"] == before["state"] != "paused" and after["pause"] is None
+    # A pause record that does not read is still a pause: a gate fails closed (issue 65).
+    assert before["state"] != "paused" and after["state"] == "paused"
+    assert after["pause"]["reason"].startswith("unreadable pause record")
     assert foreign_counts() == {"generated": 2, "gates": 2}
     rebuild(client, storage, RUN, GATES)   # the monitor rebuilt from the same storage
     assert _status(storage, client)["shards"]["committed"] == 3
@@ -109,7 +111,7 @@ def test_hostile_redis_values_are_foreign_and_a_pause_fails_closed(run, tmp_path
     rebuild(client, storage, RUN, GATES)
     for name, body in HOSTILE.items():
         forget_foreign()
-        client.set(redis_keys.redis_paused(RUN), body)
+        client.lpush(redis_keys.redis_pauses(RUN), body)
         client.hset(redis_keys.redis_engines(), mapping={"bad:gpu0": body,
                                                          "good:gpu0": '{"url": "http://x"}'})
         client.hset(redis_keys.redis_mtp(RUN), "w1", body)
@@ -145,7 +147,7 @@ class Failing:
     def status(self, run: str) -> dict[str, Any]:
         raise RecursionError("maximum recursion depth exceeded")
 
-    def series(self, run: str) -> dict[str, Any]:
+    def series(self, run: str, live: bool = False) -> dict[str, Any]:
         return {"run": run}
 
 

@@ -92,7 +92,7 @@ def test_degenerate_stream_pauses_before_200_samples_and_survives_a_redis_wipe(e
         if again:
             break
     assert again is not None and (part - 25 + 1) * 8 < 200
-    assert json.loads(client.get(redis_keys.redis_paused("r")))["at"] > pause["at"]
+    assert json.loads(client.lindex(redis_keys.redis_pauses("r"), 0))["at"] > pause["at"]
 
 
 def test_new_threshold_lifts_the_pause_and_sticks(env) -> None:

@@ -21,6 +21,7 @@ from common.queue.redis_keys import lease_is_live
 from common.runs.records import InputManifest, RunConfig, ShardCommit, dumps
 from common.storage import open_storage
 from tests.conftest import RedisServer, wait_until
+from tests.test_commit_proof import hidden_commit_body
 from workers.lease import Lease
 
 TTL = 1.0
@@ -56,7 +57,7 @@ def messages(client: Any, queue: str) -> list[tuple[str, int]]:
 def test_due_unowned_shards_are_queued_once_and_owned_ones_are_left(env) -> None:
     storage, client, app = env
     make_run(storage, client, "r", shards=4, generated={0, 1, 2})
-    storage.put_once(keys.hidden_commit("r", 2), b"{}")       # hidden done: not due
+    storage.put_once(keys.hidden_commit("r", 2), hidden_commit_body("r", 2))   # done: not due
     client.hset(GENERATE.keys("r").parked, keys.shard_name(3), "bad input")
     client.hset(HIDDEN.keys("r").running, keys.shard_name(1), "dead:1:shard-000001")
     with Lease(client, HIDDEN.lease_key("r", 0), redis_keys.lease_owner("live", "1", 0), ttl=30):

@@ -100,12 +100,13 @@ def test_transactions_survive_a_restart(acl_redis: AclRedis) -> None:
     pipe.hset("dflash:r:generate:queued", "shard-000000", "queued 1.0")
     pipe.sadd("dflash:runs", "r")
     pipe.execute()
-    generate.set("dflash:r:paused", "x")
+    generate.lpush("dflash:r:pauses", "x")
     acl_redis.stop()   # kill -9: appendfsync always has written both
     acl_redis.start()
     reader = acl_redis.client("reader")
     assert reader.hgetall("dflash:r:generate:queued") == {"shard-000000": "queued 1.0"}
-    assert reader.smembers("dflash:runs") == {"r"} and reader.get("dflash:r:paused") == "x"
+    assert reader.smembers("dflash:runs") == {"r"}
+    assert reader.lrange("dflash:r:pauses", 0, -1) == ["x"]
     assert "NOPERM" not in (acl_redis.tmp / "redis.log").read_text()
 
 
@@ -123,7 +124,7 @@ def test_each_role_is_refused_what_it_may_not_do(acl_redis: AclRedis, tmp_path: 
         redis.Redis.from_url(acl_redis.url("reader").replace(
             acl_redis.passwords["reader"], "wrong")).ping()
     admin = acl_redis.client("default")
-    admin.set("dflash:r:paused", "x")
+    admin.lpush("dflash:r:pauses", "x")
     assert admin.config_get("appendonly") == {"appendonly": "yes"}
     assert admin.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
 
@@ -135,8 +136,8 @@ def test_each_role_is_refused_what_it_may_not_do(acl_redis: AclRedis, tmp_path: 
         return False
 
     reader = acl_redis.client("reader")
-    assert reader.get("dflash:r:paused") == "x" and reader.llen("generate") == 0
-    for command in (("SET", "dflash:r:paused", "y"), ("DEL", "dflash:r:paused"),
+    assert reader.lindex("dflash:r:pauses", 0) == "x" and reader.llen("generate") == 0
+    for command in (("LPUSH", "dflash:r:pauses", "y"), ("DEL", "dflash:r:pauses"),
                     ("LPUSH", "generate", "m"), ("PUBLISH", "/0.celeryev/x", "m"),
                     ("HSET", "dflash:r:generate:queued", "shard-000000", "x"),
                     ("FLUSHALL",), ("CONFIG", "GET", "*"), ("KEYS", "*")):
@@ -152,8 +153,11 @@ def test_each_role_is_refused_what_it_may_not_do(acl_redis: AclRedis, tmp_path: 
         assert refused(user, "HSET", f"dflash:r:{other}:parked", "shard-000000", "x")
         assert not refused(user, "HSET", f"dflash:r:{other}:queued", "shard-000000", "x")
         assert refused(user, "FLUSHDB") and refused(user, "CONFIG", "SET", "appendonly", "no")
-    assert refused("hidden", "SET", "dflash:r:paused", "x")   # the gates are generate's
-    assert refused("flower", "GET", "dflash:r:paused") and refused("flower", "RPOP", "generate")
+    assert refused("hidden", "LPUSH", "dflash:r:pauses", "x")   # the gates are generate's
+    assert refused("generate", "DEL", "dflash:r:pauses")   # and only the producer lifts a pause
+    assert refused("generate", "SET", "dflash:r:lifted", "1")
+    assert not refused("producer", "SET", "dflash:r:lifted", "0")
+    assert refused("flower", "LLEN", "dflash:r:pauses") and refused("flower", "RPOP", "generate")
     assert refused("producer", "RPOP", "generate")   # it sends tasks, it never takes one
     assert acl_redis.client("producer").lpush("generate", "m")
     # Each refusal is in the ACL LOG, which the end-to-end test reads as "nothing refused".

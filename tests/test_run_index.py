@@ -25,6 +25,7 @@ from producer.status import StatusReader
 from producer.ui.gate_source import stored_gates
 from producer.ui.series import SeriesReader
 from tests import test_run_summary
+from tests.test_commit_proof import hidden_commit_body
 from tests.test_run_summary import GATES, RUN, SHARD, _redis_state, _sample, _stable, _write_run
 from workers.generate.parts import ShardParts
 
@@ -213,7 +214,7 @@ def test_committed_shards_through_the_index_equal_a_listing_of_the_commits(run) 
     assert RunStore(indexed, RUN).committed() == {0, 1, 2, 4}
     for shard in (0, 2):
         indexed.put_once(keys.hidden_part(RUN, shard, 0), b"x")
-    indexed.put_once(keys.hidden_commit(RUN, 2), b"{}")
+    indexed.put_once(keys.hidden_commit(RUN, 2), hidden_commit_body(RUN, 2))
     assert RunStore(indexed, RUN).committed("hidden") == {2}
 
 

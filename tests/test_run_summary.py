@@ -188,7 +188,7 @@ def test_status_and_series_are_the_same_from_summaries_as_from_parts(run) -> Non
         committer = f"w{shard % 2}" if shard < 3 else ""  # a commit names unstamped parts' worker
         entries += [{"shard": shard, **s}
                     for s in part_stats(known, keys.generated_prefix(RUN), committer).values()]
-    series = SeriesReader(storage, RUN).read()
+    series = SeriesReader(storage, RUN).read(live=True)   # uncommitted shards' parts too
     assert {k: v for k, v in series.items() if k not in ("run", "train")} == \
         build_series(entries)
     assert series["totals"]["samples"] == 3 * SHARD + 13

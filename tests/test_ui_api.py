@@ -23,7 +23,7 @@ def test_status_equals_cli_and_series_survive_a_redis_restart(
         seen: list[int] = []
 
         def grew() -> bool:
-            series = ui.json("/api/runs/live/series")
+            series = ui.json("/api/runs/live/series?live=1")   # uncommitted parts too
             assert series["totals"]["samples"] >= (seen[-1] if seen else 0)
             seen.append(series["totals"]["samples"])
             return len({n for n in seen if 0 < n < 32}) >= 2

@@ -53,7 +53,8 @@ def test_series_reads_parts_then_the_commits(tmp_path: Path) -> None:
     part = keys.generated_part(run, 0, 0)
     storage.put_once(part, encode_jsonl_zst([_sample(i, 50, 1000.0) for i in range(4)]))
     reader = SeriesReader(storage, run)
-    live = reader.read()
+    assert reader.read()["totals"]["parts"] == 0   # committed data only, unless asked live
+    live = reader.read(live=True)
     assert live["totals"] == {"parts": 1, "samples": 4, "rejected": 0, "tokens": 200}
     commit = ShardCommit(run, 0, [part], [str(i) for i in range(4)], {}, {}, "w1",
                          part_stats={part: {"worker": "w1", "at": 1000.0, "wall_s": 10.0,
@@ -64,7 +65,7 @@ def test_series_reads_parts_then_the_commits(tmp_path: Path) -> None:
                          part_stats={other: {"worker": "w2", "at": 1100.0, "wall_s": 5.0,
                                              "samples": 4, "rejected": 0, "tokens": 70}})
     storage.put_once(keys.generated_commit(run, 1), dumps(second.to_json()))
-    series = reader.read()
+    series = reader.read(live=True)
     assert reader.parts == {}  # the commit's summary replaced the part read before it
     assert series["totals"] == {"parts": 2, "samples": 8, "rejected": 0, "tokens": 270}
     assert series["samples_done"][-1] == 8

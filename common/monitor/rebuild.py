@@ -5,7 +5,8 @@ with the commits it lacks read directly and the parts of uncommitted shards list
 kept only long enough to add it up (uncommitted shards are summarised from their parts).
 Redis gets the state in pipelines of at
 most :data:`CHUNK` commands, so neither this process nor Redis holds the run at once; the
-``ready`` flag, set last, is what lets workers go on.
+``ready`` flag, set last, is what lets workers go on. The rebuild only ever adds a pause (storage's,
+where Redis has none in force), never removes one: only ``resume`` lifts a pause.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from common import keys
 from common.gates.partstats import EXAMPLE_FIELDS, SampleStat
 from common.queue import redis_keys
 from common.reads import part_getter, rows_or_none
+from common.row_caps import RowCaps
 from common.runs.commit_cache import THREADS, fetch
 from common.runs.index import RunIndex, ScanPlan, shard_total
 from common.runs.index_objects import SUMMARIES
 from common.runs.schemas import SAMPLE
+from common.runs.store import RunStore
 from common.runs.summary import RunSummary, answer_order, shard_summary
 from common.storage import Storage
 
@@ -71,18 +74,21 @@ def shard_summaries(storage: Storage, run: str, threads: int = THREADS,
     """``(shard, summary, committed)`` for every shard with a commit or a part, chunk by chunk
     from the run index (commits carry their summary; uncommitted shards' parts are read)."""
     index = summary_index(storage, run, threads)
+    caps: RowCaps | None = None
     for read in index.scan(plan.total if plan else shard_total(storage, run), plan):
         for shard, summary in sorted(read.entries.items()):
             yield shard, summary, True
         for shard, part_keys in sorted(read.uncommitted_parts().items()):
-            yield shard, _from_parts(storage, part_keys, threads), False
+            caps = caps or RunStore(storage, run).sample_caps
+            yield shard, _from_parts(storage, part_keys, threads, caps), False
 
 
-def _from_parts(storage: Storage, part_keys: list[str], threads: int) -> dict[str, Any]:
+def _from_parts(storage: Storage, part_keys: list[str], threads: int,
+                caps: RowCaps) -> dict[str, Any]:
     """An uncommitted shard's summary from its parts (bounded, typed; a foreign one skipped)."""
     known = {key: [SampleStat.of(s) for s in rows]
              for key, data in fetch(storage, part_keys, threads, get=part_getter(storage))
-             if (rows := rows_or_none(storage, key, SAMPLE, data)) is not None}
+             if (rows := rows_or_none(storage, key, SAMPLE, data, caps)) is not None}
     return shard_summary(known)
 
 
@@ -97,7 +103,7 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
     # UNLINK: a run's answers hash has a million fields; DEL would block Redis while it frees
     client.unlink(redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run),
                   redis_keys.redis_gate_window(run), answers, order,
-                  redis_keys.redis_paused(run), redis_keys.redis_partial(run), *stale)
+                  redis_keys.redis_partial(run), *stale)   # never the pause: only resume lifts
     claim = client.register_script(_CLAIM)
     packed = client.register_script(_CLAIM_PACKED)
     total = RunSummary()
@@ -153,7 +159,7 @@ def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, ac
     counters.update({name: last_resume[name] for name in ("max_reject_rate", "pause_after")
                      if last_resume.get(name) is not None})
     pipe.hset(gates, mapping=counters)
-    if pause is not None:
-        pipe.set(redis_keys.redis_paused(run), json.dumps(pause))
+    if pause is not None:   # storage's pause, added unless Redis has one in force
+        redis_keys.push_pause(client, run, pause)
     pipe.hset(gates, "ready", 1)
     pipe.execute()

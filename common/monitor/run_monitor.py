@@ -6,7 +6,10 @@ and resume decisions are also written to storage (``runs/<run>/gates/``), which 
 ``report`` read (:func:`pause_from_storage`); ``dflash-pipeline resume --run RUN --accept-gates``
 (or new thresholds) lifts a pause (:func:`resume_gates`). When Redis lost the state, one process
 rebuilds it from the commits' summaries (and the parts of uncommitted shards:
-:mod:`common.monitor.rebuild`).
+:mod:`common.monitor.rebuild`). Gates fail closed and only the producer lifts a pause: a pause
+record that does not read is a pause, and in Redis workers only add pause events
+(:func:`redis_keys.push_pause`) while ``resume`` writes the count it lifted
+(:func:`redis_keys.pause_in`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from common.errors import ForeignObject, NotFound, RunPaused
 from common.gates.judge import GateConfig
 from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
 from common.queue import redis_keys
-from common.reads import note, parse_json, read_record, read_value
+from common.queue.redis_values import count_of, share_of
+from common.reads import note, parse_json, read_record
 from common.runs.records import dumps
 from common.runs.schemas import PAUSE, RESUME
 from common.storage import Storage
@@ -62,14 +66,21 @@ class GateState:
         self.client, self.storage, self.run, self.gates = client, storage, run, gates
 
     def thresholds(self) -> Thresholds:
-        rate, after = self.client.hmget(redis_keys.redis_gates(self.run), "max_reject_rate",
-                                        "pause_after")
-        return Thresholds(float(rate) if rate is not None else self.gates.max_reject_rate,
-                          int(after) if after is not None else self.gates.pause_after)
+        """The thresholds in force (a value the gates hash holds that is none: the run's)."""
+        gates = redis_keys.redis_gates(self.run)
+        rate, after = self.client.hmget(gates, "max_reject_rate", "pause_after")
+        return Thresholds(share_of(f"{gates}:max_reject_rate", rate, self.gates.max_reject_rate),
+                          count_of(f"{gates}:pause_after", after, self.gates.pause_after, 1))
+
+    def pause_state(self) -> tuple[int, dict[str, Any] | None]:
+        """The number of pause events in Redis and the pause in force (None: not paused)."""
+        pipe = self.client.pipeline(transaction=False)
+        redis_keys.read_pause(pipe, self.run)
+        events, newest, lifted = pipe.execute()
+        return int(events), redis_keys.pause_in(self.run, int(events), newest, lifted)
 
     def paused(self) -> dict[str, Any] | None:
-        key = redis_keys.redis_paused(self.run)
-        return pause_of(key, self.client.get(key))
+        return self.pause_state()[1]
 
     def ensure_ready(self) -> None:
         """Rebuild the shared state from storage if Redis lost it (one worker does it)."""
@@ -87,19 +98,6 @@ class GateState:
             if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
                 return self.ensure_ready()
             time.sleep(0.2)
-
-
-def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
-    """The pause a Redis value holds (None: not paused); one that does not read as a pause
-    record still counts as one (a gate fails closed), its reason saying why."""
-    if not raw:
-        return None
-    try:
-        pause = read_value(key, raw, PAUSE)
-    except ForeignObject as exc:
-        note(exc)
-        return {"reason": f"unreadable pause record ({exc.why})"}
-    return dict(pause)
 
 
 def examples_of(key: str, raw: list[Any]) -> list[dict[str, Any]]:
@@ -153,8 +151,9 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
 
 def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
     """Pause and resume records as (kind, record), in the order storage wrote them (its own
-    time of each write, ties by key: never a stamp a writer chose); each bounded and typed, a
-    foreign one noted and left out."""
+    time of each write, ties by key: never a stamp a writer chose); each bounded and typed. A
+    foreign resume is noted and left out; a foreign pause is noted and still a pause (a gate
+    fails closed: the generate key may write pauses, only the producer's lifts them)."""
     found = [(obj.modified, obj.key, parsed.name) for obj in
              storage.list_objects(keys.gates_prefix(run))
              if (parsed := keys.parse(obj.key)) is not None
@@ -166,6 +165,8 @@ def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
                                                 PAUSE if kind == "pause" else RESUME)))
         except ForeignObject as exc:
             note(exc)
+            if kind == "pause":
+                events.append((kind, {"reason": f"unreadable pause record ({exc.why})"}))
         except NotFound:
             continue
     return events
@@ -208,7 +209,7 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     """
     monitor = GateState(client, storage, run, gates)
     monitor.ensure_ready()
-    pause = monitor.paused()
+    events, pause = monitor.pause_state()   # a pause added after this read stays in force
     changed = max_reject_rate is not None or pause_after is not None
     if pause and not accept and not changed:
         raise RunPaused(f"run {run} is paused by its quality gates: {pause['reason']}. Look at "
@@ -217,7 +218,8 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     if not pause and not accept and not changed:
         return None
     limits = monitor.thresholds()
-    checked = int(client.hget(redis_keys.redis_gates(run), "checked") or 0)
+    gates_key = redis_keys.redis_gates(run)
+    checked = count_of(f"{gates_key}:checked", client.hget(gates_key, "checked"), 0)
     rate = max_reject_rate if max_reject_rate is not None else limits.max_reject_rate
     after = pause_after or limits.pause_after
     record = {"accepted": accept, "at": time.time(), "checked": checked,
@@ -230,7 +232,7 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     if accept:
         pipe.hset(redis_keys.redis_gates(run), "since", 0)
         pipe.delete(redis_keys.redis_gate_window(run))
-    pipe.delete(redis_keys.redis_paused(run))
+    pipe.set(redis_keys.redis_lifted(run), events)
     pipe.execute()
     log.info("run %s: gates resumed (accept=%s, max_reject_rate=%s, pause_after=%s)", run, accept,
              record["max_reject_rate"], record["pause_after"])

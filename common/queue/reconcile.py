@@ -129,7 +129,9 @@ def plan_run(storage: Storage, client: redis.Redis, run: str) -> RunPlan | None:
     config, manifest = store.config_or_none(), store.manifest()
     if config is None or manifest is None:
         return None
-    plan = RunPlan(run, paused=bool(client.exists(redis_keys.redis_paused(run))))
+    pipe = client.pipeline(transaction=False)
+    redis_keys.read_pause(pipe, run)
+    plan = RunPlan(run, paused=redis_keys.pause_in(run, *pipe.execute()) is not None)
     generated = store.committed("generate")
     if not plan.paused:  # a paused run generates nothing new; `resume --accept-gates` lifts it
         plan.due[GENERATE.name] = set(range(manifest.shards)) - generated

@@ -5,14 +5,18 @@ Redis is transport only: everything here can be rebuilt from storage or is advis
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import MalformedName
+import redis
+
+from common.errors import ForeignObject, MalformedName
 from common.keys import parse_shard_name, shard_name
-from common.reads import value_or_none
-from common.runs.schemas import ENGINE
+from common.reads import note, read_value, value_or_none
+from common.runs.schemas import ENGINE, PAUSE
 
 
 def redis_runs() -> str:
@@ -160,9 +164,79 @@ def redis_answers_order(run: str) -> str:
     return f"dflash:{run}:answers:order"
 
 
-def redis_paused(run: str) -> str:
-    """JSON {reason, examples, at} while the run is paused by its quality gates."""
-    return f"dflash:{run}:paused"
+def redis_pauses(run: str) -> str:
+    """List of the quality gates' JSON pause records {reason, examples, at}, newest first: the
+    generate user may only LPUSH to it (docker/redis/redis.conf), so its length never falls."""
+    return f"dflash:{run}:pauses"
+
+
+def redis_lifted(run: str) -> str:
+    """The length of :func:`redis_pauses` when ``resume`` last lifted a pause (producer only):
+    the run is paused while the list holds more events than this."""
+    return f"dflash:{run}:lifted"
+
+
+PUSH_TRIES = 5   # optimistic tries at adding a pause event before it is added regardless
+_COUNT = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)   # a lift count as resume writes it
+
+
+def read_pause(pipe: Any, run: str) -> None:
+    """Queue on ``pipe`` the three reads whose replies :func:`pause_in` takes."""
+    pipe.llen(redis_pauses(run))
+    pipe.lindex(redis_pauses(run), 0)
+    pipe.get(redis_lifted(run))
+
+
+def pause_in(run: str, events: int, newest: str | bytes | None,
+             lifted: str | bytes | None) -> dict[str, Any] | None:
+    """The pause in force (None: not paused) from :func:`read_pause`'s replies: a pause event
+    the last lift did not count. A gate fails closed: an unreadable newest event or lift count,
+    or a count past the list's end (the list was removed), is a pause too."""
+    text = (lifted.decode(errors="replace") if isinstance(lifted, bytes) else lifted) or "0"
+    if text == str(events):
+        return None
+    count = int(text) if _COUNT.fullmatch(text) else None
+    if count is None or count > events:
+        why = (f"lifted at {count} of {events} pause events" if count is not None
+               else f"a lift count that is no count: {text[:40]!r}")
+        note(ForeignObject(redis_lifted(run), why))
+        return {"reason": f"unreadable pause record ({why})"}
+    return pause_of(redis_pauses(run), newest) or {"reason": "unreadable pause record (empty)"}
+
+
+def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
+    """The pause a Redis value holds (None: no value); one that does not read as a pause
+    record still counts as one (a gate fails closed), its reason saying why."""
+    if not raw:
+        return None
+    try:
+        pause = read_value(key, raw, PAUSE)
+    except ForeignObject as exc:
+        note(exc)
+        return {"reason": f"unreadable pause record ({exc.why})"}
+    return dict(pause)
+
+
+def push_pause(client: redis.Redis, run: str, record: dict[str, Any]) -> bool:
+    """Add ``record`` to the run's pause events unless a pause is in force (the first caller
+    wins: WATCH); the generate user may only add to them, never remove (only ``resume`` lifts)."""
+    names = redis_pauses(run), redis_lifted(run)
+    with client.pipeline(transaction=True) as pipe:
+        for _ in range(PUSH_TRIES):
+            try:
+                pipe.watch(*names)   # type: ignore[no-untyped-call]  # redis-py: unannotated
+                events, newest, lifted = (pipe.llen(names[0]), pipe.lindex(names[0], 0),
+                                          pipe.get(names[1]))
+                if pause_in(run, int(events), newest, lifted) is not None:
+                    return False
+                pipe.multi()
+                pipe.lpush(names[0], json.dumps(record))
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+    client.lpush(names[0], json.dumps(record))   # contended throughout: two events are harmless
+    return True
 
 
 def redis_mtp(run: str) -> str:

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ import zstandard
 from common import keys
 from common.errors import DflashError, ForeignObject, SchemaMismatch, StorageRefused
 from common.reads import decode_json, decode_json_zst
+from common.runs.commit_proof import Bounds, commit_key, prove_commit, run_bounds
 from common.runs.schema import COMMIT_SCHEMA, check_schema
 from common.runs.schemas import GENERATED_COMMIT, INDEX_CHUNK
 from common.storage import LocalStorage, Storage, StoredObject
@@ -50,15 +52,18 @@ def identity_of(found: StoredObject) -> Identity:
     return found.etag, found.size
 
 
-def read_commit(storage: Storage, key: str, data: bytes) -> dict[str, Any]:
-    """A fetched ``_COMMIT.json``, validated (:class:`ForeignObject` if it is not one)."""
+def read_commit(storage: Storage, key: str, data: bytes,
+                bounds: Bounds | None = None) -> dict[str, Any]:
+    """A fetched ``_COMMIT.json``, validated and proven against its run (``bounds``: the run's,
+    looked up where not given; :class:`ForeignObject` if it is not one of its shard's)."""
     commit = decode_json(storage, key, data, GENERATED_COMMIT)
     try:
         check_schema(key, commit, COMMIT_SCHEMA)
     except SchemaMismatch as exc:
         raise ForeignObject(key, str(exc)) from None
-    if keys.commit_shard(key) != commit["shard"]:
-        raise ForeignObject(key, f"it names shard {commit['shard']}")
+    if bounds is None:
+        bounds = run_bounds(storage, commit_key(key, "generated")[0])
+    prove_commit(key, commit, bounds)
     return dict(commit)
 
 
@@ -94,6 +99,12 @@ class Listing:
 
 
 Stored = tuple[str, int, str]   # a commit in an index object: its ETag, size and body
+
+
+def provable(storage: Storage, identities: Iterable[Identity]) -> bool:
+    """True where a reader can prove stored commits of these identities (a local directory, or
+    ETags that are MD5s): elsewhere an index object serves no reader, so none is written."""
+    return isinstance(storage, LocalStorage) or all(_MD5.fullmatch(e) for e, _ in identities)
 
 
 def decode_chunk(storage: Storage, key: str, data: bytes, run: str,

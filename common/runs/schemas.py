@@ -171,14 +171,29 @@ class RunJson(TypedDict):
 
 # --- quality gates, parked shards, checkpoints, hidden states -----------------------------
 
+class PauseWindow(TypedDict):   # what window_stats writes, always all five
+    size: Count
+    rejected: Count
+    limit: Count
+    rate: Share
+    max_reject_rate: Share
+
+
+class GateExample(TypedDict):
+    id: Str
+    reasons: list[Str]
+    details: NotRequired[list[Str]]
+    answer: NotRequired[Str]
+
+
 class PauseRecord(TypedDict):
     reason: Str
-    examples: NotRequired[list[dict[Str, Any]]]
+    examples: NotRequired[list[GateExample]]
     at: NotRequired[Number]
     checked: NotRequired[Count]
     rejected: NotRequired[Count]
     reasons: NotRequired[dict[Str, Count]]
-    window: NotRequired[dict[Str, Any] | None]
+    window: NotRequired[PauseWindow | None]
 
 
 class BenchRowRecord(TypedDict):

@@ -9,15 +9,18 @@ Torch-free, so ``status`` and ``resume`` stay light.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from common import keys
 from common.errors import ForeignObject, NotFound, NotReady, RunNotFound
-from common.reads import note, read_json, read_record, read_rows
+from common.reads import limits_of, note, read_bytes, read_record, read_rows
+from common.row_caps import RowCaps, RowKind, row_caps
 from common.runs.commit_set import committed_shards
+from common.runs.index_objects import read_commit
 from common.runs.records import InputManifest, RunConfig, ShardCommit
-from common.runs.schemas import GENERATED_COMMIT, MANIFEST, RUN_JSON, SAMPLE
+from common.runs.schemas import MANIFEST, RUN_JSON, SAMPLE
 from common.runs.trainrows import TrainingRow, training_rows
 from common.storage import Storage
 
@@ -67,15 +70,15 @@ class RunStore:
 
     def commit(self, shard: int) -> ShardCommit:
         """A shard's generate commit; :class:`NotReady` before it is written,
-        :class:`ForeignObject` where the object there is not one."""
+        :class:`ForeignObject` where the object there is not one of its shard's
+        (:mod:`common.runs.commit_proof`)."""
         key = keys.generated_commit(self.run, shard)
         try:
-            commit = read_json(self.storage, key, GENERATED_COMMIT)
+            data = read_bytes(self.storage, key, limits_of(self.storage).json_bytes)
         except NotFound as exc:
             raise NotReady(f"shard {shard} of run {self.run} is not committed yet") from exc
-        if commit["shard"] != shard or commit["run"] != self.run:
-            raise ForeignObject(key, f"it names run {commit['run']} shard {commit['shard']}")
-        return ShardCommit.from_json(dict(commit))
+        # Proven against the run: its shard's, within the manifest, its own parts only.
+        return ShardCommit.from_json(read_commit(self.storage, key, data))
 
     def committed(self, stage: str = "generate") -> set[int]:
         """Shards whose ``stage`` (generate or hidden) commit exists (see the run index)."""
@@ -97,15 +100,26 @@ class RunStore:
         rows: list[TrainingRow] = []
         for part in sorted({commit.part_of[i] for i in wanted if i in commit.part_of}):
             for sample in self.part_rows(part):
-                if sample["id"] in wanted and commit.part_of[sample["id"]] == part:
+                if sample["id"] in wanted and commit.part_of.get(sample["id"]) == part:
                     rows.extend(training_rows(dict(sample)))
         return rows
+
+    @functools.cached_property
+    def sample_caps(self) -> RowCaps:
+        """The caps on one of the run's parts (:mod:`common.row_caps`), from its run.json; the
+        defaults where that is not there or foreign."""
+        try:
+            config = self.config_or_none()
+        except ForeignObject as exc:
+            note(exc)
+            config = None
+        return row_caps(RowKind.SAMPLES, config, limits_of(self.storage))
 
     def part_rows(self, part: str) -> list[Any]:
         """A part's samples, bounded and typed; none where the part is foreign (noted: its
         samples are missing, never a reader's failure)."""
         try:
-            return read_rows(self.storage, part, SAMPLE)
+            return read_rows(self.storage, part, SAMPLE, self.sample_caps)
         except ForeignObject as exc:
             note(exc)
             return []

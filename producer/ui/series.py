@@ -1,9 +1,10 @@
 """A run's history as time series, from storage alone: ``GET /api/runs/<run>/series``.
 
-Committed shards give one summary per part in their ``_COMMIT.json`` (``part_stats``); parts
-of uncommitted shards are read once each (they are put-once); training metrics come from the
-drafter checkpoints' commits. Nothing here reads Redis, so a Redis or dashboard restart loses no
-history.
+Committed shards give one summary per part in their ``_COMMIT.json`` (``part_stats``); asked for
+live parts (``?live=1``), parts of uncommitted shards are read once each (they are put-once),
+streamed and capped by what an honest part of the run holds (:mod:`common.row_caps`); training
+metrics come from the drafter checkpoints' commits. Nothing here reads Redis, so a Redis or
+dashboard restart loses no history.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Any
 from common import keys
 from common.errors import ForeignObject, NotFound
 from common.gates.partstats import SampleStat, part_stats
-from common.reads import note, parse_json, part_getter, read_record, rows_or_none
+from common.reads import limits_of, note, parse_json, part_getter, read_record, stream_rows
+from common.row_caps import RowCaps, RowKind, row_caps
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.index import RunIndex, manifest_shards, shard_total
+from common.runs.records import RunConfig
 from common.runs.schemas import CHECKPOINT_COMMIT, SAMPLE
+from common.runs.store import RunStore
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -41,24 +45,27 @@ class SeriesReader:
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     index: RunIndex | None = None  # the run index's digests (shared with the dashboard's status)
     total: int = 0  # the run's shard count, once the manifest gave it
-    built: tuple[tuple[int, int], dict[str, Any]] | None = None
+    built: tuple[tuple[int, int, bool], dict[str, Any]] | None = None
+    caps: RowCaps | None = None  # what a part of this run can hold, once run.json gave it
 
-    def read(self) -> dict[str, Any]:
-        entries = self._entries()
+    def read(self, live: bool = False) -> dict[str, Any]:
+        """The series of committed shards; ``live``: with the parts of uncommitted ones."""
+        entries = self._entries(live)
         # Commits only add up and a new part adds an entry: the same counts, the same series.
-        seen = (len(self.committed), len(entries))
+        seen = (len(self.committed), len(entries), live)
         if self.built is None or self.built[0] != seen:
             self.built = (seen, build_series(entries))
         return {"run": self.run, **self.built[1], "train": self._train()}
 
-    def _entries(self) -> list[dict[str, Any]]:
+    def _entries(self, live: bool) -> list[dict[str, Any]]:
         """One entry per part: shard, worker, at, wall_s, samples, rejected, tokens."""
         generated = keys.generated_prefix(self.run)
         self.index = self.index or RunIndex(self.storage, self.run, rejected=True)
         found: dict[int, list[str]] = {}
         self.total = self.total or manifest_shards(self.storage, self.run) or 0
         for read in self.index.scan(self.total or shard_total(self.storage, self.run)):
-            found.update(read.uncommitted_parts())
+            if live:
+                found.update(read.uncommitted_parts())
         for chunk in self.index.entries.values():
             for shard, entry in chunk.items():
                 if shard not in self.committed:
@@ -69,13 +76,31 @@ class SeriesReader:
         missing = [key for part_keys in found.values() for key in part_keys
                    if key not in self.parts]
         for key, data in fetch(self.storage, missing, get=part_getter(self.storage)):
-            rows = rows_or_none(self.storage, key, SAMPLE, data)   # a foreign part: no samples
-            self.parts[key] = [SampleStat.of(s) for s in rows or []]
+            self.parts[key] = self._part(key, data)
         for shard, part_keys in found.items():
             known = {k: self.parts[k] for k in part_keys}
             entries += [{"shard": shard, **stats}
                         for stats in part_stats(known, generated).values()]
         return entries
+
+    def _part(self, key: str, data: bytes) -> list[SampleStat]:
+        """An uncommitted part's samples as they stream in, capped; a foreign one has none."""
+        if self.caps is None:
+            self.caps = row_caps(RowKind.SAMPLES, self._config(), limits_of(self.storage))
+        try:
+            return [SampleStat.of(s) for s in stream_rows(key, data, SAMPLE, self.caps)]
+        except ForeignObject as exc:
+            note(exc)
+            log.info("run %s: part %s left out of the series", self.run, key)
+            return []
+
+    def _config(self) -> RunConfig | None:
+        """run.json, or None where it is missing or foreign (noted): the default caps apply."""
+        try:
+            return RunStore(self.storage, self.run).config_or_none()
+        except ForeignObject as exc:
+            note(exc)
+            return None
 
     def _train(self) -> dict[str, list[Any]]:
         """Numeric metrics of every drafter checkpoint over steps (the newest per step)."""

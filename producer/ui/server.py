@@ -1,9 +1,9 @@
 """The dashboard's aiohttp app: two pages, static files and the JSON API behind every panel.
 
 ``/`` lists the runs, ``/runs/<run>`` is one run's page; ``/api/runs``,
-``/api/runs/<run>/status`` (exactly ``status --json``), ``.../series``, ``.../shards``,
-``.../engines`` and ``.../gates`` feed them. With ``auth`` (``user:password``) every request
-needs HTTP basic auth. Start it with ``dflash-pipeline ui``.
+``/api/runs/<run>/status`` (exactly ``status --json``), ``.../series`` (``?live=1``: with
+uncommitted parts), ``.../shards``, ``.../engines`` and ``.../gates`` feed them. With ``auth``
+(``user:password``) every request needs HTTP basic auth. Start it with ``dflash-pipeline ui``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ VIEWS: web.AppKey[Views] = web.AppKey("views", Views)
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 NETWORKS: web.AppKey[list[IPNetwork]] = web.AppKey("engine_networks", list)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LIVE = ("1", "true", "yes")   # ?live=...: the series reads uncommitted parts too
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -84,6 +85,13 @@ def _view(method: str) -> Handler:
         return _json(await asyncio.to_thread(getattr(views, method), request.match_info["run"]))
 
     return handle
+
+
+async def series(request: web.Request) -> web.Response:
+    """The series panel: committed shards, with uncommitted parts asked by ``?live=1``."""
+    live = request.query.get("live", "") in LIVE
+    run = request.match_info["run"]
+    return _json(await asyncio.to_thread(request.app[VIEWS].series, run, live))
 
 
 def panel(name: str, handler: Handler) -> Handler:
@@ -207,8 +215,9 @@ def make_app(views: Views, auth: str = "",
     app.router.add_get("/", index_page)
     app.router.add_get("/runs/{run}", run_page)
     app.router.add_get("/api/runs", run_list)
-    for name in ("status", "series", "shards", "gates"):
+    for name in ("status", "shards", "gates"):
         app.router.add_get(f"/api/runs/{{run}}/{name}", panel(name, _view(name)))
+    app.router.add_get("/api/runs/{run}/series", panel("series", series))
     app.router.add_get("/api/runs/{run}/engines", panel("engines", engines))
     app.router.add_static("/static/", STATIC)
     return app

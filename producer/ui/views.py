@@ -19,6 +19,7 @@ from common import keys
 from common.errors import NotFound, RunNotFound
 from common.monitor.run_monitor import examples_of
 from common.queue import redis_keys
+from common.queue.redis_values import count_of, field_key
 from common.runs.index import RunIndex
 from common.runs.store import RunStore
 from common.storage import Storage
@@ -121,11 +122,12 @@ class Views:
     def recent_status(self, run: str) -> RunStatus:
         return self.status(run, STATUS_REUSE_S)
 
-    def series(self, run: str) -> dict[str, Any]:
+    def series(self, run: str, live: bool = False) -> dict[str, Any]:
+        """The run's series from its commits; ``live``: with its uncommitted parts, capped."""
         view = self.view(run)
         with view.lock:
             if view.status.storage.exists(keys.run_config(run)):
-                return view.series.read()
+                return view.series.read(live)
         raise RunStore(self.storage, run).missing()
 
     def shards(self, run: str) -> dict[str, Any]:
@@ -150,8 +152,8 @@ class Views:
         window, source, reachable = status["gates"]["window"], "live", True
         try:
             if status["redis"]["monitor_ready"]:
-                hist.update({int(k): int(v) for k, v in
-                             self.client.hgetall(redis_keys.redis_gate_hist(run)).items()})
+                hist.update(histogram(redis_keys.redis_gate_hist(run),
+                                      self.client.hgetall(redis_keys.redis_gate_hist(run))))
                 for reason in status["gates"]["reasons"]:
                     key = redis_keys.redis_gate_examples(run, reason)
                     examples[reason] = examples_of(key, self.client.lrange(key, 0, 2))
@@ -168,3 +170,15 @@ class Views:
                 "max_reject_rate": config.gates.max_reject_rate,
                 "pause_after": config.gates.pause_after, "examples": examples,
                 "resume_command": resume_command(run)}
+
+
+def histogram(key: str, found: dict[Any, Any]) -> dict[int, int]:
+    """The supervised-token histogram (a Redis hash, tokens -> samples): a field or value that
+    is no count is noted and left out."""
+    counts = {}
+    for tokens, value in found.items():
+        where = field_key(key, str(tokens))
+        bucket, count = count_of(where, tokens, -1), count_of(where, value, -1)
+        if bucket >= 0 and count >= 0:
+            counts[bucket] = count
+    return counts

@@ -10,7 +10,6 @@ CLI reads it).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -26,10 +25,10 @@ from common.monitor.run_monitor import (
     Thresholds,
     count_samples,
     examples_of,
-    pause_of,
     stamp,
 )
 from common.queue import redis_keys
+from common.queue.redis_values import count_of
 from common.runs.records import dumps
 
 log = logging.getLogger(__name__)
@@ -96,19 +95,23 @@ class RunMonitor(GateState):
         count_samples(pipe, self.run, samples, limits.pause_after)
         pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
         pipe.hget(redis_keys.redis_gates(self.run), "since")
-        pipe.get(redis_keys.redis_paused(self.run))
-        *_, window, since, paused = pipe.execute()
+        redis_keys.read_pause(pipe, self.run)
+        *_, window, since, events, newest, lifted = pipe.execute()
+        paused = redis_keys.pause_in(self.run, int(events), newest, lifted)
         if paused:
-            return pause_of(redis_keys.redis_paused(self.run), paused)
-        outcomes = [int(x) for x in window]
-        reason = pause_reason(outcomes, int(since or 0), limits.max_reject_rate,
-                              limits.pause_after)
+            return paused
+        gates = redis_keys.redis_gates(self.run)
+        outcomes = [0 if x in ("0", b"0") else 1 for x in window]   # else: a rejection
+        reason = pause_reason(outcomes, count_of(f"{gates}:since", since, 0),
+                              limits.max_reject_rate, limits.pause_after)
         return self.pause(reason, window_stats(outcomes, limits)) if reason else None
 
     def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
         """Pause the run (first caller wins) and record why, with examples, in storage."""
-        stats = cast(dict[str, str], self.client.hgetall(redis_keys.redis_gates(self.run)))
-        reasons = {k.split(":", 1)[1]: int(v) for k, v in stats.items() if k.startswith("reason:")}
+        gates = redis_keys.redis_gates(self.run)
+        stats = cast(dict[str, str], self.client.hgetall(gates))
+        reasons = {k.split(":", 1)[1]: count_of(f"{gates}:{k}", v, 0) for k, v in stats.items()
+                   if k.startswith("reason:")}
         top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
         examples: list[dict[str, Any]] = []
         for name, _ in Counter(reasons).most_common():
@@ -117,10 +120,11 @@ class RunMonitor(GateState):
                          if x["id"] not in {e["id"] for e in examples}]
         record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
                   "examples": examples[:EXAMPLES], "at": time.time(),
-                  "checked": int(stats.get("checked", 0)),
-                  "rejected": int(stats.get("rejected", 0)), "reasons": reasons,
+                  "checked": count_of(f"{gates}:checked", stats.get("checked"), 0),
+                  "rejected": count_of(f"{gates}:rejected", stats.get("rejected"), 0),
+                  "reasons": reasons,
                   "window": window}
-        if self.client.set(redis_keys.redis_paused(self.run), json.dumps(record), nx=True):
+        if redis_keys.push_pause(self.client, self.run, record):
             log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
             self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))
             return record

@@ -20,6 +20,7 @@ from common import keys
 from common.errors import StorageError
 from common.gates.partstats import SampleStat, part_stats, written_stamp
 from common.reads import rows_or_none
+from common.row_caps import RowCaps
 from common.runs.index_extend import index_after_commit
 from common.runs.records import ShardCommit, ShardTask, dumps, encode_jsonl_zst
 from common.runs.schemas import SAMPLE
@@ -40,6 +41,7 @@ class ShardParts:
     storage: Storage
     task: ShardTask
     known: dict[str, list[SampleStat]] = field(default_factory=dict)
+    cap: RowCaps | None = None   # what a part of the run holds (None: the read defaults)
 
     def refresh(self) -> None:
         """Read every part written so far that this object has not seen yet."""
@@ -49,7 +51,7 @@ class ShardParts:
             for key in self.storage.list(prefix):
                 if keys.part_number(key) is not None and key not in self.known:
                     # A foreign part (noted) holds no sample: its number stays taken.
-                    samples = rows_or_none(self.storage, key, SAMPLE) or []
+                    samples = rows_or_none(self.storage, key, SAMPLE, cap=self.cap) or []
                     self.known[key] = [SampleStat.of(s) for s in samples]
 
     @property

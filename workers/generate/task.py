@@ -21,7 +21,8 @@ from common.engine.models import template_sha
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.queue import redis_keys
 from common.queue.celery_app import TASK_GENERATE, app
-from common.reads import read_rows
+from common.reads import limits_of, read_rows
+from common.row_caps import RowKind, row_caps
 from common.runs.records import RunConfig, ShardTask, TaskOutcome
 from common.runs.schemas import INPUT_ROW
 from common.runs.store import RunStore
@@ -73,8 +74,9 @@ def generate_rows(delivery: Delivery, lease: Any, gen: GenerateContext, engine: 
     ctx, task, worker = delivery.ctx, delivery.task, delivery.worker
     check_template(engine, config)
     speculative.check_lossless(engine, config.sampling, task.run)
-    rows = load_input_shard(ctx, task)
-    parts = ShardParts(ctx.storage, task)
+    rows = load_input_shard(ctx, task, config)
+    parts = ShardParts(ctx.storage, task,
+                       cap=row_caps(RowKind.SAMPLES, config, limits_of(ctx.storage)))
     parts.refresh()
     done = parts.done_ids
     todo = [row for row in rows if row["id"] not in done]
@@ -112,10 +114,13 @@ def check_template(engine: Engine, config: RunConfig) -> None:
                           f"{config.chat_template_sha}, this worker's model has {mine}")
 
 
-def load_input_shard(ctx: WorkerContext, task: ShardTask) -> list[dict[str, Any]]:
-    # Bounded and typed: an input shard that is not one parks this shard, naming it.
+def load_input_shard(ctx: WorkerContext, task: ShardTask,
+                     config: RunConfig | None = None) -> list[dict[str, Any]]:
+    # Bounded (by what a shard of the run holds) and typed: an input shard that is not one
+    # parks this shard, naming it.
+    cap = row_caps(RowKind.INPUT, config, limits_of(ctx.storage))
     return [dict(row) for row in read_rows(ctx.storage, keys.input_shard(task.run, task.shard),
-                                            INPUT_ROW)]
+                                            INPUT_ROW, cap)]
 
 
 def hand_off(delivery: Delivery) -> None:

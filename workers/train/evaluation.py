@@ -23,7 +23,8 @@ from common import keys
 from common.engine.models import render_chat
 from common.engine.sampling import Sampling
 from common.faults import inject
-from common.reads import rows_or_none
+from common.reads import limits_of, rows_or_none
+from common.row_caps import RowKind, row_caps
 from common.runs.records import InputManifest, RunConfig
 from common.runs.schemas import INPUT_ROW
 from common.storage import Storage
@@ -89,8 +90,10 @@ def heldout_prompts(storage: Storage, config: RunConfig, manifest: InputManifest
     wanted: dict[int, set[str]] = {}
     for sample_id, shard in manifest.heldout[:num]:
         wanted.setdefault(int(shard), set()).add(str(sample_id))
+    cap = row_caps(RowKind.INPUT, config, limits_of(storage))   # what a shard of it holds
     rows = (row for shard in sorted(wanted)
-            for row in rows_or_none(storage, keys.input_shard(config.run, shard), INPUT_ROW) or []
+            for row in rows_or_none(storage, keys.input_shard(config.run, shard), INPUT_ROW,
+                                    cap=cap) or []
             if row["id"] in wanted[shard])
     return row_prompts(rows, tokenizer, config.sampling, num,
                        config.chat_template_kwargs)

@@ -322,20 +322,25 @@ function renderGates(gates) {
   if (!container.childElementCount) container.append(el("p", { class: "muted" }, "no rejections"));
 }
 
+let lastRunState = null;   // the run's state at the last refresh
+
 async function refreshRun() {
   // Each panel on its own: one that fails (its API answers its error) is named in the banner
   // and keeps its last figures, while every other panel renders.
   const base = `/api/runs/${encodeURIComponent(RUN)}`;
+  // Until the run is done, the series shows its uncommitted parts too (read capped).
+  const series = lastRunState === "done" ? "series" : "series?live=1";
   const panels = [["status", renderStatus], ["shards", renderShards],
-    ["engines", renderEngines], ["gates", renderGates], ["series", renderSeries]];
+    ["engines", renderEngines], ["gates", renderGates], [series, renderSeries]];
   const answers = await Promise.allSettled(panels.map(([p]) => getJSON(`${base}/${p}`)));
+  if (answers[0].status === "fulfilled") lastRunState = answers[0].value.state;
   const failed = [];
   panels.forEach(([name, render], i) => {
     try {
       if (answers[i].status === "rejected") throw answers[i].reason;
       render(answers[i].value);
     } catch (error) {
-      failed.push(`${name}: ${error.message || error}`);
+      failed.push(`${name.split("?")[0]}: ${error.message || error}`);
     }
   });
   if (failed.length) throw new Error(failed.join("; "));
