@@ -26,6 +26,8 @@ from common.errors import ConfigError, InputError
 from common.inputs.layouts import FORMATS
 from common.inputs.sources import is_glob
 from common.inputs.templates import template_fields
+from common.queue.celery_app import TRAIN
+from common.queue.redis_values import count_of, field_key
 from common.runs.options import RunOptions, as_given
 from common.runs.records import RunConfig, RunState
 from common.storage import Storage
@@ -210,7 +212,8 @@ def render_status(status: RunStatus) -> str:
                          f"accuracy {train.get('slot1_accuracy')}, {tau} (training estimate "
                          f"{train.get('acceptance_length')}), {train.get('tokens_per_s')} tok/s"
                          + (f" on {train['ranks']} ranks, {train.get('hosts', 1)} host(s)"
-                            if int(train.get("ranks") or 1) > 1 else ""))
+                            if count_of(field_key(TRAIN.keys(status["run"]).metrics, "ranks"),
+                                        train.get("ranks"), 1) > 1 else ""))
             if hours := epoch_hours_line(train):
                 lines.append(hours)
         aside = down.get("rows_set_aside") or {}

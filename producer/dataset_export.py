@@ -31,16 +31,16 @@ import click
 from common import keys
 from common.cli import command_option, common_options
 from common.config import Settings
-from common.errors import ConfigError
+from common.errors import ConfigError, ForeignObject
 from common.faults import inject
-from common.reads import part_getter, rows_or_none
+from common.reads import note, part_getter, rows_or_none
 from common.runs.commit_cache import fetch, read_commits
 from common.runs.records import ShardCommit, dumps
 from common.runs.schemas import SAMPLE, Sample
 from common.runs.splits import is_heldout
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
-from producer.export_formats import EXTENSIONS, FORMATS, FileWriter, rows_of
+from producer.export_formats import EXTENSIONS, FORMATS, FileWriter, rows_of, unexportable
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
     seen: Counter[str] = Counter()
     writers: dict[str, _Split] = {}
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
-        for sample in _samples(source, order, progress):
+        for sample in _samples(source, order, progress, options.format):
             split = split_of(sample["id"], options, held)
             index = seen[split] // options.shard_rows
             seen[split] += 1
@@ -172,9 +172,9 @@ def _finished(out: Storage, options: ExportOptions, committed: list[int]
 
 
 def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
-             progress: Any) -> Iterator[Sample]:
+             progress: Any, fmt: str) -> Iterator[Sample]:
     """The canonical samples in the planned order, reading each shard's parts once (a bounded
-    pool reads ahead, in order)."""
+    pool reads ahead, in order); one that has no row in ``fmt`` is noted, not exported."""
     plan = [(commit, ids, sorted({commit.part_of[i] for i in ids if i in commit.part_of}))
             for commit, ids in order]   # proven commits: their own shard's parts only
     fetched = fetch(storage, [part for _, _, parts in plan for part in parts],
@@ -185,8 +185,12 @@ def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
         found: dict[str, Sample] = {}
         for part, data in itertools.islice(fetched, len(parts)):
             for sample in rows_or_none(storage, part, SAMPLE, data, caps) or []:
-                if sample["id"] in wanted and commit.part_of.get(sample["id"]) == part:
-                    found[sample["id"]] = sample
+                if sample["id"] not in wanted or commit.part_of.get(sample["id"]) != part:
+                    continue
+                if why := unexportable(sample, fmt):
+                    note(ForeignObject(part, f"sample {sample['id'][:80]!r}: {why}"))
+                    continue
+                found[sample["id"]] = sample
         missing = [i for i in ids if i not in found]
         if missing:   # a foreign part (noted), or none named: its samples cannot be exported
             log.warning("run %s shard %d: %d samples not exported: their part is foreign or "

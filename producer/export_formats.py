@@ -30,12 +30,36 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from common.runs.trainrows import training_rows, turns_of
+from common.runs.trainrows import has_token_ids, training_rows, turns_of
 
 FORMATS = ("parquet", "specforge", "messages", "speculators")
 EXTENSIONS = {"parquet": "parquet", "specforge": "jsonl", "messages": "jsonl",
               "speculators": "jsonl"}
 PARQUET_ROW_GROUP = 1000
+
+
+def unexportable(sample: Mapping[str, Any], fmt: str) -> str | None:
+    """Why a (schema-valid) sample has no row in ``fmt``; None where it has: a part's schema
+    lets a sample leave out what one format or another is made of."""
+    if fmt in ("parquet", "speculators") and not has_token_ids(sample):
+        return "no token ids"
+    if fmt == "speculators":   # token ids only
+        return None
+    messages = sample.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m.get("role"), str)
+                                                 for m in messages):
+        return "no messages, or one with no role"
+    if fmt == "parquet":
+        if any(not isinstance(m.get(f), str | None) for m in messages
+               for f in ("content", "reasoning_content")):
+            return "a message's text that is no text"
+        if not isinstance(sample.get("thinking"), bool | None):
+            return "a thinking mode that is no bool"
+        try:   # Arrow takes UTF-8 only; the JSON lines formats escape a lone surrogate
+            json.dumps(sample, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return "text that UTF-8 cannot hold"
+    return None
 
 
 def messages_of(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -137,7 +161,12 @@ class FileWriter:
     def add(self, row: dict[str, Any]) -> None:
         self.rows += 1
         if self.fmt != "parquet":
-            self._lines.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
+            text = json.dumps(row, ensure_ascii=False)
+            try:
+                line = text.encode()
+            except UnicodeEncodeError:   # a lone surrogate: written escaped, as stored
+                line = json.dumps(row).encode()
+            self._lines.write(line + b"\n")
             return
         self._pending.append(row)
         if len(self._pending) >= PARQUET_ROW_GROUP:

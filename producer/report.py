@@ -27,6 +27,7 @@ from common.config import Settings
 from common.errors import ConfigError, StorageRefused
 from common.gates.partstats import turn_counts
 from common.monitor.run_monitor import pause_from_storage
+from common.queue.redis_values import field_key, number_of
 from common.reads import part_getter, rows_or_none
 from common.runs.commit_cache import fetch
 from common.runs.schemas import SAMPLE
@@ -182,12 +183,12 @@ def drafter_history(storage: Storage, run: str) -> list[dict[str, Any]]:
     """Per checkpoint: step, loss, measured tau and the training estimate (online runs)."""
     from common.runs.checkpoints import metrics_history
 
-    def number(value: Any) -> float | None:
-        return float(value) if value not in (None, "") else None
+    def number(m: dict[str, Any], name: str) -> float | None:
+        """A metric the trainer recorded; one that is no finite number is noted, and absent."""
+        return number_of(field_key(keys.drafter_prefix(run), f"metrics.{name}"), m.get(name))
 
-    return [{"step": m["step"], "loss": number(m.get("loss")), "tau": number(m.get("tau")),
-             "tau_step": number(m.get("tau_step")),
-             "estimate": number(m.get("acceptance_length"))}
+    return [{"step": m["step"], "loss": number(m, "loss"), "tau": number(m, "tau"),
+             "tau_step": number(m, "tau_step"), "estimate": number(m, "acceptance_length")}
             for m in metrics_history(storage, run)]
 
 

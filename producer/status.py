@@ -199,7 +199,7 @@ class StatusReader:
         if not train:   # Redis lost its record: the newest checkpoint's metrics
             train = dict(latest_metrics(self.storage, self.run))
         ledger = read_ledger(self.storage, self.run)
-        train.update(training_progress(train, ledger, config.epochs))
+        train.update(training_progress(train, ledger, config.epochs, TRAIN.keys(self.run).metrics))
         # Steps retried out of memory: the live count, else the newest checkpoint's.
         train["oom_retries"] = _count(train.get("oom_retries"), ledger.oom_retries)
         for name in ("slot_accuracy", "tau_per_position"):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.queue.reconcile import StageView
+from common.queue.redis_values import field_key, number_of
 from common.runs.records import RunState
 
 RATE_WINDOW_S = 120.0
@@ -80,12 +81,14 @@ def _state(enqueued: bool, total: int, committed: int, parked: int, running: int
     return RunState.PENDING
 
 
-def training_progress(train: dict[str, Any], ledger: Any, epochs: int) -> dict[str, Any]:
+def training_progress(train: dict[str, Any], ledger: Any, epochs: int,
+                      key: str = "train metrics") -> dict[str, Any]:
     """The trainer's epoch, schedule and learning rate as numbers: the ledger (storage) for
-    what it holds, the live metrics record for the rest (``status --json`` contract)."""
+    what it holds, the live metrics record (``key``: where it was read) for the rest
+    (``status --json`` contract); a value that is no finite number is noted and absent."""
     def number(name: str, kind: type) -> Any:
-        value = train.get(name)
-        return kind(float(value)) if value not in (None, "") else None
+        value = number_of(field_key(key, name), train.get(name))
+        return kind(value) if value is not None else None
 
     step = number("step", int)
     return {"epoch": number("epoch", int) or min(ledger.epoch + 1, epochs), "epochs": epochs,

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -134,10 +134,13 @@ class HiddenIndex:
     def from_json(cls, data: dict[str, Any]) -> HiddenIndex:
         check_schema(f"runs/{data.get('run')}/hidden/shard {data.get('shard')} index", data,
                      COMMIT_SCHEMA)
-        parts = [HiddenPart(**p) for p in data["parts"]]
+        # The fields a part and an index have, no others (a record's schema lets extra ones
+        # through: a key naming none of ours is no TypeError here).
+        parts = [HiddenPart(**{n: p[n] for n in PART_FIELDS}) for p in data["parts"]]
         names = ("run", "shard", "layout", "layer_ids", "hidden_size", "num_layers", "dtype",
-                 "model", "format", "schema")
-        return cls(**{n: data[n] for n in names}, parts=parts)
+                 "model", "schema")
+        return cls(**{n: data[n] for n in names}, parts=parts,
+                   format=data.get("format", FORMAT))
 
 
 def check_record(record: HiddenRecord, meta: HiddenMeta, finite: bool = True) -> None:
@@ -267,6 +270,9 @@ class HiddenShardWriter:
         existing = read_hidden_index(self.storage, self.run, self.shard)
         assert existing is not None  # put_once said it exists
         return existing
+
+
+PART_FIELDS = tuple(f.name for f in fields(HiddenPart))
 
 
 def _read_index(storage: Storage, key: str) -> HiddenIndex | None:

@@ -21,7 +21,7 @@ from common.runs.commit_set import committed_shards
 from common.runs.index_objects import read_commit
 from common.runs.records import InputManifest, RunConfig, ShardCommit
 from common.runs.schemas import MANIFEST, RUN_JSON, SAMPLE
-from common.runs.trainrows import TrainingRow, training_rows
+from common.runs.trainrows import TrainingRow, has_token_ids, training_rows
 from common.storage import Storage
 
 
@@ -100,8 +100,12 @@ class RunStore:
         rows: list[TrainingRow] = []
         for part in sorted({commit.part_of[i] for i in wanted if i in commit.part_of}):
             for sample in self.part_rows(part):
-                if sample["id"] in wanted and commit.part_of.get(sample["id"]) == part:
-                    rows.extend(training_rows(dict(sample)))
+                if sample["id"] not in wanted or commit.part_of.get(sample["id"]) != part:
+                    continue
+                if not has_token_ids(sample):   # schema-valid, yet nothing to train on
+                    note(ForeignObject(part, f"sample {sample['id'][:80]!r} has no token ids"))
+                    continue
+                rows.extend(training_rows(dict(sample)))
         return rows
 
     @functools.cached_property

@@ -33,6 +33,12 @@ class TrainingRow:
         return len(self.input_ids) - self.supervised_tokens
 
 
+def has_token_ids(sample: Mapping[str, Any]) -> bool:
+    """Whether a sample records the token ids its rows are made of (a part's schema lets one
+    hold its messages only: such a sample trains nothing)."""
+    return bool(sample.get("turns")) or ("prompt_ids" in sample and "output_ids" in sample)
+
+
 def turns_of(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A sample's per-turn request records (single-turn records carry one)."""
     turns: list[dict[str, Any]] | None = sample.get("turns")
