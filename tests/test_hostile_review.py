@@ -155,3 +155,21 @@ def test_checkpoint_metrics_that_are_no_numbers_report(run: Any, tmp_path: Path)
     assert drafter_history(storage, RUN) == [
         {"step": 5, "loss": None, "tau": None, "tau_step": None, "estimate": 2.5}]
     assert foreign_counts() == {"drafter": 3}
+
+
+def test_an_export_reports_only_the_files_its_exportable_samples_fill(
+        run: Any, tmp_path: Path) -> None:
+    """Files planned from the commits' ids for samples that prove unexportable are never
+    written: the report names the files there are (it used to ask storage for the others)."""
+    _, storage = _storage(run, tmp_path)
+    part = _part(storage, 3, 90, [{"id": "3-0", "messages": ROLES, "prompt_ids": [1],
+                                   "output_ids": [2]}])
+    assert storage.put_once(keys.generated_commit(RUN, 3), dumps({
+        "run": RUN, "shard": 3, "parts": [part], "sample_ids": ["3-0"],
+        "part_of": {"3-0": part}, "stats": {"samples": 1}, "worker": "w", "schema": 1}))
+    out = LocalStorage(str(tmp_path / "pq"))
+    report = export_dataset(storage, out, ExportOptions(run=RUN, format="parquet",
+                                                        shard_rows=10))
+    assert report.samples == {"train": 1}   # the run's other samples hold no token ids
+    assert report.files == [key for key in report.files if out.exists(key)] != []
+    assert len(report.files) == 1 and report.bytes == out.size(report.files[0])
