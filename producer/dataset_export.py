@@ -148,7 +148,8 @@ def export_dataset(source: Storage, out: Storage, options: ExportOptions,
                     if out.exists(key := file_key(s, k, n, options.format))]
     report.samples = dict(sorted(seen.items()))
     report.bytes = sum(out.size(k) for k in report.files)
-    out.put_once(CARD, dataset_card(config, options, report, commits).encode())
+    out.put_once(CARD, dataset_card(config, options.format, options.include_rejected,
+                                      report.samples, commits).encode())
     written = {**report.to_json(), "written": None, "seconds": None}
     out.put_once(MANIFEST, dumps(written))
     report.seconds = time.monotonic() - started
