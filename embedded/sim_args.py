@@ -15,7 +15,8 @@ DEFAULT_CONTEXT = 32768  # a model directory that states none
 SGLANG_FLAGS = ("model_path", "tp", "mem_fraction_static", "served_model_name",
                 "context_length", "enable_metrics", "speculative_algorithm",
                 "speculative_num_steps", "speculative_eagle_topk",
-                "speculative_num_draft_tokens", "mamba_radix_cache_strategy", "device")
+                "speculative_num_draft_tokens", "mamba_radix_cache_strategy", "device",
+                "speculative_draft_model_path")
 DEFAULT_MAX_RUNNING = 64
 
 

@@ -31,7 +31,7 @@ class LatencyModel:
         ms = (self.decode_base_ms + self.decode_per_req_ms * tokens
               + self.prefill_per_token_us * prefill_tokens / 1000)
         if drafted and self.spec is not None:
-            ms += self.spec.steps * self.spec.draft_step_ms
+            ms += self.spec.draft_forwards * self.spec.draft_step_ms
         return ms * self.time_scale / 1000
 
 

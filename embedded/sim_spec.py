@@ -3,21 +3,24 @@
 SGLang's flags are taken as it takes them: ``--speculative-algorithm NEXTN`` (reported as
 ``EAGLE``, SGLang's resolved name, in ``/get_server_info``), ``--speculative-num-steps S``
 (default 3), ``--speculative-eagle-topk`` (1: a chain) and ``--speculative-num-draft-tokens``
-(with top-1 always ``S + 1``, as SGLang adjusts it). ``--accept-length A`` is the mean tokens a
-verify step emits (1 to S + 1): each draft is accepted with the probability ``p`` that makes
-``1 + p + ... + p^S = A``, drawn per request by a generator fixed by the seed and its prompt,
-so the same request gets the same figures. The tokens are committed through a real draft and
-verify step (:meth:`SpecModel.step`): the draft proposes ``S`` tokens, each the target's own
-next token with probability ``p`` and a wrong one otherwise; the verify accepts the drafts up to
-the first that differs from the target's sequence (the plain decode's ids) and adds the
-target's own token there. So the output equals the plain decode's exactly when the verify is
-right: ``--verify-fault accept-all`` (tests only) commits every draft, wrong ones included, and
-the output differs. A request's first token comes from its prefill; every later step is a
-verify step. Time (:class:`embedded.sim_scheduler.LatencyModel`): a step verifies
-``S + 1`` tokens per request, so its ``decode_per_req_ms`` part grows with them, and the draft
-model's ``S`` forward passes add ``S x --draft-step-ms``: at a small, memory-bound batch the
-fixed ``decode_base_ms`` dominates and a step's ``A`` tokens are nearly free; at a large,
-compute-bound batch the verified tokens dominate and MTP loses (``A < S + 1``).
+(with top-1 always ``S + 1``, as SGLang adjusts it). ``DFLASH`` (with
+``--speculative-draft-model-path``, logged) verifies a block of
+``--speculative-num-draft-tokens`` (16): ``S`` is the block less one, drafted in one forward of
+``--draft-step-ms``. ``--accept-length A`` is the mean tokens a verify step emits (1 to S + 1):
+each draft is accepted with the probability ``p`` that makes ``1 + p + ... + p^S = A``, drawn
+per request by a generator fixed by the seed and its prompt, so the same request gets the same
+figures. The tokens are committed through a real draft and verify step (:meth:`SpecModel.step`):
+the draft proposes ``S`` tokens, each the target's own next token with probability ``p`` and a
+wrong one otherwise; the verify accepts the drafts up to the first that differs from the
+target's sequence (the plain decode's ids) and adds the target's own token there. So the output
+equals the plain decode's exactly when the verify is right: ``--verify-fault accept-all`` (tests
+only) commits every draft, wrong ones included, and the output differs. A request's first token
+comes from its prefill; every later step is a verify step. Time
+(:class:`embedded.sim_scheduler.LatencyModel`): a step verifies ``S + 1`` tokens per request, so
+its ``decode_per_req_ms`` part grows with them, and the draft model's ``S`` forward passes add
+``S x --draft-step-ms``: at a small, memory-bound batch the fixed ``decode_base_ms`` dominates
+and a step's ``A`` tokens are nearly free; at a large, compute-bound batch the verified tokens
+dominate and MTP loses (``A < S + 1``).
 
 Each answer's ``meta_info`` carries SGLang's ``spec_*`` figures (``spec_verify_ct``,
 ``spec_accept_length``, ``spec_accept_rate``, ``spec_num_correct_drafts``,
@@ -32,7 +35,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-ALGORITHMS = {"NEXTN": "EAGLE", "EAGLE": "EAGLE"}   # what SGLang resolves them to
+ALGORITHMS = {"NEXTN": "EAGLE", "EAGLE": "EAGLE",   # what SGLang resolves them to
+              "DFLASH": "DFLASH"}   # a block of --speculative-num-draft-tokens, S = block - 1
 DEFAULT_STEPS = 3
 SPEC_MAX_RUNNING = 48   # SGLang's cap on a speculative server without --max-running-requests
 
@@ -64,6 +68,11 @@ class SpecModel:
     @property
     def draft_tokens(self) -> int:
         return self.steps + 1
+
+    @property
+    def draft_forwards(self) -> int:
+        """Draft forwards per step: DFLASH fills its block in one, a chain takes one a draft."""
+        return 1 if self.algorithm == "DFLASH" else self.steps
 
     @cached_property
     def p(self) -> float:
@@ -134,6 +143,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--speculative-num-steps", type=int)
     group.add_argument("--speculative-eagle-topk", type=int)
     group.add_argument("--speculative-num-draft-tokens", type=int)
+    group.add_argument("--speculative-draft-model-path", help="DFLASH's drafter (logged)")
     group.add_argument("--accept-length", type=float, default=2.5,
                        help="mean tokens a verify step emits (1 to steps + 1)")
     group.add_argument("--draft-step-ms", type=float, default=0.2,
@@ -149,8 +159,10 @@ def spec_model(args: argparse.Namespace) -> SpecModel | None:
         return None
     if algorithm.upper() not in ALGORITHMS:
         raise ValueError(f"--speculative-algorithm {algorithm}: the simulator models NEXTN "
-                         "and EAGLE (a chain of drafts)")
+                         "and EAGLE (a chain of drafts), and DFLASH (a block)")
     steps = args.speculative_num_steps or DEFAULT_STEPS
+    if algorithm.upper() == "DFLASH":   # one drafter forward fills the block's B - 1 drafts
+        steps = (args.speculative_num_draft_tokens or 16) - 1
     topk = args.speculative_eagle_topk or 1
     if steps < 1 or topk != 1:
         raise ValueError("the simulator models a chain: --speculative-num-steps >= 1, "

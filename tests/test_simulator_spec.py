@@ -64,7 +64,7 @@ def test_a_broken_verify_changes_the_output(start: Any) -> None:
     assert len(first["output_ids"]) == len(right["output_ids"])   # same length, other tokens
 
 
-@pytest.mark.parametrize("flags", [("--speculative-algorithm", "DFLASH"),
+@pytest.mark.parametrize("flags", [("--speculative-algorithm", "STANDALONE"),
                                    (*NEXTN[:6], "2"), (*NEXTN, "--accept-length", "5")])
 def test_the_simulator_refuses_speculation_it_does_not_model(flags: tuple[str, ...]) -> None:
     result = subprocess.run([sys.executable, "-m", "embedded.simulator", "--port", "0", *flags],

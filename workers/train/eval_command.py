@@ -3,6 +3,10 @@
     dflash-pipeline eval-drafter --run RUN                     # newest checkpoint, held-out split
     dflash-pipeline eval-drafter --run RUN --step 400 --num 32 --max-new-tokens 256 --json
     dflash-pipeline eval-drafter --run RUN --drafter out/drafter --prompts more.jsonl
+    dflash-pipeline eval-drafter --run RUN --drafter DIR --dataset gsm8k=test.jsonl \
+        --dataset mt-bench=question.jsonl --no-thinking --json      # the standard sets' table
+    dflash-pipeline eval-drafter --run RUN --dataset humaneval=HumanEval.jsonl --engine sglang \
+        --url http://gpu:30000 --baseline-url http://gpu:30001 --concurrency 1,8,32
 
 Exit 0 when every prompt decodes to exactly the target's greedy output; 1 when the run has no
 checkpoint, the drafter does not fit the target, there are no prompts, or a prompt decodes
@@ -15,17 +19,23 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import replace
 from typing import Any
 
 import click
 
+from common.choices import EnumChoice
 from common.cli import command_option, common_options
 from common.config import Settings, env_name
-from common.errors import ConfigError, DflashError, InputError
+from common.errors import ConfigError, DflashError
 from common.exit_codes import EXIT_FAILURE
+from workers.train.eval_datasets import DatasetRequest, EvalEngine
+from workers.train.eval_serving import parse_levels
+from workers.train.eval_sets import parse_dataset
+from workers.train.eval_table import render_table
 
 log = logging.getLogger(__name__)
+
+SET_NUM = 128   # prompts per --dataset set unless --num says
 
 
 @click.command("eval-drafter")
@@ -36,23 +46,52 @@ log = logging.getLogger(__name__)
               help="An exported drafter directory instead of a checkpoint.")
 @click.option("--prompts", "prompts_path", default=None,
               help="Prompts from any input enqueue reads [default: the run's held-out split].")
-@click.option("--num", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Prompts to decode.")
+@click.option("--num", type=click.IntRange(min=1), default=None,
+              help="Prompts to decode (per set with --dataset) [default: 64; 128 with "
+                   "--dataset].")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
               help="Token budget per prompt.")
 @click.option("--block-size", type=click.IntRange(min=2), default=None,
               help="Tokens per verify step [default: the drafter's block size].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option("--dataset", "datasets", multiple=True,
+              help="A standard set (repeatable): NAME=PATH (gsm8k, math500, humaneval, mbpp, "
+                   "mt-bench: a local copy in its published layout), NAME (fetched from the "
+                   "Hugging Face hub) or PATH (any prompt file, named by its stem).")
+@click.option("--thinking/--no-thinking", default=None,
+              help="Render --dataset prompts with thinking on or off [default: the run's].")
+@click.option("--engine", "engine", type=EnumChoice(EvalEngine), default=EvalEngine.LOCAL,
+              show_default=True,
+              help="local: our lossless loop; sglang: a running SGLang at --url (--dataset).")
+@click.option("--url", default=None, help="The SGLang serving the drafter (--engine sglang).")
+@click.option("--baseline-url", default=None,
+              help="The same target served without speculation: tokens/s and speedup.")
+@click.option("--concurrency", default="1", show_default=True,
+              help="Requests in flight with --engine sglang, e.g. 1,8,32.")
 @common_options
 def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
-                 prompts_path: str | None, num: int, max_new_tokens: int,
-                 block_size: int | None, as_json: bool) -> None:
+                 prompts_path: str | None, num: int | None, max_new_tokens: int,
+                 block_size: int | None, as_json: bool, datasets: tuple[str, ...],
+                 thinking: bool | None, engine: EvalEngine, url: str | None,
+                 baseline_url: str | None, concurrency: str) -> None:
     """Decode prompts with the drafter and the run's target: acceptance length, losslessness."""
     if step is not None and drafter_dir is not None:
         raise click.UsageError("--step and --drafter are exclusive")
+    if datasets and prompts_path is not None:
+        raise click.UsageError("--prompts and --dataset are exclusive (--dataset PATH reads "
+                               "a prompt file)")
+    if not datasets and (engine != EvalEngine.LOCAL or thinking is not None):
+        raise click.UsageError("--engine and --thinking need --dataset")
+    if engine == EvalEngine.SGLANG and not url:
+        raise click.UsageError("--engine sglang needs --url (the server of the drafter)")
     try:
-        result = run_eval(settings, run, step, drafter_dir, prompts_path, num, max_new_tokens,
-                          block_size)
+        if datasets:
+            result = _run_datasets(settings, run, step, drafter_dir, DatasetRequest(
+                [parse_dataset(d) for d in datasets], num or SET_NUM, thinking, max_new_tokens,
+                block_size, engine, url, baseline_url, parse_levels(concurrency)))
+        else:
+            result = run_eval(settings, run, step, drafter_dir, prompts_path, num or 64,
+                              max_new_tokens, block_size)
     except (DflashError, click.ClickException, OSError):
         raise        # the shared handlers' one-line messages
     except Exception as exc:
@@ -61,8 +100,10 @@ def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: st
         click.echo(f"error: evaluating the drafter of run {run!r} failed: "
                    f"{type(exc).__name__}: {first}", err=True)
         sys.exit(EXIT_FAILURE)
-    click.echo(json.dumps(result, sort_keys=True) if as_json else render(result))
-    mismatches = result["lossless"]["mismatches"]
+    text = render_table(result) if datasets else render(result)
+    click.echo(json.dumps(result, sort_keys=True) if as_json else text)
+    mismatches = ([m for r in result["datasets"].values() for m in (r["lossless"] or {}).get(
+        "mismatches", [])] if datasets else result["lossless"]["mismatches"])
     if mismatches:
         first = mismatches[0]
         click.echo(f"error: speculative decoding differs from greedy decoding on "
@@ -76,6 +117,41 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
              prompts_path: str | None, num: int, max_new_tokens: int,
              block_size: int | None) -> dict[str, Any]:
     """Load, pick prompts, decode; the ``--json`` object."""
+    store, config = _open(settings, run, step, drafter_dir)
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from workers.train.drafter.specdec import DFlashProposer
+    from workers.train.evaluation import evaluate, stop_ids
+
+    target, drafter, source_step, device = _load(settings, run, config, step, drafter_dir)
+    prompts, source = _prompts(store, config, target.tokenizer, prompts_path, num)
+    with torch.inference_mode(), Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task(f"decoding {len(prompts)} prompts", total=len(prompts))
+        report = evaluate(target.model, DFlashProposer(drafter, block_size), prompts,
+                          drafter.config.target_layer_ids, max_new_tokens,
+                          stop_ids(target.model, target.tokenizer), check=True,
+                          progress=lambda done, _: bar.update(task, completed=done))
+    return {"run": run, "step": source_step, "drafter": drafter_dir, "source": source,
+            "max_new_tokens": max_new_tokens, "device": str(device), **report.to_json()}
+
+
+def _run_datasets(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
+                  request: DatasetRequest) -> dict[str, Any]:
+    """``--dataset``: the per-set table (:mod:`workers.train.eval_datasets`)."""
+    from workers.train.eval_datasets import run_sets
+
+    local = request.engine == EvalEngine.LOCAL
+    _, config = _open(settings, run, step, drafter_dir, check=local)
+    result = run_sets(settings, config, request,
+                      lambda: _load(settings, run, config, step, drafter_dir))
+    return {"drafter": drafter_dir, **result}
+
+
+def _open(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
+          check: bool = True) -> tuple[Any, Any]:
+    """The run's store and config; the drafter to judge checked (before torch is imported)."""
     from common.runs.store import RunStore
     from common.storage import open_storage
     from workers.train.commands import check_checkpoint
@@ -83,19 +159,19 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
 
     store = RunStore(open_storage(settings.broker.storage, settings.read), run)
     config = store.config()  # a missing run or checkpoint: one line before torch is imported
-    if drafter_dir is None:
+    if check and drafter_dir is None:
         check_checkpoint(store.storage, run, step)
-    else:
+    elif check and drafter_dir is not None:
         check_export_dir(drafter_dir)
-    import torch
-    from rich.console import Console
-    from rich.progress import Progress
+    return store, config
 
+
+def _load(settings: Settings, run: str, config: Any, step: int | None,
+          drafter_dir: str | None) -> tuple[Any, Any, int | None, Any]:
+    """The target and the drafter on the training device: ``(target, drafter, step, device)``."""
     from workers.devices import resolve_device
     from workers.train.commands import load_run_drafter, load_run_target
     from workers.train.drafter.export import fit_problems, load_drafter
-    from workers.train.drafter.specdec import DFlashProposer
-    from workers.train.evaluation import evaluate, stop_ids
 
     device = resolve_device(settings.train.device, env_name("train_device"))
     if drafter_dir is not None:
@@ -109,15 +185,7 @@ def run_eval(settings: Settings, run: str, step: int | None, drafter_dir: str | 
             raise ConfigError(f"the checkpoint does not fit the target: {'; '.join(problems)}")
     target.model.to(device)
     drafter.to(device)
-    prompts, source = _prompts(store, config, target.tokenizer, prompts_path, num)
-    with torch.inference_mode(), Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task(f"decoding {len(prompts)} prompts", total=len(prompts))
-        report = evaluate(target.model, DFlashProposer(drafter, block_size), prompts,
-                          drafter.config.target_layer_ids, max_new_tokens,
-                          stop_ids(target.model, target.tokenizer), check=True,
-                          progress=lambda done, _: bar.update(task, completed=done))
-    return {"run": run, "step": source_step, "drafter": drafter_dir, "source": source,
-            "max_new_tokens": max_new_tokens, "device": str(device), **report.to_json()}
+    return target, drafter, source_step, device
 
 
 def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
@@ -126,21 +194,9 @@ def _prompts(store: Any, config: Any, tokenizer: Any, path: str | None,
 
     if path is not None:
         # The shared input reader: every file layout enqueue accepts, with the run's settings.
-        from common.runs.intake import Intake
+        from workers.train.eval_datasets import file_rows
 
-        intake = Intake(replace(config, input=[path], limit=None))
-        rows: list[Any] = []
-        errors: list[Any] = []
-        for item in intake.rows():
-            if item.row is not None:
-                rows.append(item.row)
-            elif len(errors) < 3:
-                errors.append(f"{item.where}: {item.error}")
-            if len(rows) >= num:
-                break
-        if not rows:
-            raise InputError(f"no usable prompt in {path}" +
-                             (f" ({'; '.join(errors)})" if errors else ""))
+        rows = file_rows(config, path, num)
         return row_prompts(rows, tokenizer, config.sampling, num,
                            config.chat_template_kwargs), path
     manifest = store.manifest()
