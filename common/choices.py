@@ -40,11 +40,11 @@ class MtpSource(StrEnum):
     """What decided a run's MTP configuration on a worker (``status``' ``source``)."""
 
     BENCH = "bench"            # the run's bench verdict for this GPU, TP and engine
-    MEASURED = "measured"      # the worker's own measurement (issue 66, point 3)
+    MEASURED = "measured"      # auto without a verdict: the worker's own measurement (or its
+    #                            window now: the record's rates are null until both are taken)
     SAMPLING = "sampling"      # the run's sampling, which the speculative verify does not keep
     FORCED = "forced"          # --mtp on/off, or the user's own --speculative-algorithm
     NO_HEAD = "no head"        # the worker cannot generate through a head (none, CPU, URL)
-    NO_BENCH = "no bench"      # auto without a verdict: the head's rule (until point 3)
 
 
 class SpecAlgorithm(StrEnum):

@@ -131,6 +131,13 @@ class GenerateSettings:
     # engine's last launch) before the engine is switched for it; tasks of the running one keep
     # it meanwhile, so runs alternating in the queue do not flip it (0: switch once it drains).
     mtp_switch_dwell: float = setting(120.0, zero_ok=True)
+    # Under auto with no bench verdict for this worker, seconds of each configuration's window
+    # when the worker measures MTP on against off on the run's own shards (a listing of the
+    # run's verdicts is kept at most 60 s, or this window if shorter).
+    mtp_measure_window: float = setting(180.0)
+    # The share by which MTP on or off must beat the other, over repeated steady windows, to be
+    # a verdict's winner (bench stores it in the verdict); within it the running one stays.
+    mtp_margin: float = setting(0.05, zero_ok=True, below=1.0)
     # The python that runs `-m sglang.launch_server` (SGLang in a venv of its own); empty: the
     # worker's own.
     engine_python: str = ""

@@ -93,7 +93,7 @@ class Simulator:
             args.max_running, args.decode_base_ms, args.decode_per_req_ms,
             args.prefill_per_token_us, args.time_scale, self.spec))
         self.stats = self.scheduler.stats
-        self.stats["failed"] = 0
+        self.stats["failed"] = self.stats["cache_flushes"] = 0
         self._fail_rng = random.Random(args.seed)
         self.ready_at = float("inf")
         self.stopping = False
@@ -117,6 +117,7 @@ class Simulator:
             web.get("/get_model_info", self.model_info), web.get("/v1/models", self.models),
             web.get("/get_server_info", self.server_info), web.get("/sim/stats", self.sim_stats),
             web.post("/abort_request", self.abort_request),
+            web.route("*", "/flush_cache", self.flush_cache),
         ])
         if self.args.enable_metrics:
             app.add_routes([web.get("/metrics", self.metrics)])
@@ -233,6 +234,17 @@ class Simulator:
         if isinstance(rid, str):
             self.scheduler.abort(rid)
         return web.Response(status=200)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """SGLang's /flush_cache (nothing cached here): done, and counted, once nothing runs or
+        waits within ``?timeout`` seconds; else 400, as SGLang."""
+        deadline = time.monotonic() + float(request.query.get("timeout") or 0)
+        while self.scheduler.running or self.scheduler.queue:
+            if time.monotonic() >= deadline:
+                return web.Response(status=400, text="Cache not flushed: requests pending.\n")
+            await asyncio.sleep(0.01)
+        self.stats["cache_flushes"] += 1
+        return web.Response(text="Cache flushed.\n")
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{

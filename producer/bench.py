@@ -9,11 +9,15 @@ setting. Synthetic prompts here; ``bench --run`` (:mod:`producer.bench_loop`) ru
 conversations, every turn, as the worker does.
 
 The steady window opens when as many requests have finished as are kept in flight (the first
-wave, which started together, is over) and closes at the last request sent (after it, the batch
-drains to nothing, where a speculative engine always looks fast). Each request's output tokens
-count in proportion to the share of its time inside the window. A bench with too few requests
-for a window (one shorter than a median request: every slot turns over at least once in it)
-measures the whole span, and says so.
+wave, which started together, is over) and closes when the number in flight first falls below
+the concurrency with no request waiting for the free slot (one refilled within :data:`HANDOFF`
+of a median request still counts as held): in a multi-turn run that comes well before the last
+request is sent, as conversations end and leave no next turn to fill their slot; after it, the
+batch drains, where a speculative engine always looks fast. Each request's output tokens count
+in proportion to the share of its time inside the window; the row gives the window's mean in
+flight and its rate in each of :data:`WINDOWS` equal parts (the repeated windows a verdict
+compares). A window shorter than a median request (not every slot turned over in it) is not
+steady: the row measures the whole span and says so, and no verdict follows it.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import aiohttp
 
 from common.engine.speculative import VERIFY_CT, accept_length
 from common.errors import DflashError
+
+HANDOFF = 0.05   # a slot refilled within this share of a median request counts as never empty
+WINDOWS = 2      # equal parts of the steady window, each with its own rate
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class BenchRow:
     total_tokens: int = 0       # output tokens of every request (the window's are above)
     conversations: int = 0      # bench --run: conversations run (every turn each)
     window_requests: int = 0    # requests answered inside the window
+    in_flight: float = 0.0      # requests in flight inside the window, on average over its time
+    window_rates: tuple[float, ...] = ()   # output tokens/s in each of WINDOWS parts (steady)
 
     @property
     def tokens_per_s(self) -> float:
@@ -70,7 +80,9 @@ class BenchRow:
                "latency_p50_s": round(self.p50_s, 3), "latency_p90_s": round(self.p90_s, 3),
                "latency_p99_s": round(self.p99_s, 3), "accept_length": self.accept_length,
                "window_s": [round(w, 3) for w in self.window], "steady": self.steady,
-               "total_output_tokens": self.total_tokens, "conversations": self.conversations}
+               "total_output_tokens": self.total_tokens, "conversations": self.conversations,
+               "in_flight_mean": round(self.in_flight, 2),
+               "window_rates": [round(r, 1) for r in self.window_rates]}
         return row if self.mtp is None else {"mtp": self.mtp, **row}
 
 
@@ -82,17 +94,19 @@ def percentile(values: list[float], q: float) -> float:
 @dataclass(frozen=True)
 class Sent:
     """One request as the closed loop saw it: sent, answered, its output tokens and verify
-    steps."""
+    steps, and when it was ready and began to wait for a slot (None: not recorded)."""
 
     start: float
     end: float
     tokens: int
     verify_steps: int = 0
+    ready: float | None = None
 
 
-async def post(session: aiohttp.ClientSession, url: str,
-               body: dict[str, Any]) -> tuple[Sent, dict[str, Any]]:
-    """One ``/generate`` request: what it took and what came back (DflashError for a non-200)."""
+async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+               ready: float | None = None) -> tuple[Sent, dict[str, Any]]:
+    """One ``/generate`` request (``ready``: since when it waited for its slot): what it took
+    and what came back (DflashError for a non-200)."""
     started = time.perf_counter()
     async with session.post(f"{url}/generate", json=body) as response:
         if response.status != 200:
@@ -103,7 +117,7 @@ async def post(session: aiohttp.ClientSession, url: str,
     tokens = meta.get("completion_tokens", len(data.get("output_ids", [])))
     verify = meta.get(VERIFY_CT)
     return Sent(started, time.perf_counter(), int(tokens),
-                verify if isinstance(verify, int) else 0), data
+                verify if isinstance(verify, int) else 0, ready), data
 
 
 def _share(sent: Sent, lo: float, hi: float) -> float:
@@ -113,6 +127,34 @@ def _share(sent: Sent, lo: float, hi: float) -> float:
     return inside / span if span > 0 else float(lo <= sent.end <= hi)
 
 
+def falls_below(sent: list[Sent], level: int, opens: float, grace: float) -> float:
+    """When the number in flight first falls below ``level`` at or after ``opens`` with no
+    request waiting for the free slot, and is not back within ``grace`` seconds (a slot handed
+    on); the last answer's time if never."""
+    # (time, order at the same instant: ready, sent, answered; in flight, waiting)
+    events = sorted([(s.ready, 0, 0, 1) for s in sent if s.ready is not None]
+                    + [(s.start, 1, 1, -(s.ready is not None)) for s in sent]
+                    + [(s.end, 2, -1, 0) for s in sent])
+    count = waiting = 0
+    below: float | None = None
+    for at, _, step, queued in events:
+        if below is not None and at - below > grace:
+            return below
+        count, waiting = count + step, waiting + queued
+        if at < opens:
+            continue
+        if count < level and not waiting and below is None:
+            below = at
+        elif count >= level or waiting:
+            below = None
+    return below if below is not None else events[-1][0]
+
+
+def _rate(sent: list[Sent], lo: float, hi: float) -> float:
+    """Output tokens/s inside [lo, hi], each request's in proportion to its time there."""
+    return sum(s.tokens * _share(s, lo, hi) for s in sent) / max(hi - lo, 1e-9)
+
+
 def steady_row(sent: list[Sent], concurrency: int, mtp: str | None = None,
                conversations: int = 0) -> BenchRow:
     """The row of a closed loop's requests, its rate taken over the steady window."""
@@ -120,23 +162,30 @@ def steady_row(sent: list[Sent], concurrency: int, mtp: str | None = None,
         raise DflashError("no request was answered: nothing to measure")
     first = min(s.start for s in sent)
     ends = sorted(s.end for s in sent)
-    closes = max(s.start for s in sent)
     latencies = [s.end - s.start for s in sent]
-    # Steady only if every slot turned over at least once inside (a median request's time).
-    opens = ends[concurrency - 1] if len(ends) > concurrency else closes
-    steady = len(ends) > concurrency and closes - opens >= statistics.median(latencies)
+    median = statistics.median(latencies)
+    # Steady only while all slots are held, and long enough for each to turn over once.
+    opens = ends[concurrency - 1] if len(ends) > concurrency else ends[-1]
+    closes = falls_below(sent, concurrency, opens, HANDOFF * median)
+    steady = len(ends) > concurrency and closes - opens >= median
     lo, hi = (opens, closes) if steady else (first, ends[-1])
     shares = [_share(s, lo, hi) for s in sent]
     verified = [(s, w) for s, w in zip(sent, shares, strict=True) if s.verify_steps]
+    span = max(hi - lo, 1e-9)
+    parts = pairwise([lo + (hi - lo) * i / WINDOWS for i in range(WINDOWS + 1)])
+    rates = tuple(_rate(sent, a, b) for a, b in parts) if steady else ()
     return BenchRow(concurrency, len(sent),
                     round(sum(s.tokens * w for s, w in zip(sent, shares, strict=True))),
-                    max(hi - lo, 1e-9), statistics.median(latencies), percentile(latencies, 0.99),
+                    span, median, percentile(latencies, 0.99),
                     verify_steps=round(sum(s.verify_steps * w for s, w in verified)),
                     verified_tokens=round(sum(s.tokens * w for s, w in verified)), mtp=mtp,
                     p90_s=percentile(latencies, 0.9), window=(lo - first, hi - first),
                     steady=steady, total_tokens=sum(s.tokens for s in sent),
                     conversations=conversations,
-                    window_requests=sum(1 for s in sent if lo < s.end <= hi))
+                    window_requests=sum(1 for s in sent if lo < s.end <= hi),
+                    in_flight=sum(max(0.0, min(s.end, hi) - max(s.start, lo))
+                                  for s in sent) / span,
+                    window_rates=rates)
 
 
 def synthetic_bodies(num: int, prompt_len: int, max_new_tokens: int,
@@ -156,8 +205,9 @@ async def measure(url: str, concurrency: int, bodies: list[dict[str, Any]],
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=concurrency)) as s:
         async def bounded(body: dict[str, Any]) -> Sent:
+            ready = time.perf_counter()
             async with slots:
-                return (await post(s, url, body))[0]
+                return (await post(s, url, body, ready))[0]
 
         sent = await asyncio.gather(*(bounded(b) for b in bodies))
     return steady_row(list(sent), concurrency, mtp)
@@ -190,11 +240,12 @@ def render_table(rows: list[BenchRow]) -> str:
               f"{r.accept_length if r.accept_length is not None else '-':>7}  "
               f"{r.window[0]:.1f}-{r.window[1]:.1f}" + ("" if r.steady else " (whole span)")
               for r in rows]
-    lines.append("rates over the steady window: from the first wave's end to the last request "
-                 "sent (warm-up and drain left out)")
+    lines.append("rates over the steady window: from the first wave's end until fewer than the "
+                 "concurrency are in flight (warm-up and drain left out)")
     if not all(r.steady for r in rows):
-        lines.append("whole span: too few requests for a steady window at that concurrency; "
-                     "raise --num above it")
+        lines.append("whole span: no steady window at that concurrency (too few requests, or "
+                     "conversations ending before its slots turned over); raise --num, no "
+                     "verdict follows it")
     lines.append(f"best: concurrency {best.concurrency} ({best.tokens_per_s:.1f} output tok/s"
                  + (f", mtp {best.mtp}" if best.mtp else "") + "); use --max-in-flight "
                  f"{best.concurrency} on the generate workers")

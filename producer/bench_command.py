@@ -67,6 +67,9 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
     @setting_option("max_in_flight", type=click.IntRange(min=1),
                     help="The generate workers' in-flight cap: measured among the "
                          "concurrencies by default, and the one whose verdict --mtp auto takes.")
+    @setting_option("mtp_margin", type=click.FloatRange(0, 1, max_open=True),
+                    help="--run: the share by which MTP on or off must beat the other in every "
+                         "steady window to win the verdict; within it, no clear winner.")
     @click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,
                   help="Requests per concurrency level (--run: prompts drawn from the run).")
     @click.option("--prompt-len", type=click.IntRange(min=1), default=None,

@@ -14,6 +14,7 @@ over the steady window (:func:`producer.bench.steady_row`).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,9 @@ async def run_loop(url: str, concurrency: int, work: Conversations,
                 return None
             body = {"input_ids": ids, "stream": False, "sampling_params": sampling_params(
                 work.config.sampling, room, work.stop_ids)}
+            ready = time.perf_counter()   # waits for a slot from here (the window's fall)
             async with slots:
-                one, data = await post(s, url, body)
+                one, data = await post(s, url, body, ready)
             sent.append(one)
             return data
 

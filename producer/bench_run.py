@@ -6,11 +6,13 @@ options, tools, sampling and ``max_new_tokens`` capped to the room the server's 
 the quality gates stopping a conversation), in a closed loop at each concurrency (the worker's
 own ``--max-in-flight`` among them by default), for each configuration of ``--mtp`` (off, on:
 both by default where the target states an MTP head and MTP keeps the run's sampling), on an
-engine started as the worker starts it (:mod:`producer.bench_engine`), or on ``--engine-url``'s
-server as it runs. Where both configurations were measured, the rows are stored as the run's
-verdict for this GPU model, TP and engine arguments (:mod:`common.runs.bench_verdict`), which a
-worker's ``--mtp auto`` follows. Then :mod:`producer.projection` turns the rates into the run's
-hours left.
+engine started as the worker starts it (:mod:`producer.bench_engine`: the worker's own
+``--max-running-requests``, its cache flushed before each level so no level reuses another's
+prefixes), or on ``--engine-url``'s server as it runs. Where both configurations were measured
+in a steady window, the rows are stored as the run's verdict for this GPU model, TP and engine
+arguments (:mod:`common.runs.bench_verdict`, with ``DFLASH_MTP_MARGIN``), which a worker's
+``--mtp auto`` follows. Then :mod:`producer.projection` turns the rates into the run's hours
+left.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from producer.bench_loop import Conversations, run_loop
 from producer.projection import Projection, project
 
 log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT_S = 60   # seconds SGLang may wait for running requests before it flushes
 
 
 @dataclass(frozen=True)
@@ -181,25 +185,48 @@ def _measure_all(settings: Settings, run: str, modes: list[MtpMode] | None, leve
     for mode, choice in configurations(settings, modes, target_shape(model_path),
                                        work.config).items():
         log.info("bench %s: %s", run, choice.line())
-        port = free_port()
-        argv = engine_command(settings, model_path, choice.args, port=port,
-                              max_running_requests=max(levels))
+        port = free_port()   # the worker's own --max-running-requests (its --max-in-flight)
+        argv = engine_command(settings, model_path, choice.args, port=port)
         gpus_env = visible_devices(gpu, settings.generate.tp) if gpu is not None else None
         with launched(argv, f"http://127.0.0.1:{port}", settings.engines_dir,
                       settings.generate.engine_startup_timeout, gpus_env) as url:
-            rows += _measure(url, mode, work, levels)
+            rows += _measure(url, mode, work, levels, flush=True)
     return rows
 
 
-def _measure(url: str, mode: MtpMode | None, work: Conversations,
-             levels: list[int]) -> list[BenchRow]:
+def flush_cache(url: str) -> None:
+    """Empty the engine's prefix cache (SGLang's ``/flush_cache``, once its requests are done),
+    so a level does not reuse the prefixes of the one before; EngineError where it refuses."""
+    request = urllib.request.Request(f"{url}/flush_cache?timeout={FLUSH_TIMEOUT_S}",
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=FLUSH_TIMEOUT_S + 30) as response:
+            response.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise EngineError(f"the engine at {url} did not flush its cache between levels: "
+                          f"{exc}") from exc
+
+
+def _measure(url: str, mode: MtpMode | None, work: Conversations, levels: list[int],
+             flush: bool = False) -> list[BenchRow]:
+    """Each level's row on the server at ``url``; ``flush``: its cache emptied before each (an
+    engine the bench started; a running server's is left as it is)."""
     if mode is None:   # a running server: its own flags say whether it drafts
         mode = MtpMode.ON if server_algorithm(_get(f"{url}/get_server_info")) else MtpMode.OFF
     work = replace(work, context=server_context(url))
+    rows = []
     try:
-        return [asyncio.run(run_loop(url, level, work, mode.value)) for level in levels]
+        for level in levels:
+            if flush:
+                flush_cache(url)
+            rows.append(asyncio.run(run_loop(url, level, work, mode.value)))
+            log.info("bench %s: mtp %s at concurrency %d: %.1f output tok/s, %s", work.config.run,
+                     mode.value, level, rows[-1].tokens_per_s,
+                     f"steady, {rows[-1].in_flight:.1f} in flight" if rows[-1].steady
+                     else "not steady (whole span)")
     except aiohttp.ClientError as exc:
         raise EngineError(f"the engine at {url} failed during the bench: {exc}") from exc
+    return rows
 
 
 def store_verdict(storage: Storage, settings: Settings, run: str, rows: list[BenchRow],
@@ -208,11 +235,17 @@ def store_verdict(storage: Storage, settings: Settings, run: str, rows: list[Ben
     engine the bench started; (its key, or None and why not)."""
     if settings.generate.engine_url:
         return None, "not stored: a server at --engine-url is measured as it runs"
+    if {r.mtp for r in rows} != {"off", "on"}:
+        return None, "not stored: MTP on and off were not both measured"
     decider = Decider.of(settings, gpu, dict(os.environ))
+    margin = settings.generate.mtp_margin
     try:
-        written = write_verdict(storage, run, decider, [r.to_json() for r in rows])
+        written = write_verdict(storage, run, decider, [r.to_json() for r in rows], margin)
     except StorageRefused as exc:
         return None, f"not stored: {exc}"
     if written is None:
-        return None, "not stored: MTP on and off were not both measured"
-    return written[0], f"stored for {decider.gpu}, tp {decider.tp}, engine {decider.engine}"
+        return None, ("not stored: no concurrency had a steady window with MTP on and with it "
+                      "off (raise --num)")
+    winners = ", ".join(f"{c}: {w}" for c, w in written[1].winners().items())
+    return written[0], (f"stored for {decider.gpu}, tp {decider.tp}, engine {decider.engine}; "
+                        f"winners ({margin:.0%} margin) {winners}")

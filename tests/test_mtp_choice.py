@@ -110,11 +110,24 @@ def test_the_platform_is_the_one_sglang_will_use() -> None:
 def _verdict(tmp_path: Path, rates: dict[int, tuple[float, float]]):  # noqa: ANN202
     storage = LocalStorage(str(tmp_path))
     decider = Decider("NVIDIA H100 80GB HBM3", 1, "0123abcd")
-    rows = [{"mtp": mode, "concurrency": c, "output_tokens_per_s": rate}
+    rows = [{"mtp": mode, "concurrency": c, "output_tokens_per_s": rate, "steady": True,
+             "window_rates": [rate, rate]}   # steady, two windows alike: a clear winner
             for c, (off, on) in rates.items() for mode, rate in (("off", off), ("on", on))]
     key, _ = write_verdict(storage, "r", decider, rows)
     assert key.startswith("runs/r/bench/nvidia-h100-80gb-hbm3-tp1-0123abcd/verdict-")
     return read_verdict(storage, "r", decider)
+
+
+def test_a_near_tie_keeps_the_running_configuration(tmp_path: Path) -> None:
+    """A verdict within the margin (2% apart) names no winner: the decision keeps what the
+    engine runs, either way, and says so."""
+    verdict = _verdict(tmp_path, {16: (1000.0, 1020.0)})
+    kept = [decide_mtp(worker(), "r", SAMPLED, verdict, 16, "", {}, running=running)
+            for running in (False, True)]
+    assert [c.on for c in kept] == [False, True]
+    assert all("no clear winner" in c.reason and c.source is MtpSource.BENCH for c in kept)
+    clear = _verdict(tmp_path / "clear", {16: (1000.0, 1200.0)})
+    assert decide_mtp(worker(), "r", SAMPLED, clear, 16, "", {}, running=False).on
 
 
 def test_auto_follows_the_runs_verdict_at_the_nearest_concurrency(tmp_path: Path) -> None:
@@ -124,9 +137,9 @@ def test_auto_follows_the_runs_verdict_at_the_nearest_concurrency(tmp_path: Path
     high = decide_mtp(worker(), "r", SAMPLED, verdict, 200, "", {})
     assert not high.on and not high.args and "mtp on is not faster" in high.line()
     assert low.source is high.source is MtpSource.BENCH
-    none = decide_mtp(worker(), "r", SAMPLED, None, 128, "", {})
-    assert none.on and none.reason.startswith("no bench: the target states an MTP head")
-    assert none.source is MtpSource.NO_BENCH
+    none = decide_mtp(worker(), "r", SAMPLED, None, 128, "", {})   # measured: on first
+    assert none.on and none.reason.startswith("no bench verdict for this worker: measuring")
+    assert none.source is MtpSource.MEASURED and none.rates is None
     # on and off decide without the verdict; a worker without a head is off whatever it says
     forced = [decide_mtp(worker(mode), "r", SAMPLED, verdict, 32, "", {}) for mode in ("on", "off")]
     assert [(c.on, c.source, c.mode) for c in forced] == [
@@ -155,8 +168,8 @@ def test_a_verdict_holds_for_its_hardware_and_engine_only(tmp_path: Path) -> Non
     other = Decider.of(sglang(engine_cmd="sim {engine_args} --seed 1"), 0,
                        {"SGLANG_USE_CPU_ENGINE": "1"})
     assert here.gpu == "cpu" and here.key != other.key
-    rows = [{"mtp": "off", "concurrency": 8, "output_tokens_per_s": 10.0},
-            {"mtp": "on", "concurrency": 8, "output_tokens_per_s": 20.0}]
+    rows = [{"mtp": mode, "concurrency": 8, "output_tokens_per_s": rate, "steady": True,
+             "window_rates": [rate, rate]} for mode, rate in (("off", 10.0), ("on", 20.0))]
     key, _ = write_verdict(storage, "r", here, rows)
     assert read_verdict(storage, "r", other) is None
     assert write_verdict(storage, "r", here, rows[:1]) is None   # nothing to decide: not stored

@@ -77,7 +77,8 @@ def _context(target: TinyTarget, cache: Path, redis_server: RedisServer, tmp_pat
     storage = open_storage(settings.broker.storage)
     configs = {}
     for run, (off, on) in {"fast": (100.0, 300.0), "slow": (300.0, 100.0)}.items():
-        rows = [{"mtp": mode, "concurrency": 4, "output_tokens_per_s": rate}
+        rows = [{"mtp": mode, "concurrency": 4, "output_tokens_per_s": rate, "steady": True,
+                 "window_rates": [rate, rate]}
                 for mode, rate in (("off", off), ("on", on))]
         assert write_verdict(storage, run, gen.decider, rows) is not None
         configs[run] = RunConfig(run=run, model=target.name, input="in.jsonl")

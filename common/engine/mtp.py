@@ -7,10 +7,11 @@ configuration its engine starts in.
     argv = engine_command(settings, model_dir, choice.args)
 
 Per run, the worker turns it on or off by :func:`decide_mtp` (the run's sampling, its bench
-verdict; ``bench --run`` asks the same function which configurations it may measure); each
-choice names its :class:`~common.choices.MtpSource`. ``auto`` starts on where the target
-states an MTP head (in its config and its weights: :attr:`TargetShape.has_mtp`) and SGLang
-verifies with a sampled verify (a GPU); the flags are
+verdict, else the worker's own measurement on the run's shards, :class:`Measured`; ``bench
+--run`` asks the same function which configurations it may measure); each choice names its
+:class:`~common.choices.MtpSource`. ``auto`` starts on where the target states an MTP head (in
+its config and its weights: :attr:`TargetShape.has_mtp`) and SGLang verifies with a sampled
+verify (a GPU), as the first configuration a run's measurement takes; the flags are
 :func:`common.engine.serving.mtp_engine_args` (SGLang's Qwen3.5/3.6 recipe) plus what the pinned
 SGLang needs for a hybrid (:func:`hybrid_spec_args`). A user's own
 ``--speculative-algorithm`` in ``DFLASH_ENGINE_ARGS`` wins over all of it; other
@@ -58,7 +59,12 @@ class MeasuredPick(Protocol):
     @property
     def on(self) -> bool: ...
 
+    @property
+    def clear(self) -> bool: ...
+
     def line(self) -> str: ...
+
+    def follow(self, current: bool) -> bool: ...
 
 
 class Verdict(Protocol):
@@ -74,6 +80,20 @@ MAMBA_STRATEGY = "extra_buffer"
 
 
 @dataclass(frozen=True)
+class Measured:
+    """Where a worker's own measurement of a run stands (:mod:`common.engine.mtp_measure`): the
+    configuration it runs (``on``), both rates once measured (else None) and why."""
+
+    on: bool
+    rates: Mapping[str, float] | None
+    reason: str
+
+
+NOT_MEASURED = Measured(True, None, "no bench verdict for this worker: measuring mtp on first, "
+                                    "then off, on the run's shards at this worker's load")
+
+
+@dataclass(frozen=True)
 class MtpChoice:
     """What a worker asked (``mode``), what its engine does (``on``, ``args``), why and what
     decided it (``source``)."""
@@ -85,6 +105,7 @@ class MtpChoice:
     device: str = "cuda"                # the platform SGLang verifies on
     args: tuple[str, ...] = ()
     user_algorithm: str | None = None   # DFLASH_ENGINE_ARGS' own --speculative-algorithm
+    rates: Mapping[str, float] | None = None   # "on"/"off" tok/s of the measurement followed
 
     @property
     def algorithm(self) -> str | None:
@@ -155,20 +176,22 @@ class MtpWorker:
         args = (*mtp_engine_args(shape), *hybrid_spec_args(shape, settings.generate.engine_args))
         return cls(mode, device, args)
 
-    def turned(self, on: bool, reason: str, source: MtpSource) -> MtpChoice:
-        """The engine's configuration with MTP ``on`` (where it can run) or off, why, and what
-        decided it."""
+    def turned(self, on: bool, reason: str, source: MtpSource,
+               rates: Mapping[str, float] | None = None) -> MtpChoice:
+        """The engine's configuration with MTP ``on`` (where it can run) or off, why, what
+        decided it (and the rates it measured)."""
         if self.user_algorithm is not None:
             return MtpChoice(self.mode, False, f"DFLASH_ENGINE_ARGS sets --speculative-algorithm "
                              f"{self.user_algorithm} (the user's speculative flags win)",
                              MtpSource.FORCED, self.device, user_algorithm=self.user_algorithm)
         if on and self.head_args is not None:
-            return MtpChoice(self.mode, True, reason, source, self.device, self.head_args)
-        return MtpChoice(self.mode, False, reason, source, self.device)
+            return MtpChoice(self.mode, True, reason, source, self.device, self.head_args,
+                             rates=rates)
+        return MtpChoice(self.mode, False, reason, source, self.device, rates=rates)
 
     def start(self) -> MtpChoice:
         """The configuration before any run is known: ``auto`` on where a head is stated and
-        SGLang's verify samples (a GPU)."""
+        SGLang's verify samples (a GPU): the first a run's own measurement takes."""
         if self.mode is MtpMode.OFF:
             return self.turned(False, "asked off", MtpSource.FORCED)
         if self.head_args is None:
@@ -178,13 +201,14 @@ class MtpWorker:
         if self.mode is MtpMode.AUTO and self.device in ARGMAX_PLATFORMS:
             return self.turned(False, f"SGLang runs on {ARGMAX_PLATFORMS[self.device]}, where "
                                f"its verify commits the argmax even when sampling "
-                               f"({GREEDY_SOURCE}); --mtp on for greedy runs",
-                               MtpSource.NO_BENCH)
+                               f"({GREEDY_SOURCE}); greedy runs are measured",
+                               MtpSource.SAMPLING)
         if self.mode is MtpMode.ON:
             return self.turned(True, f"asked on, SGLang on {where}: {self.recipe()}",
                                MtpSource.FORCED)
         return self.turned(True, f"the target states an MTP head, SGLang on {where}: "
-                                 f"{self.recipe()}", MtpSource.NO_BENCH)
+                                 f"{self.recipe()}; each run follows its bench verdict, else "
+                                 f"this worker's measurement of on, then off", MtpSource.MEASURED)
 
     def recipe(self) -> str:
         hybrid = self.head_args is not None and "--mamba-radix-cache-strategy" in self.head_args
@@ -204,10 +228,14 @@ def choose_mtp(settings: Settings, shape: TargetShape | None,
 
 
 def decide_mtp(worker: MtpWorker, run: str, sampling: Sampling, verdict: Verdict | None,
-               in_flight: int, engine_args: str, env: Mapping[str, str]) -> MtpChoice:
+               in_flight: int, engine_args: str, env: Mapping[str, str],
+               measured: Measured | None = None, running: bool | None = None) -> MtpChoice:
     """The one decision (worker and ``bench``): MTP on or off for ``run`` on ``worker``, why
-    and its source; ConfigError (the shard parks) where ``--mtp on`` or the user's own
-    algorithm would not keep the run's sampling."""
+    and its source; under ``auto`` without a verdict, where the worker's own measurement
+    (``measured``) stands; a verdict with no clear winner keeps the configuration the engine
+    is ``running`` (None: not started, the measurement's or the start's). ConfigError (the
+    shard parks) where ``--mtp on`` or the user's own algorithm would not keep the run's
+    sampling."""
     if worker.user_algorithm is not None:
         choice = worker.turned(False, "", MtpSource.FORCED)
         refusal = lossless_refusal(choice.algorithm, worker.device, sampling, engine_args, env)
@@ -228,12 +256,18 @@ def decide_mtp(worker: MtpWorker, run: str, sampling: Sampling, verdict: Verdict
         return worker.turned(True, f"asked on: {worker.recipe()}", MtpSource.FORCED)
     pick = verdict.at(in_flight) if verdict is not None else None
     if pick is None:
-        start = worker.start()
-        return worker.turned(start.on, f"no bench: {start.reason}", MtpSource.NO_BENCH)
+        m = measured or NOT_MEASURED
+        return worker.turned(m.on, m.reason + (f" ({worker.recipe()})" if m.on else ""),
+                             MtpSource.MEASURED, m.rates)
+    if not pick.clear:
+        current = running if running is not None else (
+            measured.on if measured is not None else worker.start().on)
+        on = pick.follow(current)
+        return worker.turned(on, f"{pick.line()} at {in_flight} in flight"
+                             + (f" ({worker.recipe()})" if on else ""), MtpSource.BENCH)
     verb = "faster" if pick.on else "not faster"
-    return worker.turned(pick.on, f"{pick.line()}: mtp on is {verb} at --max-in-flight "
-                                  f"{in_flight}" + (f" ({worker.recipe()})" if pick.on else ""),
-                         MtpSource.BENCH)
+    return worker.turned(pick.on, f"{pick.line()}: mtp on is {verb} at {in_flight} in flight"
+                         + (f" ({worker.recipe()})" if pick.on else ""), MtpSource.BENCH)
 
 
 def _cannot(settings: Settings, shape: TargetShape | None) -> str | None:

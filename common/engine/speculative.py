@@ -76,10 +76,11 @@ def by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return dict(sorted(workers.items()))
 
 
-def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, str]]:
+def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """A run's Redis hash of MTP choices (:func:`common.queue.redis_keys.redis_mtp`) as
-    ``{worker: {mtp, mode, reason}}``; malformed entries left out."""
-    found = {}
+    ``{worker: {mtp, mode, reason, source, rates}}`` (``rates``: ``{"on", "off"}`` tok/s of
+    the measurement followed, else None); malformed entries left out."""
+    found: dict[str, dict[str, Any]] = {}
     for worker, value in sorted(raw.items()):
         try:
             entry = parse_json(f"dflash:generate:mtp:{worker}", value)
@@ -87,6 +88,19 @@ def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, str]]:
             note(exc)
             continue
         if isinstance(entry, dict):
-            found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason")}
+            found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason",
+                                                                  "source")}
+            found[worker]["rates"] = _rates(entry.get("rates"))
     return found
+
+
+def _rates(value: Any) -> dict[str, float] | None:
+    """``{"on": tok/s, "off": tok/s}`` where both are numbers, else None."""
+    if not isinstance(value, dict):
+        return None
+    rates = {k: value.get(k) for k in ("on", "off")}
+    if not all(isinstance(r, int | float) and not isinstance(r, bool) and r >= 0
+               for r in rates.values()):
+        return None
+    return {k: float(r) for k, r in rates.items() if r is not None}
 

@@ -4,13 +4,23 @@ at each concurrency, on what hardware and engine arguments; ``--mtp auto`` follo
     decider = Decider.of(settings, gpu=0)         # GPU model, TP, engine arguments
     write_verdict(storage, Verdict.of(run, decider, rows, window))   # runs/R/bench/<decider>/
     verdict = read_verdict(storage, run, decider)  # the newest of that decider, or None
-    pick = verdict.at(128)                         # the measured concurrency nearest 128
+    pick = verdict.at(in_flight)   # the steady concurrency nearest the worker's measured load
+    on = pick.follow(current)      # its clear winner, else the configuration running now
 
 A verdict holds for the hardware and the engine it was measured on: its key names the GPU
-model (``nvidia-smi``'s name; ``cpu`` for the CPU engine), the TP size and a digest of the engine
-command and arguments (``DFLASH_ENGINE_CMD``, ``DFLASH_ENGINE_ARGS``), so a worker on other GPUs
-or with other flags never takes it. Verdicts are put-once; a later bench adds one, and the one
+model (``nvidia-smi``'s name; ``cpu`` for the CPU engine), the TP size, a digest of the engine
+command and arguments (``DFLASH_ENGINE_CMD``, ``DFLASH_ENGINE_ARGS``) and one of the target's
+config.json, the SGLang version and the engine's Python
+(:class:`~common.engine.engine_identity.EngineIdentity`), so a worker on other GPUs, with other
+flags, another model or an upgraded engine never takes it (a worker says so, as stale).
+Verdicts are put-once; a later bench adds one, and the one
 storage wrote last decides (ties by key), as for gate records.
+
+Only steady rows (:func:`producer.bench.steady_row`: a window while every slot was held, cut in
+equal parts) decide. A configuration wins at a concurrency only when its rate beats the other's
+by the verdict's margin (``DFLASH_MTP_MARGIN``, 5% by default) and its slowest part beats the
+other's fastest, over at least :data:`MIN_WINDOWS` parts each; else there is no clear winner and
+the configuration running stays.
 """
 
 from __future__ import annotations
@@ -23,10 +33,12 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from common import keys
 from common.config import Settings
+from common.engine.engine_identity import EngineIdentity
 from common.engine.lossless import engine_platform
 from common.errors import ForeignObject, NotFound
 from common.reads import note, read_json
@@ -36,6 +48,9 @@ from common.storage import Storage
 log = logging.getLogger(__name__)
 
 MODES = ("off", "on")
+DEFAULT_MARGIN = 0.05   # a verdict stored before margins: the default's
+MIN_WINDOWS = 2         # parts of a steady window each side needs for a winner
+NO_CLEAR = "no clear winner"
 
 
 def gpu_model(gpu: int | None, platform: str) -> str:
@@ -66,34 +81,63 @@ class Decider:
     gpu: str
     tp: int
     engine: str    # a digest of the engine command and arguments
+    identity: EngineIdentity | None = None   # the target's config, SGLang, the engine's Python
 
     @classmethod
-    def of(cls, settings: Settings, gpu: int | None, environ: dict[str, str]) -> Decider:
+    def of(cls, settings: Settings, gpu: int | None, environ: dict[str, str],
+           model_dir: Path | None = None) -> Decider:
         generate = settings.generate
         platform = engine_platform(generate.engine_args, environ)
         engine = "\0".join((generate.engine, generate.engine_cmd, generate.engine_args,
                             generate.mem_fraction_static))
         return cls(gpu_model(gpu, platform), generate.tp,
-                   hashlib.sha256(engine.encode()).hexdigest()[:8])
+                   hashlib.sha256(engine.encode()).hexdigest()[:8],
+                   EngineIdentity.of(settings, model_dir))
+
+    @property
+    def hardware(self) -> str:
+        """The key's GPU, TP and engine part (a verdict with it and another identity is stale)."""
+        return f"{slug(self.gpu)}-tp{self.tp}-{self.engine}"
 
     @property
     def key(self) -> str:
-        return f"{slug(self.gpu)}-tp{self.tp}-{self.engine}"
+        ident = self.identity
+        return self.hardware + (f"-{ident.digest}" if ident is not None else "")
 
 
 @dataclass(frozen=True)
 class Pick:
-    """The verdict at one concurrency: the faster configuration and both rates."""
+    """The verdict at one concurrency: the faster configuration (by the mean), whether it wins
+    clearly, and both rates."""
 
     concurrency: int
-    on: bool
+    on: bool                  # MTP on is the faster by the mean (the winner where ``clear``)
     rates: dict[str, float]   # mode -> output tokens/s
     stamp: str
+    clear: bool = True        # False: within the margin or the parts overlap: no change
+    margin: float = DEFAULT_MARGIN
+
+    def follow(self, current: bool) -> bool:
+        """MTP on or off after this pick: the clear winner, else ``current`` (no change)."""
+        return self.on if self.clear else current
 
     def line(self) -> str:
         off, on = self.rates["off"], self.rates["on"]
-        return (f"bench {self.stamp} at concurrency {self.concurrency}: mtp on {on:,.1f} vs off "
+        said = (f"bench {self.stamp} at concurrency {self.concurrency}: mtp on {on:,.1f} vs off "
                 f"{off:,.1f} output tok/s ({on / off:.2f}x)" if off else "")
+        return said if self.clear else (f"{said}: {NO_CLEAR} (a {self.margin:.0%} margin over "
+                                        f"repeated windows), the running configuration stays")
+
+
+def winner(on: dict[str, Any], off: dict[str, Any], margin: float) -> str | None:
+    """``on`` or ``off`` where its rate beats the other's by ``margin`` and each of its window
+    parts beats each of the other's; None: no clear winner."""
+    rate = {"on": on["output_tokens_per_s"], "off": off["output_tokens_per_s"]}
+    parts = {"on": on["window_rates"], "off": off["window_rates"]}
+    for mode, other in (("on", "off"), ("off", "on")):
+        if rate[mode] > rate[other] * (1 + margin) and min(parts[mode]) > max(parts[other]):
+            return mode
+    return None
 
 
 @dataclass(frozen=True)
@@ -102,29 +146,48 @@ class Verdict:
     decider: Decider
     stamp: str
     rows: list[dict[str, Any]]   # BenchRow.to_json() of each configuration and concurrency
+    margin: float = DEFAULT_MARGIN
 
-    def rates(self) -> dict[int, dict[str, float]]:
-        """concurrency -> mode -> output tokens/s, where both modes were measured."""
-        found: dict[int, dict[str, float]] = {}
+    def steady(self) -> dict[int, dict[str, dict[str, Any]]]:
+        """concurrency -> mode -> row, where both modes had a steady window of repeated parts
+        (rows not steady, or stored before parts, decide nothing)."""
+        found: dict[int, dict[str, dict[str, Any]]] = {}
         for row in self.rows:
-            found.setdefault(row["concurrency"], {})[row["mtp"]] = row["output_tokens_per_s"]
+            if row.get("steady") is True and len(row.get("window_rates") or ()) >= MIN_WINDOWS:
+                found.setdefault(row["concurrency"], {})[row["mtp"]] = row
         return {c: r for c, r in sorted(found.items()) if set(r) == set(MODES)}
 
+    def rates(self) -> dict[int, dict[str, float]]:
+        """concurrency -> mode -> output tokens/s, where both modes were measured steady."""
+        return {c: {m: r["output_tokens_per_s"] for m, r in rows.items()}
+                for c, rows in self.steady().items()}
+
     def winners(self) -> dict[int, str]:
-        return {c: "on" if r["on"] > r["off"] else "off" for c, r in self.rates().items()}
+        """concurrency -> ``on``, ``off`` or :data:`NO_CLEAR`, where both were steady."""
+        return {c: winner(r["on"], r["off"], self.margin) or NO_CLEAR
+                for c, r in self.steady().items()}
 
     def at(self, in_flight: int) -> Pick | None:
-        """The measured concurrency nearest ``in_flight`` (the lower on a tie), or None."""
-        rates = self.rates()
-        if not rates:
+        """The steady concurrency nearest ``in_flight`` (the lower on a tie), or None. The caller
+        passes what the worker measured in flight where it knows it (its cap may not be
+        reached), else its ``--max-in-flight``."""
+        steady = self.steady()
+        if not steady:
             return None
-        nearest = min(rates, key=lambda c: (abs(c - in_flight), c))
-        return Pick(nearest, rates[nearest]["on"] > rates[nearest]["off"], rates[nearest],
-                    self.stamp)
+        nearest = min(steady, key=lambda c: (abs(c - in_flight), c))
+        rows = steady[nearest]
+        rates = {m: r["output_tokens_per_s"] for m, r in rows.items()}
+        won = winner(rows["on"], rows["off"], self.margin)
+        return Pick(nearest, won == "on" if won else rates["on"] > rates["off"], rates,
+                    self.stamp, won is not None, self.margin)
 
     def to_json(self) -> dict[str, Any]:
+        ident = self.decider.identity   # what the key's identity digest covers, for the reader
         return {"run": self.run, "gpu": self.decider.gpu, "tp": self.decider.tp,
                 "engine": self.decider.engine, "stamp": self.stamp, "rows": self.rows,
+                **({"model": ident.model, "sglang": ident.sglang, "python": ident.python}
+                   if ident is not None else {}),
+                "margin": self.margin,
                 "winners": {str(c): w for c, w in self.winners().items()}}
 
 
@@ -133,11 +196,12 @@ def new_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}"
 
 
-def write_verdict(storage: Storage, run: str, decider: Decider,
-                  rows: Sequence[dict[str, Any]]) -> tuple[str, Verdict] | None:
+def write_verdict(storage: Storage, run: str, decider: Decider, rows: Sequence[dict[str, Any]],
+                  margin: float = DEFAULT_MARGIN) -> tuple[str, Verdict] | None:
     """Store the bench's rows as a verdict (put-once); its key and the verdict, or None when no
-    concurrency had both configurations measured (nothing to decide)."""
-    verdict = Verdict(run, decider, new_stamp(), [dict(r) for r in rows if r.get("mtp")])
+    concurrency had both configurations measured steady (nothing to decide)."""
+    verdict = Verdict(run, decider, new_stamp(), [dict(r) for r in rows if r.get("mtp")],
+                      margin)
     if not verdict.rates():
         return None
     key = keys.bench_verdict(run, decider.key, verdict.stamp)
@@ -163,5 +227,6 @@ def read_verdict(storage: Storage, run: str, decider: Decider) -> Verdict | None
             continue
         except NotFound:
             continue
-        return Verdict(run, decider, record["stamp"], [dict(r) for r in record["rows"]])
+        return Verdict(run, decider, record["stamp"], [dict(r) for r in record["rows"]],
+                       record.get("margin", DEFAULT_MARGIN))
     return None

@@ -25,7 +25,8 @@ Count = Annotated[StrictInt, Field(ge=0)]
 Str = StrictStr
 Number = StrictInt | StrictFloat
 Share = Annotated[StrictInt | StrictFloat, Field(ge=0, le=1)]
-Ids = list[Annotated[StrictInt, Field(ge=0)]]
+TOKEN_IDS = 2**31   # token ids a vocabulary can hold (what training tensors and export take)
+Ids = list[Annotated[StrictInt, Field(ge=0, lt=TOKEN_IDS)]]
 
 
 # --- generated samples (parts) and input rows --------------------------------------------
@@ -200,6 +201,9 @@ class BenchRowRecord(TypedDict):
     mtp: Literal["off", "on"]
     concurrency: Annotated[StrictInt, Field(ge=1)]
     output_tokens_per_s: Annotated[Number, Field(ge=0)]
+    steady: NotRequired[StrictBool]   # absent (a verdict stored before): decides nothing
+    window_rates: NotRequired[list[Annotated[Number, Field(ge=0)]]]
+    in_flight_mean: NotRequired[Annotated[Number, Field(ge=0)]]
 
 
 class BenchVerdictRecord(TypedDict):
@@ -209,6 +213,7 @@ class BenchVerdictRecord(TypedDict):
     engine: Str
     stamp: Str
     rows: list[BenchRowRecord]
+    margin: NotRequired[Annotated[Number, Field(ge=0, lt=1)]]   # absent: 5%
 
 
 class ResumeRecord(TypedDict):

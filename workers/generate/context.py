@@ -9,6 +9,9 @@ last launch (at once when the engine has served nothing since its launch), so ru
 in the queue do not flip it back and forth. From then new tasks of the running configuration
 wait behind it (it is never starved); once the engine's tasks finish, it is stopped and started
 in the other configuration. The wait holds the shard's lease, so no other worker takes it.
+Under ``--mtp auto`` each task's run is decided again at its start (:mod:`.mtp_run`): a bench
+verdict found since is followed; without one, the run's samples feed this worker's measurement
+of on and off (:meth:`GenerateContext.produced`), whose standing is the choice.
 """
 
 from __future__ import annotations
@@ -27,19 +30,20 @@ from typing import Any
 
 import redis
 
-from common.choices import EngineKind, MtpMode
+from common.choices import EngineKind, MtpMode, MtpSource
 from common.config import Settings
 from common.engine.models import resolve_model_path, stop_token_ids
 from common.engine.mtp import MtpChoice, MtpWorker, decide_mtp, target_shape
+from common.engine.mtp_measure import Measurement
 from common.errors import ConfigError
 from common.gates.judge import TokenInfo
 from common.queue import redis_keys
-from common.runs.bench_verdict import Decider, read_verdict
+from common.runs.bench_verdict import Decider
 from common.runs.records import RunConfig
 from workers.context import WorkerContext, get_context
 from workers.generate.engines.base import Engine, EngineLoop
 from workers.generate.engines.cpu import CpuEngine
-from workers.generate.mtp_run import record_choice
+from workers.generate.mtp_run import LISTING_TTL, VerdictListing, record_choice
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ class GenerateContext:
     _waiting: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _runs: dict[str, MtpChoice] = field(default_factory=dict)
+    _measures: dict[str, Measurement] = field(default_factory=dict)
     _deciding: threading.Lock = field(default_factory=threading.Lock)
     loop: EngineLoop = field(default_factory=EngineLoop)
     clock: Callable[[], float] = time.monotonic
@@ -101,6 +106,13 @@ class GenerateContext:
     def decider(self) -> Decider:
         settings = self.worker.settings
         return Decider.of(settings, settings.worker.gpu, dict(os.environ))
+
+    @cached_property
+    def verdicts(self) -> VerdictListing:
+        """The runs' bench verdicts for this worker, listed again after a short while."""
+        window = self.worker.settings.generate.mtp_measure_window
+        return VerdictListing(self.worker.storage, self.decider, min(LISTING_TTL, window),
+                              self.clock)
 
     def close_engine(self) -> None:
         with self._cond:
@@ -122,23 +134,43 @@ class GenerateContext:
         return self._engine
 
     def choice_for(self, config: RunConfig, worker: str) -> MtpChoice:
-        """The run's configuration on this worker, decided at its first task (logged, stored
-        for status); ConfigError where ``--mtp on`` cannot keep the run's sampling."""
-        with self._deciding:   # two shards of a new run: one decision, one line
-            return self._decided(config, worker)
+        """The run's configuration on this worker, decided at each task's start (logged and
+        stored for status when it changes); ConfigError where ``--mtp on`` cannot keep the
+        run's sampling."""
+        with self._deciding:   # two shards of a run at once: one decision, one line
+            choice = self._decided(config)
+            if self._runs.get(config.run) != choice:
+                log.info("run %s: %s", config.run, choice.line())
+                record_choice(self.worker.redis, config.run, worker, choice)
+                self._runs[config.run] = choice
+            return choice
 
-    def _decided(self, config: RunConfig, worker: str) -> MtpChoice:
-        if config.run not in self._runs:
-            settings = self.worker.settings
-            verdict = (read_verdict(self.worker.storage, config.run, self.decider)
-                       if self.mtp.mode is MtpMode.AUTO and self.mtp.can() else None)
-            choice = decide_mtp(self.mtp, config.run, config.sampling, verdict,
-                                settings.generate.max_in_flight,
-                                settings.generate.engine_args, os.environ)
-            log.info("run %s: %s", config.run, choice.line())
-            record_choice(self.worker.redis, config.run, worker, choice)
-            self._runs[config.run] = choice
-        return self._runs[config.run]
+    def _decided(self, config: RunConfig) -> MtpChoice:
+        """The decision now: the run's verdict (listed again after a while), else where this
+        worker's own measurement of the run stands."""
+        settings, run = self.worker.settings, config.run
+        auto = self.mtp.mode is MtpMode.AUTO and self.mtp.can()
+        verdict = self.verdicts.verdict(run) if auto else None
+        measure, running = self._measures.get(run), self._running()
+        if auto and measure is None:
+            measure = self._measures[run] = Measurement(
+                run, settings.generate.mtp_measure_window, True if running is None else running,
+                settings.generate.mtp_margin)
+        return decide_mtp(self.mtp, run, config.sampling, verdict,
+                          settings.generate.max_in_flight, settings.generate.engine_args,
+                          os.environ, measure.view() if measure is not None else None, running)
+
+    def produced(self, run: str, engine: Engine, tokens: int) -> None:
+        """Count a sample of ``run`` generated on ``engine`` into the run's measurement, while
+        its choice is being measured."""
+        choice, measure = self._runs.get(run), self._measures.get(run)
+        if measure is None or choice is None or choice.rates is not None \
+                or choice.source is not MtpSource.MEASURED:
+            return
+        on = engine.mtp is not None and engine.mtp.on
+        if measure.add(on, tokens, self.clock()):
+            log.info("run %s: mtp %s measured at %.1f output tok/s on this worker", run,
+                     "on" if on else "off", measure.rates[on])
 
     @contextmanager
     def serving(self, choice: MtpChoice) -> Iterator[Engine]:

@@ -93,6 +93,7 @@ def generate_rows(delivery: Delivery, lease: Any, gen: GenerateContext, engine: 
         for sample in samples:
             lease.check()
             buffer.add(sample)
+            gen.produced(task.run, engine, int(sample["usage"]["completion_tokens"]))
             if ctx.stopping.is_set():
                 buffer.flush()
                 raise ShuttingDown(f"worker stopping; {len(parts.done_ids)} samples kept")
