@@ -140,6 +140,8 @@ def test_a_verdict_stored_mid_run_is_followed_from_a_later_shard(
     after = lines[lines.index(next(line for line in lines if MEASURED.search(line))) + 1:]
     assert after and "mtp off (auto): bench " in after[-1] and "at concurrency 4" in after[-1], \
         lines
+    held = re.search(r"at (\d+) in flight", after[-1])   # the worker's own load, measured
+    assert held and 1 <= int(held.group(1)) <= 4, after[-1]
     record = _record(pipeline, "fast", "wf")
     assert (record["mtp"], record["source"], record["rates"]) == ("off", "bench", None), record
     worker.terminate()

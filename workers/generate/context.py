@@ -78,6 +78,9 @@ def build_engine(settings: Settings, mtp: MtpChoice) -> Engine:
                         stop_ids=stop_token_ids(model_path), server=server, mtp=mtp)
 
 
+LOAD_WEIGHT = 0.05   # a finished sample's weight in the moving mean of requests in flight
+
+
 @dataclass
 class GenerateContext:
     """The process's :class:`WorkerContext` (settings, storage, Redis, stopping) and its engine."""
@@ -93,6 +96,7 @@ class GenerateContext:
     _runs: dict[str, MtpChoice] = field(default_factory=dict)
     _measures: dict[str, Measurement] = field(default_factory=dict)
     _deciding: threading.Lock = field(default_factory=threading.Lock)
+    _load: float | None = None         # requests in flight, a moving mean over samples
     loop: EngineLoop = field(default_factory=EngineLoop)
     clock: Callable[[], float] = time.monotonic
 
@@ -157,12 +161,21 @@ class GenerateContext:
                 run, settings.generate.mtp_measure_window, True if running is None else running,
                 settings.generate.mtp_margin)
         return decide_mtp(self.mtp, run, config.sampling, verdict,
-                          settings.generate.max_in_flight, settings.generate.engine_args,
+                          self.in_flight(), settings.generate.engine_args,
                           os.environ, measure.view() if measure is not None else None, running)
 
+    def in_flight(self) -> int:
+        """The requests this worker really holds in flight (the engine's count as each sample
+        finished, a moving mean), where a verdict's nearest level is taken; ``--max-in-flight``
+        until a sample has finished."""
+        cap = self.worker.settings.generate.max_in_flight
+        return cap if self._load is None else min(max(round(self._load), 1), cap)
+
     def produced(self, run: str, engine: Engine, tokens: int) -> None:
-        """Count a sample of ``run`` generated on ``engine`` into the run's measurement, while
-        its choice is being measured."""
+        """Count a sample of ``run`` generated on ``engine`` into the worker's load and the
+        run's measurement, while its choice is being measured."""
+        now = engine.in_flight + 1   # itself, answered just now, included
+        self._load = now if self._load is None else self._load + LOAD_WEIGHT * (now - self._load)
         choice, measure = self._runs.get(run), self._measures.get(run)
         if measure is None or choice is None or choice.rates is not None \
                 or choice.source is not MtpSource.MEASURED:
