@@ -18,12 +18,11 @@ from common import keys
 from common.reads import forget_foreign
 from common.runs.commit_set import committed_shards
 from common.runs.index import STORED, RunIndex, identity_of
-from common.runs.records import ShardTask
 from common.storage import LocalStorage, Storage, open_storage
 from producer.status import StatusReader
 from tests.conftest import RedisServer
-from tests.test_run_summary import RUN, SHARD, _sample, _stable, _write_run
-from workers.generate.parts import ShardParts
+from tests.test_run_index import commit_shard
+from tests.test_run_summary import RUN, _stable, _write_run
 
 SHARDS = 6   # the run's manifest: chunk 0 complete once shards 3-5 commit
 
@@ -37,11 +36,7 @@ def complete(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Pa
     storage = LocalStorage(str(base / "storage"))
     _write_run(server.client(), storage)
     for shard in (3, 4, 5):
-        parts = ShardParts(storage, ShardTask(RUN, shard))
-        parts.refresh()
-        done = parts.done_ids
-        parts.write([_sample(shard, i, True) for i in range(SHARD) if f"{shard}-{i}" not in done])
-        parts.commit([f"{shard}-{i}" for i in range(SHARD)], "w")
+        commit_shard(storage, shard)
     yield server.client(), base
     server.kill()
 

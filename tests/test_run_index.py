@@ -102,6 +102,15 @@ def test_a_corrupt_index_object_costs_speed_only(run, caplog) -> None:
     assert "ignoring stored object" in caplog.text
 
 
+def commit_shard(storage: Storage, shard: int) -> None:
+    """Generate the rest of ``shard`` of the summary run and commit it, as its worker does."""
+    parts = ShardParts(storage, ShardTask(RUN, shard))
+    parts.refresh()
+    done = parts.done_ids
+    parts.write([_sample(shard, i, True) for i in range(SHARD) if f"{shard}-{i}" not in done])
+    parts.commit([f"{shard}-{i}" for i in range(SHARD)], "w")
+
+
 def test_the_worker_that_completes_a_chunk_indexes_it(tmp_path: Path, redis_server) -> None:
     storage = LocalStorage(str(tmp_path / "s"))
     _write_run(redis_server.client(), storage)  # 6 shards, 3 committed: no chunk complete
@@ -111,11 +120,7 @@ def test_the_worker_that_completes_a_chunk_indexes_it(tmp_path: Path, redis_serv
     reader = StatusReader(storage, redis_server.client(), RUN)
     assert reader.read()["shards"]["committed"] == 3
     for shard in (3, 4, 5):
-        parts = ShardParts(storage, ShardTask(RUN, shard))
-        parts.refresh()
-        done = parts.done_ids
-        parts.write([_sample(shard, i, True) for i in range(SHARD) if f"{shard}-{i}" not in done])
-        parts.commit([f"{shard}-{i}" for i in range(SHARD)], "w")
+        commit_shard(storage, shard)
         # A warm reader lists only the shards of the chunk still uncommitted, and sees each.
         assert reader.read()["shards"]["committed"] == shard + 1
     assert [keys.index_entry(k) for k in _index_keys(storage)] == [(0, 6)]
