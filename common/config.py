@@ -11,6 +11,7 @@ result down, so the broker URL, storage root and queue timeouts always agree acr
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -302,7 +303,10 @@ class Settings:
 
 
 def _as_field(value: Any, f: Field[Any]) -> Any:
-    """A choice given as its text (a keyword, ``replace``) as its enum's member."""
+    """A choice given as its text (a keyword, ``replace``) as its enum's member; a number that
+    is not finite refused (a click ``FloatRange`` lets NaN through, which no bound stops)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{f.name}={value!r} is not a finite number")
     return type(f.default)(value) if isinstance(f.default, Enum) else value
 
 
@@ -320,6 +324,8 @@ def _coerce(name: str, raw: str, f: Field[Any]) -> object:
     except ValueError as exc:
         raise ConfigError(f"{env_name(name)}={raw!r} is not a valid {kind.__name__}") from exc
     meta = f.metadata
+    if isinstance(value, float) and not math.isfinite(value):   # NaN compares false to bounds
+        raise ConfigError(f"{env_name(name)}={raw!r} is not a finite number")
     if isinstance(value, int | float) and (value < 0 or (value == 0 and not meta.get("zero_ok"))):
         raise ConfigError(f"{env_name(name)}={raw!r} must be positive")
     if meta.get("below") is not None and not value < meta["below"]:   # NaN too

@@ -57,6 +57,13 @@ def _finite(text: str) -> float:
     return value
 
 
+def _number(text: str) -> int | float:
+    """An integer as orjson reads it: past 64 bits a float, refused where that is infinite (so
+    no reader's ``float()`` of a 400-digit integer overflows)."""
+    value = int(text)
+    return value if -2**63 <= value < 2**64 else _finite(text)
+
+
 def parse(key: str, data: bytes | str) -> Any:
     """The JSON value of ``data`` (``key``: where it was read, for the error), or
     :class:`ForeignObject` for anything else: not JSON, too deep, NaN or Infinity."""
@@ -73,7 +80,8 @@ def parse(key: str, data: bytes | str) -> Any:
     if too_deep(raw):   # checked before the recursive parser ever descends
         raise ForeignObject(key, f"nested deeper than {MAX_DEPTH} levels, or not JSON")
     try:   # lone surrogates, as the standard encoder escapes them
-        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite)
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite,
+                          parse_int=_number)
     except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
         raise ForeignObject(key, f"not JSON ({exc})") from None
 

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from common.choices import EngineKind, EnumChoice
-from common.cli import command_option, engine_launch_options, setting_option
+from common.cli import FiniteRange, command_option, engine_launch_options, setting_option
 from common.config import Settings
 from common.errors import DflashError, OptionRefused
 from common.exit_codes import EXIT_FAILURE
@@ -67,7 +67,7 @@ def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) ->
     @setting_option("max_in_flight", type=click.IntRange(min=1),
                     help="The generate workers' in-flight cap: measured among the "
                          "concurrencies by default, and the one whose verdict --mtp auto takes.")
-    @setting_option("mtp_margin", type=click.FloatRange(0, 1, max_open=True),
+    @setting_option("mtp_margin", type=FiniteRange(0, 1, max_open=True),
                     help="--run: the share by which MTP on or off must beat the other in every "
                          "steady window to win the verdict; within it, no clear winner.")
     @click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,

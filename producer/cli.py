@@ -13,7 +13,13 @@ from typing import Any
 
 import click
 
-from common.cli import command_option, common_options, run_click_options, setting_option
+from common.cli import (
+    FiniteRange,
+    command_option,
+    common_options,
+    run_click_options,
+    setting_option,
+)
 from common.config import Settings, load_settings
 from common.entry_points import COMMANDS, EntryPointGroup
 from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
@@ -77,7 +83,7 @@ def enqueue(settings: Settings, dry_run: bool, show: int, model: str | None, as_
 @click.option("--accept-gates", is_flag=True,
               help="Lift a quality-gate pause, accepting the rejections so far; the monitor "
                    "keeps watching the samples that follow.")
-@click.option("--max-reject-rate", type=click.FloatRange(0, 1), default=None,
+@click.option("--max-reject-rate", type=FiniteRange(0, 1), default=None,
               help="New pause threshold for the rejection rate (lifts a pause too).")
 @click.option("--pause-after", type=click.IntRange(min=1), default=None,
               help="New size of the rolling window the rate is taken over (lifts a pause too).")
@@ -113,7 +119,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
 @command_option("run", required=True, help="Run id.")
 @click.option("--watch", is_flag=True,
               help="Refresh until the run is done, failed or paused.")
-@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+@click.option("--interval", type=FiniteRange(min=0.2), default=2.0, show_default=True,
               help="Seconds between refreshes with --watch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (per refresh).")
 @common_options

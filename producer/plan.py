@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from common import keys
-from common.cli import command_option, setting_option
+from common.cli import FiniteRange, command_option, setting_option
 from common.config import Settings, load_settings
 from common.engine.target import TargetShape
 from common.errors import ConfigError, DflashError
@@ -188,7 +188,7 @@ def _pick(option: Any, from_run: Any, name: str, sources: dict[str, str], where:
 @command_option("run",
                 help="Read samples, mean tokens and model size from this run's storage.")
 @click.option("--samples", type=click.IntRange(min=1), default=None, help="Training samples.")
-@click.option("--mean-tokens", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--mean-tokens", type=FiniteRange(min=0, min_open=True), default=None,
               help="Mean tokens per sample (prompt + response).")
 @click.option("--hidden", type=click.IntRange(min=1), default=None, help="Target hidden size.")
 @click.option("--layers", type=click.IntRange(min=1), default=None,

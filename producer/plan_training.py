@@ -23,7 +23,7 @@ import click
 
 from common import keys
 from common.choices import Checkpointing, EnumChoice
-from common.cli import command_option, setting_option
+from common.cli import FiniteRange, command_option, setting_option
 from common.config import Settings, load_settings
 from common.errors import DflashError
 from common.exit_codes import EXIT_FAILURE
@@ -147,7 +147,7 @@ def render(plan: TrainingPlan) -> str:
               help="Rows of --tokens tokens in an epoch (for the hours, without --run).")
 @click.option("--num-gpus", type=click.IntRange(min=1), default=1, show_default=True,
               help="Training ranks, one GPU each.")
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=1), default=None,
+@click.option("--gpu-memory-gib", type=FiniteRange(min=1), default=None,
               help="Memory of each GPU in GiB, as the device reports it (an H100 80GB: 79.2) "
                    "[default: this host's first GPU].")
 @click.option("--fsdp", is_flag=True, help="Shard the drafter and its optimizer state (FSDP2).")
@@ -157,13 +157,13 @@ def render(plan: TrainingPlan) -> str:
 @click.option("--max-anchors", type=click.IntRange(min=1), default=None,
               help="Blocks drawn per row [default: the train worker's setting].")
 @setting_option("train_memory_margin", "--memory-margin",
-                type=click.FloatRange(0, 0.5, max_open=True),
+                type=FiniteRange(0, 0.5, max_open=True),
                 help="Share of the GPU's memory the plan leaves free (the budget, the "
                      "checkpointing cut-over and the verdict stay below the rest).")
-@click.option("--utilization", type=click.FloatRange(0, 1, min_open=True),
+@click.option("--utilization", type=FiniteRange(0, 1, min_open=True),
               default=DEFAULT_UTILIZATION, show_default=True,
               help="Share of the GPU's bf16 peak an epoch's hours assume.")
-@click.option("--gpu-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--gpu-tflops", type=FiniteRange(min=0, min_open=True), default=None,
               help="The GPU's dense bf16 peak [default: by its name, else an H100's 989].")
 @setting_option("storage", help="Storage root for --run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")

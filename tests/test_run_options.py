@@ -159,3 +159,15 @@ def test_a_real_run_json_fits_the_generated_schema(
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, run_json_schema())
     assert not open_storage(str(storage)).exists("runs/r/run.json")   # a dry run writes nothing
+
+
+@pytest.mark.parametrize("args", [("--temperature", "nan"), ("--temperature", "inf"),
+                                  ("--min-p", "nan"), ("--max-reject-rate", "nan")])
+def test_a_number_option_refuses_what_is_no_finite_number(args: tuple[str, str]) -> None:
+    """click's FloatRange lets NaN past every bound; the options refuse it at the edge."""
+    from click.testing import CliRunner
+
+    from producer.cli import main
+
+    result = CliRunner().invoke(main, ["enqueue", "--input", "x.jsonl", "--run", "r", *args])
+    assert result.exit_code == 2 and "is not a finite number" in result.output, result.output

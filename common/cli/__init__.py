@@ -28,6 +28,7 @@ from common.errors import (
     RunConfigMismatch,
 )
 from common.exit_codes import EXIT_FAILURE, EXIT_MISMATCH, EXIT_USAGE
+from common.runs.options import FiniteRange as FiniteRange  # noqa: F401 - for the commands
 from common.runs.options import run_option_fields
 
 log = logging.getLogger("dflash")

@@ -9,8 +9,10 @@ one configuration for a window, then in the other, and the faster is kept.
 A window opens at the first sample the run completes in its configuration (the engine launched
 and loaded by then) and closes at the first completed after ``window`` seconds: its rate is the
 output tokens completed after the opening over that time, with whatever else the worker serves
-beside it (its real load). With both rates, a configuration is kept only where it beats the
-other by :data:`MARGIN` (the bench's), else the one measured last, which the engine runs.
+beside it (its real load); a window open when the engine is relaunched (it ran the other
+configuration for another run meanwhile) opens again. With both rates, a configuration is kept
+only where it beats the other by :data:`MARGIN` (the bench's), else the one measured last,
+which the engine runs.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ class Measurement:
             return None
         return self.first if self.first not in self.rates else not self.first
 
-    def add(self, on: bool, tokens: int, now: float) -> bool:
-        """Count a sample the run completed in configuration ``on``; True where it closed a
-        window."""
+    def add(self, on: bool, tokens: int, now: float, launched: float = float("-inf")) -> bool:
+        """Count a sample the run completed in configuration ``on`` on an engine ``launched``
+        then (a window opened before that spans the other configuration's time: it opens
+        again); True where it closed a window."""
         with self._lock:
             if on != self.measuring:
                 return False
-            if self.opened is None:
+            if self.opened is None or self.opened < launched:
                 self.opened, self.tokens = now, 0
                 return False
             self.tokens += tokens

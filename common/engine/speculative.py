@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from common.choices import MtpSource
 from common.errors import ForeignObject
 from common.reads import note, parse_json
 
@@ -88,8 +89,9 @@ def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             note(exc)
             continue
         if isinstance(entry, dict):
-            found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason",
-                                                                  "source")}
+            found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason")}
+            source = entry.get("source")   # a record of a worker before sources: null
+            found[worker]["source"] = source if source in set(MtpSource) else None
             found[worker]["rates"] = _rates(entry.get("rates"))
     return found
 

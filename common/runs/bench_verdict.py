@@ -124,7 +124,7 @@ class Pick:
     def line(self) -> str:
         off, on = self.rates["off"], self.rates["on"]
         said = (f"bench {self.stamp} at concurrency {self.concurrency}: mtp on {on:,.1f} vs off "
-                f"{off:,.1f} output tok/s ({on / off:.2f}x)" if off else "")
+                f"{off:,.1f} output tok/s" + (f" ({on / off:.2f}x)" if off else ""))
         return said if self.clear else (f"{said}: {NO_CLEAR} (a {self.margin:.0%} margin over "
                                         f"repeated windows), the running configuration stays")
 

@@ -18,6 +18,7 @@ own, never restated; ``None`` means "as the target says" where the help shows wh
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
@@ -35,6 +36,17 @@ DRAFTER_LAYERS = 5   # DFlash's drafter depth for an 8B-class target (its publis
 
 
 _MISSING: Any = MISSING
+
+
+class FiniteRange(click.FloatRange):
+    """click's ``FloatRange`` that refuses NaN and infinities (which pass every bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        found = super().convert(value, param, ctx)
+        if not math.isfinite(found):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return found
 
 
 def run_option(default: Any = _MISSING, *, help: str,  # noqa: A002
@@ -108,7 +120,7 @@ class FrozenOptions:
     layout: Layout = run_option(Layout.DFLASH, type=EnumChoice(Layout),
                                 help="Target layers kept for the drafter.")
     heldout_fraction: float = run_option(
-        HELDOUT_FRACTION, type=click.FloatRange(0, 1, max_open=True),
+        HELDOUT_FRACTION, type=FiniteRange(0, 1, max_open=True),
         help="Samples (by id hash) never trained on, decoded by eval-drafter.")
     heldout_min: int = run_option(HELDOUT_MIN, type=click.IntRange(min=0),
                                   help="Hold out at least this many samples (at most half a "
@@ -154,24 +166,24 @@ class RunOptions(FrozenOptions):
              f"allows, at most {MAX_NEW_TOKENS_CAP}; each request is capped to the room its "
              "prompt leaves].")
     temperature: float | None = run_option(
-        None, type=click.FloatRange(min=0),
+        None, type=FiniteRange(min=0),
         help="Sampling temperature (0 = greedy) [default: the target's generation_config.json, "
              f"else {Sampling.temperature:g}].")
     top_p: float | None = run_option(
-        None, type=click.FloatRange(min=0, max=1, min_open=True),
+        None, type=FiniteRange(min=0, max=1, min_open=True),
         help=f"Nucleus sampling mass [default: the target's, else {Sampling.top_p:g}].")
     top_k: int | None = run_option(None, type=click.IntRange(min=-1),
                                    help="Top-k sampling (-1 = off) [default: the target's, "
                                         f"else {Sampling.top_k}].")
-    min_p: float | None = run_option(None, type=click.FloatRange(min=0, max=1),
+    min_p: float | None = run_option(None, type=FiniteRange(min=0, max=1),
                                      help="Min-p sampling [default: the target's, else "
                                           f"{Sampling.min_p:g}].")
     repetition_penalty: float | None = run_option(
-        None, type=click.FloatRange(min=0, max=2, min_open=True),
+        None, type=FiniteRange(min=0, max=2, min_open=True),
         help="Repetition penalty (1 = off) [default: the target's, else "
              f"{Sampling.repetition_penalty:g}].")
     presence_penalty: float | None = run_option(
-        None, type=click.FloatRange(min=-2, max=2),
+        None, type=FiniteRange(min=-2, max=2),
         help=f"Presence penalty [default: the target's, else {Sampling.presence_penalty:g}].")
     thinking: str = run_option(
         "on", metavar="on|off|mix:R", is_flag=False, flag_value="on", callback=_thinking,
@@ -211,7 +223,7 @@ class RunOptions(FrozenOptions):
         help="Reject a sample with a turn of fewer generated tokens (2 x the DFlash block "
              "size).")
     max_reject_rate: float = run_option(
-        GateConfig.max_reject_rate, type=click.FloatRange(0, 1),
+        GateConfig.max_reject_rate, type=FiniteRange(0, 1),
         help="Pause the run when the rolling rejection rate exceeds this.")
     pause_after: int = run_option(GateConfig.pause_after, type=click.IntRange(min=1),
                                   help="Samples the rolling rejection rate is taken over.")

@@ -7,7 +7,13 @@ from typing import Any
 import click
 
 from common.choices import EngineKind, EnumChoice, MtpMode
-from common.cli import command_option, common_options, engine_launch_options, setting_option
+from common.cli import (
+    FiniteRange,
+    command_option,
+    common_options,
+    engine_launch_options,
+    setting_option,
+)
 from common.config import Settings
 from common.engine.models import resolve_model_path
 from common.engine.mtp import choose_mtp, target_shape
@@ -50,7 +56,7 @@ GENERATE = Launch("generate", app="workers.generate.app",
                      "the head (such a run's shards park, naming the parameter); where it "
                      "cannot run at all it is an error. The log and `status` say which, and "
                      "why.")
-@setting_option("engine_drain_timeout", type=click.FloatRange(min=0),
+@setting_option("engine_drain_timeout", type=FiniteRange(min=0),
                 help="Seconds a stopping engine may finish its running requests before its "
                      "process tree is killed.")
 @setting_option("max_in_flight", type=click.IntRange(min=1),

@@ -181,7 +181,7 @@ class GenerateContext:
                 or choice.source is not MtpSource.MEASURED:
             return
         on = engine.mtp is not None and engine.mtp.on
-        if measure.add(on, tokens, self.clock()):
+        if measure.add(on, tokens, self.clock(), self._launched):
             log.info("run %s: mtp %s measured at %.1f output tok/s on this worker", run,
                      "on" if on else "off", measure.rates[on])
 

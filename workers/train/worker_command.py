@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from common.choices import Checkpointing, EnumChoice
-from common.cli import setting_option
+from common.cli import FiniteRange, setting_option
 from workers.train.group import TRAIN_LAUNCH
 from workers.worker_cli import stage_worker
 
@@ -35,7 +35,7 @@ worker_train = stage_worker(
                    help="Recompute the drafter's layers in the backward (auto: for the "
                         "micro-batches that would not fit without, by the memory plan)."),
     setting_option("train_memory_margin", "--memory-margin",
-                   type=click.FloatRange(0, 0.5, max_open=True),
+                   type=FiniteRange(0, 0.5, max_open=True),
                    help="Share of the GPU's reported memory the memory plan leaves free: the "
                         "micro-batch budget and the checkpointing cut-over stay below the rest."),
     setting_option("train_eval_steps", "--eval-steps", type=click.IntRange(min=0),
