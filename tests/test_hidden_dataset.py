@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from common.hidden.dataset import HiddenStatesDataset
-from common.hidden.store import HiddenMeta, HiddenRecord, HiddenShardWriter, write_hidden_commit
+from common.hidden.store import HiddenMeta, HiddenRecord, write_hidden_commit
+from common.hidden.writer import HiddenShardWriter
 from common.storage import LocalStorage
 
 META = HiddenMeta(layout="dflash", layer_ids=(1, 2), hidden_size=4, num_layers=4)

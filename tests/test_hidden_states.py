@@ -13,7 +13,6 @@ import torch
 from common import keys
 from common.errors import HiddenStateError
 from common.hidden.store import (
-    HiddenShardWriter,
     check_record,
     committed_hidden_shards,
     decode_part,
@@ -22,6 +21,7 @@ from common.hidden.store import (
     read_hidden_index,
     write_hidden_commit,
 )
+from common.hidden.writer import HiddenShardWriter
 from common.runs.trainrows import TrainingRow
 from common.storage import LocalStorage
 from tests.conftest import TinyTarget

@@ -10,7 +10,7 @@ The model is loaded once (bf16 on CUDA, float32 on CPU). Each batch is right-pad
 attention mask and run once through the target's trunk, capturing only the layout's K layers
 (and, for eagle3, the final normed state) and stopping after the deepest
 (:mod:`workers.capture`); the states are cut back to each row's real length. Records carry the
-compute dtype; :class:`common.hidden.store.HiddenShardWriter` stores them as bf16. Bad output
+compute dtype; :class:`common.hidden.writer.HiddenShardWriter` stores them as bf16. Bad output
 (NaN/Inf, wrong shapes, token ids that are not the row's) raises
 :class:`common.errors.HiddenStateError` naming the rows.
 """

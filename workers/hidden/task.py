@@ -20,7 +20,8 @@ from common import keys
 from common.choices import Layout
 from common.errors import ShuttingDown
 from common.faults import inject
-from common.hidden.store import HiddenShardWriter, write_hidden_commit
+from common.hidden.store import write_hidden_commit
+from common.hidden.writer import HiddenShardWriter
 from common.queue.celery_app import TASK_HIDDEN, app
 from common.runs.records import RunConfig, TaskOutcome
 from common.runs.store import RunStore
