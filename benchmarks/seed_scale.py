@@ -165,7 +165,7 @@ def main() -> None:
                     for path in paths:
                         prepare_redis(client, layout, redis_state == "wipe")
                         if redis_state == "keep" and not client.hexists(
-                                redis_keys.redis_gates(RUN), "ready"):
+                                redis_keys.RunKeys(RUN).gates, "ready"):
                             child("rebuild", "new", url, broker, latency, work / "out",
                                   3600, env)
                             prepare_redis(client, layout, False)

@@ -81,33 +81,33 @@ def rebuild_from_parts(client: redis.Redis, storage: Storage, run: str,
     started = time.monotonic()
     events, last, size, accepted_at = resume_state(storage, run, gates)
     samples, partial = judged_samples(storage, run)
-    names = [redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run),
-             redis_keys.redis_gate_window(run), redis_keys.redis_answers(run),
-             redis_keys.redis_partial(run),   # never the pause: only resume lifts it
-             *(redis_keys.redis_gate_examples(run, r) for r in _reasons(samples))]
+    names = [redis_keys.RunKeys(run).gates, redis_keys.RunKeys(run).gate_hist,
+             redis_keys.RunKeys(run).gate_window, redis_keys.RunKeys(run).answers,
+             redis_keys.RunKeys(run).partial,   # never the pause: only resume lifts it
+             *(redis_keys.RunKeys(run).gate_examples(r) for r in _reasons(samples))]
     pipe = client.pipeline(transaction=True)
     pipe.delete(*names)
     for first in range(0, len(samples), REBUILD_CHUNK):  # in judgement order, list kept short
         count_samples(pipe, run, samples[first:first + REBUILD_CHUNK], size)
     for sample in samples:
         if sample["quality"]["passed"] and sample["quality"]["answer_hash"]:
-            pipe.hsetnx(redis_keys.redis_answers(run), sample["quality"]["answer_hash"],
+            pipe.hsetnx(redis_keys.RunKeys(run).answers, sample["quality"]["answer_hash"],
                         sample["id"])
     if partial:
-        pipe.hset(redis_keys.redis_partial(run), mapping={keys.shard_name(s): n
-                                                    for s, n in partial.items()})
+        pipe.hset(redis_keys.RunKeys(run).partial, mapping={keys.shard_name(s): n
+                                                            for s, n in partial.items()})
     since = max(len(samples) - accepted_at, 0)
-    pipe.hset(redis_keys.redis_gates(run), "since", since)
+    pipe.hset(redis_keys.RunKeys(run).gates, "since", since)
     if since == 0:
-        pipe.delete(redis_keys.redis_gate_window(run))
+        pipe.delete(redis_keys.RunKeys(run).gate_window)
     elif since < size:  # the window only holds samples judged since the last acceptance
-        pipe.ltrim(redis_keys.redis_gate_window(run), 0, since - 1)
+        pipe.ltrim(redis_keys.RunKeys(run).gate_window, 0, since - 1)
     for field_name in ("max_reject_rate", "pause_after"):
         if last.get(field_name) is not None:
-            pipe.hset(redis_keys.redis_gates(run), field_name, last[field_name])
+            pipe.hset(redis_keys.RunKeys(run).gates, field_name, last[field_name])
     if events and events[-1][0] == "pause":   # added unless Redis has one in force
         push_pause(client, run, events[-1][1])
-    pipe.hset(redis_keys.redis_gates(run), "ready", 1)
+    pipe.hset(redis_keys.RunKeys(run).gates, "ready", 1)
     pipe.execute()
     log.info("run %s: quality monitor rebuilt from %d stored samples in %.1fs", run, len(samples),
              time.monotonic() - started)

@@ -19,10 +19,10 @@ from celery import Celery
 from common import keys
 from common.errors import BadRow
 from common.inputs.rows import IdRegistry
-from common.queue import redis_keys
 from common.queue.celery_app import GENERATE
 from common.queue.dispatch import publish_shard
 from common.queue.reconcile import Flags, reconcile, reconcile_run, waiting_messages
+from common.queue.shard_registry import watch_run
 from common.runs.intake import Intake, Item, RowCheck
 from common.runs.records import InputManifest, RunConfig, dumps, encode_jsonl_zst
 from common.runs.splits import HeldoutPicker
@@ -84,14 +84,14 @@ class TaskSender:
         self.storage, self.app, self.client, self.run = storage, app, client, run
         self.committed = RunStore(storage, run).committed("generate")
         self.enqueued = 0
-        client.sadd(redis_keys.redis_runs(), run)  # where the reconciler looks for shards to heal
+        watch_run(client, run)  # where the reconciler looks for shards to heal
 
     def send(self, shard: int) -> bool:
-        names, field_name = GENERATE.keys(self.run), keys.shard_name(shard)
+        registry = GENERATE.registry(self.client, self.run)
         # The marker makes a repeated enqueue idempotent; the worker clears it when it starts.
-        if shard in self.committed or self.client.hexists(names.queued, field_name):
+        if shard in self.committed or registry.is_queued(shard):
             return False
-        fresh = bool(self.client.hexists(names.parked, field_name))
+        fresh = registry.is_parked(shard)
         publish_shard(self.app, self.client, GENERATE, self.run, shard, fresh=fresh)
         self.enqueued += 1
         return True
@@ -227,7 +227,7 @@ def resume_run(
         sent = reconcile_run(storage, app, client, run, lease_ttl, waiting_messages(client),
                              flags) or []
     else:
-        client.sadd(redis_keys.redis_runs(), run)
+        watch_run(client, run)
         done = reconcile(storage, app, client, lease_ttl, runs=[run], flags=flags,
                          wait_s=max(2 * lease_ttl, 10.0) + 5)
         sent = (done or {}).get(run) or []

@@ -227,7 +227,7 @@ class StatusReader:
         """Quality-gate counts: the run monitor's live ones, else commits' and stored parts'."""
         window, turns, modes = None, None, None
         if stats is not None:
-            hash_key = redis_keys.redis_gates(self.run)
+            hash_key = redis_keys.RunKeys(self.run).gates
 
             def counter(name: str) -> int:   # a foreign value (noted) reads as 0
                 return count_of(field_key(hash_key, name), stats.get(name))
@@ -265,14 +265,14 @@ class StatusReader:
             stages = {spec.name: read_stage(self.client, spec, self.run, self.lease_ttl, waiting)
                       for spec in STAGES}
             pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(redis_keys.redis_partial(self.run))
-            pipe.lrange(redis_keys.redis_rate(self.run), 0, -1)
+            pipe.hgetall(redis_keys.RunKeys(self.run).partial)
+            pipe.lrange(redis_keys.RunKeys(self.run).rate, 0, -1)
             pipe.hgetall(redis_keys.redis_engines())
-            pipe.hgetall(redis_keys.redis_gates(self.run))
-            pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
+            pipe.hgetall(redis_keys.RunKeys(self.run).gates)
+            pipe.lrange(redis_keys.RunKeys(self.run).gate_window, 0, -1)
             pipe.hgetall(TRAIN.keys(self.run).metrics)
-            pipe.hgetall(redis_keys.redis_speculative(self.run))
-            pipe.hgetall(redis_keys.redis_mtp(self.run))
+            pipe.hgetall(redis_keys.RunKeys(self.run).speculative)
+            pipe.hgetall(redis_keys.RunKeys(self.run).mtp)
             redis_keys.read_pause(pipe, self.run)
             (partial, events, engines, gates, window, train, spec, mtp,
              *pause) = pipe.execute()
@@ -285,12 +285,12 @@ class StatusReader:
                        for stage, info in stages.items()
                        for s, r in sorted(info.parked.items())
                        if stage != "generate" or s not in self.commits],
-            "partial": shard_counts(redis_keys.redis_partial(self.run), partial),
+            "partial": shard_counts(redis_keys.RunKeys(self.run).partial, partial),
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
             "engines": redis_keys.engines_of(engines),
             "gates": gates,
-            "window": [count_of(redis_keys.redis_gate_window(self.run), x) for x in window],
+            "window": [count_of(redis_keys.RunKeys(self.run).gate_window, x) for x in window],
             "pause": redis_keys.pause_in(self.run, *pause),
             "train": train,
             "speculative": by_worker(spec),

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from common.queue.reconcile import StageView
 from common.queue.redis_values import field_key, number_of
+from common.queue.shard_registry import StageView
 from common.runs.records import RunState
 
 RATE_WINDOW_S = 120.0

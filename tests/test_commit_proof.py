@@ -180,11 +180,11 @@ def test_any_pause_record_and_odd_redis_numbers_render(run: Any, tmp_path: Path)
         shown = {**status, "state": "paused", "pause": pause}
         text = render_status(shown)   # type: ignore[arg-type]  # the --json dict as RunStatus
         assert "PAUSED  r" in text and "?" in text
-    gates = redis_keys.redis_gates(RUN)
+    gates = redis_keys.RunKeys(RUN).gates
     client.hset(gates, mapping={"checked": "1_0", "turns": "nan", "reason:x": "-1"})
-    client.rpush(redis_keys.redis_gate_window(RUN), "x")
-    client.hset(redis_keys.redis_partial(RUN), mapping={"shard-x": "1", "shard-000003": "z"})
-    client.hset(redis_keys.redis_gate_hist(RUN), mapping={"many": "1", "5": "2.5"})
+    client.rpush(redis_keys.RunKeys(RUN).gate_window, "x")
+    client.hset(redis_keys.RunKeys(RUN).partial, mapping={"shard-x": "1", "shard-000003": "z"})
+    client.hset(redis_keys.RunKeys(RUN).gate_hist, mapping={"many": "1", "5": "2.5"})
     odd = _status(storage, client)
     assert odd["gates"]["checked"] == 0 and odd["gates"]["reasons"]["x"] == 0
     assert Views(storage, client).gates(RUN)["source"] == "live"

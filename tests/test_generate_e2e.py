@@ -152,7 +152,7 @@ def pipeline_requests(pipeline: Pipeline, run: str, prefix: str) -> int:
     import redis
 
     client = redis.Redis.from_url(pipeline.env["DFLASH_BROKER_URL"], decode_responses=True)
-    counts = client.hgetall(redis_keys.redis_requests(run))
+    counts = client.hgetall(redis_keys.RunKeys(run).requests)
     return sum(int(v) for k, v in counts.items() if k.startswith(prefix))
 
 

@@ -111,11 +111,11 @@ def test_hostile_redis_values_are_foreign_and_a_pause_fails_closed(run, tmp_path
     rebuild(client, storage, RUN, GATES)
     for name, body in HOSTILE.items():
         forget_foreign()
-        client.lpush(redis_keys.redis_pauses(RUN), body)
+        client.lpush(redis_keys.RunKeys(RUN).pauses, body)
         client.hset(redis_keys.redis_engines(), mapping={"bad:gpu0": body,
                                                          "good:gpu0": '{"url": "http://x"}'})
-        client.hset(redis_keys.redis_mtp(RUN), "w1", body)
-        client.lpush(redis_keys.redis_gate_examples(RUN, "too_few_tokens"), body)
+        client.hset(redis_keys.RunKeys(RUN).mtp, "w1", body)
+        client.lpush(redis_keys.RunKeys(RUN).gate_examples("too_few_tokens"), body)
         status = _status(storage, client)
         assert status["state"] == "paused", name
         assert status["pause"]["reason"].startswith("unreadable pause record"), name
@@ -132,7 +132,7 @@ def test_every_panel_answers_with_hostile_objects_planted(run, tmp_path) -> None
     assert storage.put_once(keys.generated_commit(RUN, 5), DEEP)
     assert storage.put_once(keys.gate_event(RUN, "pause", "99991231T000000.000000-x"), NAN)
     assert storage.put_once(keys.drafter_checkpoint(RUN, 3, "_COMMIT.json"), DEEP)
-    client.lpush(redis_keys.redis_gate_examples(RUN, "too_few_tokens"), DEEP)
+    client.lpush(redis_keys.RunKeys(RUN).gate_examples("too_few_tokens"), DEEP)
     client.hset(redis_keys.redis_engines(), "bad:gpu0", NAN)
     answers = asyncio.run(_get(Views(storage, client), PANELS))
     for name, (code, body) in answers.items():

@@ -66,15 +66,15 @@ def test_degenerate_stream_pauses_before_200_samples_and_survives_a_redis_wipe(e
     assert pause is not None and written < 200
     assert pause["rejected"] > 40 and "rejected" in pause["reason"]
     assert "too_few_tokens" in pause["reason"] and len(pause["examples"]) == 3
-    assert client.hget(redis_keys.redis_gate_hist("r"), "6") == str(pause["rejected"])
+    assert client.hget(redis_keys.RunKeys("r").gate_hist, "6") == str(pause["rejected"])
     assert pause_from_storage(storage, "r")["reason"] == pause["reason"]
     with pytest.raises(RunPaused):
         monitor.check()
 
-    before = client.hgetall(redis_keys.redis_gates("r"))
+    before = client.hgetall(redis_keys.RunKeys("r").gates)
     client.flushall()  # Redis lost everything: the next worker rebuilds from storage
     RunMonitor(client, storage, "r", gates).ensure_ready()
-    after = client.hgetall(redis_keys.redis_gates("r"))
+    after = client.hgetall(redis_keys.RunKeys("r").gates)
     assert {k: after[k] for k in ("checked", "rejected", "reason:too_few_tokens")} == \
         {k: before[k] for k in ("checked", "rejected", "reason:too_few_tokens")}
     assert monitor.paused()["reason"] == pause["reason"]
@@ -92,7 +92,7 @@ def test_degenerate_stream_pauses_before_200_samples_and_survives_a_redis_wipe(e
         if again:
             break
     assert again is not None and (part - 25 + 1) * 8 < 200
-    assert json.loads(client.lindex(redis_keys.redis_pauses("r"), 0))["at"] > pause["at"]
+    assert json.loads(client.lindex(redis_keys.RunKeys("r").pauses, 0))["at"] > pause["at"]
 
 
 def test_new_threshold_lifts_the_pause_and_sticks(env) -> None:
@@ -139,17 +139,17 @@ def test_rebuild_after_a_wipe_keeps_the_window_in_judgement_order(env) -> None:
                 storage.put_once(keys.rejected_part("w", shard, part), encode_jsonl_zst(rejected))
             assert monitor.record(accepted, rejected) is None
     commit_shard(storage, "w", 0)  # shard 0 committed, 1 and 2 not
-    window = client.lrange(redis_keys.redis_gate_window("w"), 0, -1)
-    before = client.hgetall(redis_keys.redis_gates("w"))
+    window = client.lrange(redis_keys.RunKeys("w").gate_window, 0, -1)
+    before = client.hgetall(redis_keys.RunKeys("w").gates)
     assert int(before["rejected"]) == 50 and len(window) == 200
 
     client.flushall()
     monitor.ensure_ready()
-    assert client.lrange(redis_keys.redis_gate_window("w"), 0, -1) == window
+    assert client.lrange(redis_keys.RunKeys("w").gate_window, 0, -1) == window
     assert monitor.paused() is None
-    after = client.hgetall(redis_keys.redis_gates("w"))
+    after = client.hgetall(redis_keys.RunKeys("w").gates)
     assert (after["checked"], after["rejected"]) == (before["checked"], before["rejected"])
-    assert client.hgetall(redis_keys.redis_partial("w")) == {keys.shard_name(1): "200",
-                                                       keys.shard_name(2): "200"}
+    assert client.hgetall(redis_keys.RunKeys("w").partial) == {keys.shard_name(1): "200",
+                                                               keys.shard_name(2): "200"}
     # The window keeps judging: a healthy stream after the wipe does not pause either.
     assert monitor.record([sample(10_000 + j, True, 120) for j in range(8)], []) is None

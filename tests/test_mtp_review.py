@@ -80,10 +80,10 @@ def test_a_status_record_whose_rate_overflows_a_float_is_left_out(
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     body = ('{"x":"\\ud800","mtp":"on","source":"measured","rates":{"on":' + BIG
             + ',"off":1}}')
-    client.hset(redis_keys.redis_mtp("r"), mapping={"w1": body, "w2": json.dumps(
+    client.hset(redis_keys.RunKeys("r").mtp, mapping={"w1": body, "w2": json.dumps(
         {"mtp": "off", "mode": "auto", "reason": "x", "source": "bench",
          "rates": {"on": 1, "off": 2}}), "w3": json.dumps({"mtp": "on", "mode": "auto"})})
-    found = choices_by_worker(client.hgetall(redis_keys.redis_mtp("r")))
+    found = choices_by_worker(client.hgetall(redis_keys.RunKeys("r").mtp))
     assert list(found) == ["w2", "w3"] and found["w2"]["rates"] == {"on": 1.0, "off": 2.0}
     assert found["w2"]["source"] == "bench" and found["w3"]["source"] is None   # an older worker
     assert json.loads(json.dumps(found)) == found

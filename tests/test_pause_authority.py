@@ -110,8 +110,8 @@ def refused(client: redis.Redis, *command: str) -> bool:
 
 def attempts(run_id: str) -> list[tuple[str, ...]]:
     """Every way a write could remove, rewrite or hide the run's pause events or lift count."""
-    pauses, lifted = redis_keys.redis_pauses(run_id), redis_keys.redis_lifted(run_id)
-    own = redis_keys.redis_gates(run_id)   # a key the generate user may write
+    pauses, lifted = redis_keys.RunKeys(run_id).pauses, redis_keys.RunKeys(run_id).lifted
+    own = redis_keys.RunKeys(run_id).gates   # a key the generate user may write
     return [("DEL", pauses), ("UNLINK", pauses), ("RENAME", pauses, f"{own}:x"),
             ("RENAMENX", pauses, "generate-x"), ("SET", pauses, "x"), ("EXPIRE", pauses, "1"),
             ("PEXPIREAT", pauses, "1"), ("LTRIM", pauses, "1", "0"), ("LPOP", pauses),
@@ -133,8 +133,8 @@ def attempt_everything(generate: redis.Redis, run_id: str, paused: Any) -> None:
         assert refused(generate, *command), command
         assert (paused() or {}).get("reason") == reason, command
     pipe = generate.pipeline(transaction=True)   # nor inside a transaction
-    pipe.delete(redis_keys.redis_pauses(run_id))
-    pipe.set(redis_keys.redis_lifted(run_id), 99)
+    pipe.delete(redis_keys.RunKeys(run_id).pauses)
+    pipe.set(redis_keys.RunKeys(run_id).lifted, 99)
     with pytest.raises(redis.RedisError):
         pipe.execute()
     assert paused()["reason"] == reason
@@ -148,7 +148,7 @@ def test_the_generate_user_cannot_lift_a_pause_in_redis(acl_redis: AclRedis,
     monitor.ensure_ready()   # the rebuild, as the generate user, needs no write on the pause
     pause = monitor.pause("the gates tripped")
     assert monitor.paused() == pause and monitor.pause("a second one") == pause   # one pause
-    assert generate.llen(redis_keys.redis_pauses(RUN)) == 1
+    assert generate.llen(redis_keys.RunKeys(RUN).pauses) == 1
     attempt_everything(generate, RUN, monitor.paused)
     with pytest.raises(RunPaused):
         monitor.check()
@@ -156,15 +156,15 @@ def test_the_generate_user_cannot_lift_a_pause_in_redis(acl_redis: AclRedis,
     assert lifted is not None and lifted["lifted"] == pause["reason"]
     assert monitor.paused() is None
     # What the generate user may write (a pause event, readable or not) only ever pauses.
-    generate.lpush(redis_keys.redis_pauses(RUN), "not json")
+    generate.lpush(redis_keys.RunKeys(RUN).pauses, "not json")
     assert monitor.paused()["reason"].startswith("unreadable pause record")
     resume_gates(producer, storage, RUN, GATES, accept=True)
     assert monitor.paused() is None
     # A lift count past the events (the list removed by someone with more rights) is a pause.
-    acl_redis.client("default").delete(redis_keys.redis_pauses(RUN))
+    acl_redis.client("default").delete(redis_keys.RunKeys(RUN).pauses)
     assert monitor.paused()["reason"].startswith("unreadable pause record (lifted at 2 of 0")
     resume_gates(producer, storage, RUN, GATES, accept=True)
-    assert monitor.paused() is None and producer.get(redis_keys.redis_lifted(RUN)) == "0"
+    assert monitor.paused() is None and producer.get(redis_keys.RunKeys(RUN).lifted) == "0"
     assert {d["username"] for d in acl_redis.denials()} == {"generate"}
 
 

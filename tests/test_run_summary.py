@@ -60,7 +60,7 @@ class Writer:
 
         def written(accepted: list[dict[str, Any]], rejected: list[dict[str, Any]]) -> None:
             self.pause = monitor.record(accepted, rejected)
-            self.client.hincrby(redis_keys.redis_partial(RUN), keys.shard_name(shard),
+            self.client.hincrby(redis_keys.RunKeys(RUN).partial, keys.shard_name(shard),
                                 len(accepted) + len(rejected))
 
         buffer = PartBuffer(parts, 4, 1e9, before_write=monitor.claim_answers,
@@ -71,7 +71,7 @@ class Writer:
         buffer.flush()
         if commit:
             parts.commit([f"{shard}-{i}" for i in range(SHARD)], f"w{shard % 2}")
-            self.client.hdel(redis_keys.redis_partial(RUN), keys.shard_name(shard))
+            self.client.hdel(redis_keys.RunKeys(RUN).partial, keys.shard_name(shard))
         return parts
 
 
@@ -140,18 +140,18 @@ def test_rebuilt_monitor_is_the_same_from_summaries_as_from_parts(run) -> None:
     client.flushall()
     rebuild(client, storage, RUN, GATES)
     assert _redis_state(client) == reference
-    gates = reference[redis_keys.redis_gates(RUN)]
+    names = redis_keys.RunKeys(RUN)
+    gates = reference[names.gates]
     assert int(gates["checked"]) == 3 * SHARD + 10 + 3 and int(gates["rejected"]) > 10
-    assert "1" in reference[redis_keys.redis_gate_window(RUN)]
+    assert "1" in reference[names.gate_window]
     assert int(gates["since"]) < int(gates["checked"])  # counted from the accepted pause
-    assert reference[redis_keys.redis_partial(RUN)] == {keys.shard_name(3): "10",
-                                                  keys.shard_name(4): "3"}
-    assert len(reference[redis_keys.redis_answers(RUN)]) == len(live[redis_keys.redis_answers(RUN)])
-    assert reference[redis_keys.redis_answers(RUN)]["h-answer 0-1"] == "0-1"
-    examples = [json.loads(x) for x in reference[redis_keys.redis_gate_examples(RUN, "duplicate")]]
+    assert reference[names.partial] == {keys.shard_name(3): "10", keys.shard_name(4): "3"}
+    assert len(reference[names.answers]) == len(live[names.answers])
+    assert reference[names.answers]["h-answer 0-1"] == "0-1"
+    examples = [json.loads(x) for x in reference[names.gate_examples("duplicate")]]
     assert [e["id"] for e in examples] == ["2-2", "2-1", "2-0"]  # newest first
     # the live counters too
-    for name in (redis_keys.redis_gates(RUN), redis_keys.redis_gate_hist(RUN)):
+    for name in (redis_keys.RunKeys(RUN).gates, redis_keys.RunKeys(RUN).gate_hist):
         assert {k: v for k, v in reference[name].items() if k != "ready"} == \
             {k: v for k, v in live[name].items() if k != "ready"}
 

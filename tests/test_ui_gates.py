@@ -20,12 +20,12 @@ from workers.generate.monitor import RunMonitor
 
 def _live(client: Any, run: str) -> dict[str, Any]:
     """What the dashboard shows from Redis: histogram, examples per reason, window."""
-    hist = {int(k): int(v) for k, v in client.hgetall(redis_keys.redis_gate_hist(run)).items()}
-    reasons = [k.split(":", 1)[1] for k in client.hgetall(redis_keys.redis_gates(run))
+    hist = {int(k): int(v) for k, v in client.hgetall(redis_keys.RunKeys(run).gate_hist).items()}
+    reasons = [k.split(":", 1)[1] for k in client.hgetall(redis_keys.RunKeys(run).gates)
                if k.startswith("reason:")]
     examples = {r: [json.loads(x)["id"] for x in
-                    client.lrange(redis_keys.redis_gate_examples(run, r), 0, 2)] for r in reasons}
-    window = [int(x) for x in client.lrange(redis_keys.redis_gate_window(run), 0, -1)]
+                    client.lrange(redis_keys.RunKeys(run).gate_examples(r), 0, 2)] for r in reasons}
+    window = [int(x) for x in client.lrange(redis_keys.RunKeys(run).gate_window, 0, -1)]
     return {"hist": hist, "examples": examples, "window": (len(window), sum(window))}
 
 

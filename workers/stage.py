@@ -8,9 +8,9 @@ its work inside ``with delivery.claim() as lease:``::
     def hidden_shard(self, payload):
         return run_delivery(self, HIDDEN, payload, process_hidden)
 
-Every stage keeps the same Redis registries (:class:`common.queue.redis_keys.StageKeys`), so
-``status``, ``resume`` and the reconciler (:mod:`common.queue.reconcile`) treat generate, hidden
-and train alike.
+Every stage keeps the same Redis registries, with the same operations on them
+(:class:`common.queue.shard_registry.ShardRegistry`), so ``status``, ``resume`` and the
+reconciler (:mod:`common.queue.reconcile`) treat generate, hidden and train alike.
 A delivery counts itself before it reads anything, so the delivery cap parks a shard whatever
 fails; the hand-off to the next stage is a step here, run after a commit and also when a
 redelivery finds the shard committed, before the lease is let go.
@@ -44,7 +44,8 @@ from common.errors import (
 from common.faults import inject
 from common.queue import redis_keys
 from common.queue.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec, app
-from common.queue.dispatch import RETRY, STARTED, marker, publish_shard
+from common.queue.dispatch import RETRY, marker, publish_shard
+from common.queue.shard_registry import ShardRegistry
 from common.runs.records import ShardTask, TaskOutcome, dumps
 from workers.context import WorkerContext, get_context
 from workers.lease import Lease
@@ -60,18 +61,6 @@ TRANSIENT = (TransientError, redis.RedisError, OSError, OperationalError)
 
 class DeliveryCapReached(PermanentError):
     """The shard was started too many times without finishing (its workers died each time)."""
-
-
-# Clear a shard's ``running`` entry only if this owner still holds it; optionally mark it as
-# waiting for redelivery (the handler then sets the real retry time, or parks it).
-_SETTLE = """
-if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('hdel', KEYS[1], ARGV[1])
-  if ARGV[3] ~= '' then redis.call('hset', KEYS[2], ARGV[1], ARGV[3]) end
-  return 1
-end
-return 0
-"""
 
 
 @dataclass
@@ -90,12 +79,8 @@ class Delivery:
         self.owner = redis_keys.lease_owner(self.worker, uuid.uuid4().hex[:8], self.task.shard)
 
     @property
-    def keys(self) -> redis_keys.StageKeys:
-        return self.spec.keys(self.task.run)
-
-    @property
-    def field(self) -> str:
-        return keys.shard_name(self.task.shard)
+    def registry(self) -> ShardRegistry:
+        return self.spec.registry(self.ctx.redis, self.task.run)
 
     @property
     def what(self) -> str:
@@ -103,11 +88,7 @@ class Delivery:
 
     def begin(self) -> None:
         """Count the delivery before anything is read: the cap then holds whatever fails."""
-        pipe = self.ctx.redis.pipeline(transaction=True)
-        pipe.hincrby(self.keys.attempts, self.field)
-        pipe.hset(self.keys.queued, self.field, marker(STARTED, time.time()))
-        pipe.sadd(redis_keys.redis_runs(), self.task.run)
-        attempts = int(pipe.execute()[0])
+        attempts = self.registry.begin(self.task.shard)
         if attempts > self.ctx.settings.worker.max_deliveries:
             raise DeliveryCapReached(f"started {attempts - 1} times without committing "
                                      "(worker killed or lost each time)")
@@ -134,7 +115,7 @@ class Delivery:
         lease_key = self.spec.lease_key(self.task.run, self.task.shard)
         lease = self._held.enter_context(
             Lease(self.ctx.redis, lease_key, self.owner, self.ctx.settings.worker.lease_ttl))
-        self._start()
+        self.registry.start(self.task.shard, self.owner)
         self._claimed = True
         yield lease
 
@@ -145,51 +126,43 @@ class Delivery:
             self._claimed = False
         self.forget_attempts()
 
-    def _start(self) -> None:
-        pipe = self.ctx.redis.pipeline(transaction=True)
-        pipe.hdel(self.keys.queued, self.field)
-        pipe.hset(self.keys.running, self.field, self.owner)
-        pipe.execute()
-
     def _settle(self, mark: str) -> None:
         try:
-            self.ctx.redis.eval(_SETTLE, 2, self.keys.running, self.keys.queued, self.field,
-                                self.owner, mark)
+            self.registry.settle(self.task.shard, self.owner, mark)
         except redis.RedisError as err:  # the reconciler requeues it once Redis is back
             log.warning("%s: bookkeeping not updated: %s", self.what, err)
 
     def attempts(self) -> int:
         """Deliveries started so far; 0 when Redis is unreachable (the failure being handled)."""
         try:
-            return int(self.ctx.redis.hget(self.keys.attempts, self.field) or 0)
+            return self.registry.attempts(self.task.shard)
         except redis.RedisError:
             return 0
 
     def forget_attempts(self) -> None:
         try:
-            self.ctx.redis.hdel(self.keys.attempts, self.field)
+            self.registry.forget_attempts(self.task.shard)
         except redis.RedisError as err:
             log.warning("%s: attempt count not cleared: %s", self.what, err)
 
     def give_back_attempt(self) -> None:
         """A stop or pause is not the shard's fault: it does not count toward the cap."""
         try:
-            self.ctx.redis.hincrby(self.keys.attempts, self.field, -1)
+            self.registry.give_back_attempt(self.task.shard)
         except redis.RedisError as err:
             log.warning("%s: attempt not given back: %s", self.what, err)
 
     def unqueue(self) -> None:
         """Forget the queued marker (the shard is done, paused or parked; resume re-queues)."""
         try:
-            self.ctx.redis.hdel(self.keys.queued, self.field)
+            self.registry.unqueue(self.task.shard)
         except redis.RedisError as err:
             log.warning("%s: queued marker not cleared: %s", self.what, err)
 
     def retry(self, celery_task: Task, countdown: float) -> None:
         """Publish the retry (waiting out a broker restart); the marker says when it is due."""
         try:
-            self.ctx.redis.hset(self.keys.queued, self.field,
-                                marker(RETRY, time.time() + countdown))
+            self.registry.mark_retry(self.task.shard, time.time() + countdown)
         except redis.RedisError as err:
             log.warning("%s: retry marker not set: %s", self.what, err)
         retry_later(celery_task, countdown, self.task)
@@ -206,10 +179,7 @@ class Delivery:
         except StorageError as err:
             log.warning("%s: parking record not stored: %s", self.what, err)
         try:
-            pipe = self.ctx.redis.pipeline(transaction=True)
-            pipe.hset(self.keys.parked, self.field, reason)
-            pipe.hdel(self.keys.queued, self.field)
-            pipe.execute()
+            self.registry.park(self.task.shard, reason)
         except redis.RedisError as err:
             log.error("%s: parking not recorded in Redis: %s", self.what, err)
         return TaskOutcome.PARKED
@@ -279,6 +249,6 @@ def run_delivery(celery_task: Task, spec: StageSpec, payload: dict[str, Any],
 def publish_downstream(delivery: Delivery, spec: StageSpec, done: bool) -> None:
     """Hand a committed shard to the next stage unless it is done there or already queued."""
     ctx, task = delivery.ctx, delivery.task
-    if done or ctx.redis.hexists(spec.keys(task.run).queued, keys.shard_name(task.shard)):
+    if done or spec.registry(ctx.redis, task.run).is_queued(task.shard):
         return
     publish_shard(app, ctx.redis, spec, task.run, task.shard)

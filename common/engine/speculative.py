@@ -22,7 +22,7 @@ from common.reads import note, parse_json
 
 SPEC_PREFIX = "spec_"
 VERIFY_CT = "spec_verify_ct"
-# Redis hash fields of a run's figures (common.queue.redis_keys.redis_speculative):
+# Redis hash fields of a run's figures (common.queue.redis_keys.RunKeys.speculative):
 # "<what>:<worker>".
 ALGORITHM, STEPS, TOKENS = "algorithm", "verify_steps", "output_tokens"
 
@@ -78,7 +78,7 @@ def by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
 
 
 def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """A run's Redis hash of MTP choices (:func:`common.queue.redis_keys.redis_mtp`) as
+    """A run's Redis hash of MTP choices (:attr:`common.queue.redis_keys.RunKeys.mtp`) as
     ``{worker: {mtp, mode, reason, source, rates}}`` (``rates``: ``{"on", "off"}`` tok/s of
     the measurement followed, else None); malformed entries left out."""
     found: dict[str, dict[str, Any]] = {}

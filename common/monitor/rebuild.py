@@ -98,12 +98,12 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
                            heartbeat: Callable[[], object] = lambda: None) -> int:
     """Write the monitor's state for ``run``; returns the number of judged samples."""
     started = time.monotonic()
-    answers, order = redis_keys.redis_answers(run), redis_keys.redis_answers_order(run)
-    stale = list(client.scan_iter(redis_keys.redis_gate_examples(run, "*"), count=1000))
+    answers, order = redis_keys.RunKeys(run).answers, redis_keys.RunKeys(run).answers_order
+    stale = list(client.scan_iter(redis_keys.RunKeys(run).gate_examples("*"), count=1000))
     # UNLINK: a run's answers hash has a million fields; DEL would block Redis while it frees
-    client.unlink(redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run),
-                  redis_keys.redis_gate_window(run), answers, order,
-                  redis_keys.redis_partial(run), *stale)   # never the pause: only resume lifts
+    client.unlink(redis_keys.RunKeys(run).gates, redis_keys.RunKeys(run).gate_hist,
+                  redis_keys.RunKeys(run).gate_window, answers, order,
+                  redis_keys.RunKeys(run).partial, *stale)   # never the pause: only resume lifts
     claim = client.register_script(_CLAIM)
     packed = client.register_script(_CLAIM_PACKED)
     total = RunSummary()
@@ -135,22 +135,22 @@ def rebuild_from_summaries(client: redis.Redis, storage: Storage, run: str, *, s
 def _write_state(client: redis.Redis, run: str, total: RunSummary, size: int, accepted_at: int,
                  last_resume: dict[str, Any], pause: dict[str, Any] | None) -> None:
     """Counters, histogram, window and examples in chunks; ``ready`` in the last write."""
-    gates = redis_keys.redis_gates(run)
+    gates = redis_keys.RunKeys(run).gates
     since = max(total.judged - accepted_at, 0)
     window = total.window(min(size, since))
     pipe = client.pipeline(transaction=False)
     hist = [(str(t), n) for t, n in sorted(total.hist.items())]
     for first in range(0, len(hist), CHUNK):
-        pipe.hset(redis_keys.redis_gate_hist(run), mapping=dict(hist[first:first + CHUNK]))
+        pipe.hset(redis_keys.RunKeys(run).gate_hist, mapping=dict(hist[first:first + CHUNK]))
     for first in range(0, len(window), CHUNK):
-        pipe.rpush(redis_keys.redis_gate_window(run), *map(str, window[first:first + CHUNK]))
+        pipe.rpush(redis_keys.RunKeys(run).gate_window, *map(str, window[first:first + CHUNK]))
     for reason in total.examples:
-        pipe.rpush(redis_keys.redis_gate_examples(run, reason),
+        pipe.rpush(redis_keys.RunKeys(run).gate_examples(reason),
                    *(json.dumps({k: view[k] for k in EXAMPLE_FIELDS})
                      for view in total.newest_examples(reason)))
     if total.partial:
-        pipe.hset(redis_keys.redis_partial(run), mapping={keys.shard_name(s): n
-                                                    for s, n in total.partial.items()})
+        pipe.hset(redis_keys.RunKeys(run).partial, mapping={keys.shard_name(s): n
+                                                            for s, n in total.partial.items()})
     counters: dict[FieldT, EncodableT] = {"checked": total.judged, "rejected": total.rejected,
                                 "since": since, "turns": total.turns,
                                 "turns_rejected": total.turns_rejected,

@@ -67,7 +67,7 @@ class GateState:
 
     def thresholds(self) -> Thresholds:
         """The thresholds in force (a value the gates hash holds that is none: the run's)."""
-        gates = redis_keys.redis_gates(self.run)
+        gates = redis_keys.RunKeys(self.run).gates
         rate, after = self.client.hmget(gates, "max_reject_rate", "pause_after")
         return Thresholds(share_of(f"{gates}:max_reject_rate", rate, self.gates.max_reject_rate),
                           count_of(f"{gates}:pause_after", after, self.gates.pause_after, 1))
@@ -84,9 +84,9 @@ class GateState:
 
     def ensure_ready(self) -> None:
         """Rebuild the shared state from storage if Redis lost it (one worker does it)."""
-        if self.client.hexists(redis_keys.redis_gates(self.run), "ready"):
+        if self.client.hexists(redis_keys.RunKeys(self.run).gates, "ready"):
             return
-        lock = redis_keys.redis_gate_rebuild(self.run)
+        lock = redis_keys.RunKeys(self.run).gate_rebuild
         if self.client.set(lock, "1", nx=True, ex=int(REBUILD_WAIT_S)):
             try:  # the lock is renewed as the rebuild goes, so no second worker starts one
                 rebuild(self.client, self.storage, self.run, self.gates,
@@ -94,7 +94,7 @@ class GateState:
             finally:
                 self.client.delete(lock)
             return
-        while not self.client.hexists(redis_keys.redis_gates(self.run), "ready"):
+        while not self.client.hexists(redis_keys.RunKeys(self.run).gates, "ready"):
             if not self.client.exists(lock):  # the rebuilder died (its lock expired): take over
                 return self.ensure_ready()
             time.sleep(0.2)
@@ -122,7 +122,7 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
     thinking modes; a conversation with a rejected turn is a 1 in the rolling window."""
     if not samples:
         return
-    gates, hist = redis_keys.redis_gates(run), redis_keys.redis_gate_hist(run)
+    gates, hist = redis_keys.RunKeys(run).gates, redis_keys.RunKeys(run).gate_hist
     rejected = [s for s in samples if not s["quality"]["passed"]]
     marked = [s for s in samples if flagged(s["quality"])]
     turns = [turn_counts(s["quality"]) for s in samples]
@@ -139,12 +139,12 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
     for tokens, count in Counter(t for s in samples
                                  for t in s["quality"]["supervised_tokens"]).items():
         pipe.hincrby(hist, str(tokens), count)
-    pipe.lpush(redis_keys.redis_gate_window(run), *("1" if flagged(s["quality"]) else "0"
-                                              for s in samples))
-    pipe.ltrim(redis_keys.redis_gate_window(run), 0, window - 1)
+    pipe.lpush(redis_keys.RunKeys(run).gate_window, *("1" if flagged(s["quality"]) else "0"
+                                                      for s in samples))
+    pipe.ltrim(redis_keys.RunKeys(run).gate_window, 0, window - 1)
     for sample in marked:
         for reason in flagged_reasons(sample["quality"]):
-            name = redis_keys.redis_gate_examples(run, reason)
+            name = redis_keys.RunKeys(run).gate_examples(reason)
             pipe.lpush(name, json.dumps(example(sample)))
             pipe.ltrim(name, 0, EXAMPLES - 1)
 
@@ -218,7 +218,7 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     if not pause and not accept and not changed:
         return None
     limits = monitor.thresholds()
-    gates_key = redis_keys.redis_gates(run)
+    gates_key = redis_keys.RunKeys(run).gates
     checked = count_of(f"{gates_key}:checked", client.hget(gates_key, "checked"), 0)
     rate = max_reject_rate if max_reject_rate is not None else limits.max_reject_rate
     after = pause_after or limits.pause_after
@@ -228,11 +228,11 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     storage.put_once(keys.gate_event(run, "resume", stamp()), dumps(record))
     pipe = client.pipeline(transaction=True)
     limits_now: dict[FieldT, EncodableT] = {"max_reject_rate": rate, "pause_after": after}
-    pipe.hset(redis_keys.redis_gates(run), mapping=limits_now)
+    pipe.hset(redis_keys.RunKeys(run).gates, mapping=limits_now)
     if accept:
-        pipe.hset(redis_keys.redis_gates(run), "since", 0)
-        pipe.delete(redis_keys.redis_gate_window(run))
-    pipe.set(redis_keys.redis_lifted(run), events)
+        pipe.hset(redis_keys.RunKeys(run).gates, "since", 0)
+        pipe.delete(redis_keys.RunKeys(run).gate_window)
+    pipe.set(redis_keys.RunKeys(run).lifted, events)
     pipe.execute()
     log.info("run %s: gates resumed (accept=%s, max_reject_rate=%s, pause_after=%s)", run, accept,
              record["max_reject_rate"], record["pause_after"])

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis
 from celery import Celery
 
 from common.config import Settings, load_settings
 from common.queue import redis_keys
+from common.queue.shard_registry import ShardRegistry
 
 QUEUE_GENERATE = "generate"
 QUEUE_HIDDEN = "hidden"
@@ -36,6 +38,10 @@ class StageSpec:
 
     def keys(self, run: str) -> redis_keys.StageKeys:
         return redis_keys.StageKeys(run, self.name)
+
+    def registry(self, client: redis.Redis, run: str) -> ShardRegistry:
+        """The stage's shard registry for ``run``: every Redis operation on its shards."""
+        return ShardRegistry(client, self.keys(run))
 
     def lease_key(self, run: str, shard: int) -> str:
         return self.keys(run).lease(None if self.one_per_run else shard)

@@ -22,18 +22,17 @@ live worker holds; the queue's list is Celery's public contract for a waiting me
 from __future__ import annotations
 
 import base64
-import time
-from dataclasses import dataclass
 
 import redis
 from celery import Celery
 
-from common import keys
 from common.errors import ForeignObject
 from common.json_parse import parse
-from common.queue import redis_keys
 from common.queue.celery_app import StageSpec
+from common.queue.markers import QUEUED, RETRY, STARTED, Marker, marker
 from common.runs.records import ShardTask
+
+__all__ = ["QUEUED", "RETRY", "STARTED", "Marker", "marker", "publish_shard", "queued_in"]
 
 QUEUE_SCAN_MAX = 2000
 """Longer queues are not read: their markers are trusted until the queue is shorter."""
@@ -42,14 +41,6 @@ RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "
 """Rides out a broker blip of a few seconds, then fails: the CLI exits with one line, and a
 worker's hand-off is healed by the reconciler from storage, so nobody waits on a dead broker
 (the policy also covers Celery's task-sent event, published the same way)."""
-
-QUEUED, RETRY, STARTED = "queued", "retry", "started"
-
-
-def marker(kind: str, at: float) -> str:
-    """The ``queued`` hash value for a shard: what holds it and since (or until) when."""
-    return f"{kind} {at:.3f}"
-
 
 def publish_shard(app: Celery, client: redis.Redis, spec: StageSpec, run: str, shard: int,
                   *, fresh: bool = False) -> None:
@@ -60,15 +51,7 @@ def publish_shard(app: Celery, client: redis.Redis, spec: StageSpec, run: str, s
     marker whose message never went out (the broker refused it) stops holding after one lease
     TTL, and the reconciler queues the shard again.
     """
-    names, field = spec.keys(run), keys.shard_name(shard)
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(names.queued, field, marker(QUEUED, time.time()))
-    pipe.sadd(redis_keys.redis_runs(), run)
-    if fresh:
-        # Re-queuing a parked shard is the user's decision to try again: a fresh count.
-        pipe.hdel(names.parked, field)
-        pipe.hdel(names.attempts, field)
-    pipe.execute()
+    spec.registry(client, run).hand_over(shard, fresh=fresh)
     app.send_task(spec.task_name, args=[ShardTask(run, shard).to_json()], queue=spec.queue,
                   retry=True, retry_policy=RETRY_POLICY)
 
@@ -95,36 +78,3 @@ def _task_of(raw: str | bytes) -> ShardTask | None:
         return ShardTask.from_json(parse("a queued message", body)[0][0])
     except (ForeignObject, TypeError, ValueError, KeyError, IndexError, AttributeError):
         return None
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A parsed ``queued`` value."""
-
-    kind: str
-    at: float
-
-    @classmethod
-    def parse(cls, value: str | None) -> Marker | None:
-        if not value:
-            return None
-        kind, _, at = value.partition(" ")
-        try:
-            return cls(kind, float(at))
-        except ValueError:
-            # Not a marker this release writes (a hand edit): only the queue can vouch for it.
-            return cls(QUEUED, 0.0)
-
-    def holds(self, now: float, lease_ttl: float, in_queue: bool | None,
-              run_lease_live: bool = False) -> bool:
-        """Whether a message (or a starting delivery) still stands behind this marker.
-
-        ``in_queue``: the message was seen in the queue, not seen, or None (queue not read).
-        ``run_lease_live``: a one-per-run stage's lease is held, so a retry waiting for it is
-        due only once its trainer lets go (its worker's pool may be busy with that very shard).
-        """
-        if self.kind == RETRY:
-            return now < self.at + lease_ttl or run_lease_live
-        if self.kind == STARTED:
-            return now < self.at + 2 * lease_ttl
-        return now < self.at + lease_ttl or in_queue is not False

@@ -18,90 +18,32 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
 
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from common import keys
 from common.choices import Layout, Mode
 from common.errors import DflashError
-from common.keys import parse_shard_name
 from common.queue import redis_keys
 from common.queue.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec
-from common.queue.dispatch import Marker, publish_shard, queued_in
-from common.queue.redis_keys import lease_is_live, lease_shard
+from common.queue.dispatch import publish_shard, queued_in
+from common.queue.shard_registry import StageView, Waiting, unwatch_run, watched_runs
 from common.runs.epochs import shard_order
 from common.runs.store import RunStore
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
 
-Waiting = dict[str, set[tuple[str, int]] | None]
-"""Per queue: the (run, shard) of its waiting messages, None where the queue is too long."""
-
-
 def waiting_messages(client: redis.Redis) -> Waiting:
     return {spec.queue: queued_in(client, spec.queue) for spec in STAGES}
 
 
-@dataclass(frozen=True)
-class StageView:
-    """What Redis says of one stage of one run, read the same way by the reconciler and status."""
-
-    live: frozenset[int]
-    queued: frozenset[int]
-    retrying: frozenset[int]
-    stale: frozenset[int]
-    running: dict[int, str]
-    parked: dict[int, str]
-
-    @property
-    def owned(self) -> frozenset[int]:
-        return self.live | self.queued
-
-    @property
-    def healing(self) -> frozenset[int]:
-        """Started by a worker that holds no live lease any more (killed): due to be queued."""
-        return frozenset(self.running) - self.owned
-
-
 def read_stage(client: redis.Redis, spec: StageSpec, run: str, lease_ttl: float,
                waiting: Waiting, now: float | None = None) -> StageView:
-    """One stage's shards: leased (live), queued (a message or a starting delivery), parked."""
-    now = time.time() if now is None else now
-    names = spec.keys(run)
-    leases = list(client.scan_iter(names.lease_pattern, count=1000))
-    pipe = client.pipeline(transaction=False)
-    for key in leases:
-        pipe.get(key)
-        pipe.pttl(key)
-    pipe.hgetall(names.running)
-    pipe.hgetall(names.queued)
-    pipe.hgetall(names.parked)
-    *lease_info, running, queued, parked = pipe.execute()
-    live = set()
-    for key, token, pttl in zip(leases, lease_info[::2], lease_info[1::2], strict=True):
-        shard = lease_shard(token)
-        if shard is None and not spec.one_per_run:
-            shard = parse_shard_name(key.rpartition(":")[2])
-        if shard is not None and lease_is_live(token, pttl):
-            live.add(shard)
-    in_queue = waiting.get(spec.queue)
-    held, retrying, stale = set(), set(), set()
-    for name, value in queued.items():
-        shard, mark = parse_shard_name(name), Marker.parse(value)
-        seen = None if in_queue is None else (run, shard) in in_queue
-        if mark is not None and mark.holds(now, lease_ttl, seen, spec.one_per_run and bool(live)):
-            held.add(shard)
-            if mark.kind == "retry":
-                retrying.add(shard)
-        else:
-            stale.add(shard)
-    return StageView(frozenset(live), frozenset(held), frozenset(retrying), frozenset(stale),
-                     {parse_shard_name(k): v for k, v in running.items()},
-                     {parse_shard_name(k): v for k, v in parked.items()})
+    """One stage's shards as its registry reads them (:meth:`ShardRegistry.view`)."""
+    return spec.registry(client, run).view(lease_ttl, waiting.get(spec.queue),
+                                           spec.one_per_run, now)
 
 
 @dataclass
@@ -201,12 +143,12 @@ def reconcile_run(storage: Storage, app: Celery, client: redis.Redis, run: str,
             log.warning("run %s shard %d (%s): due, not owned (%s); queued again", run, shard,
                         spec.name, why)
             # before the send: the worker that takes the message shows it running again
-            client.hdel(spec.keys(run).running, keys.shard_name(shard))
+            spec.registry(client, run).forget_lost(shard)
             publish_shard(app, client, spec, run, shard, fresh=shard in view.parked)
         for shard in set() if flags.dry_run else view.stale - due:  # done meanwhile: the
-            client.hdel(spec.keys(run).queued, keys.shard_name(shard))  # marker misleads
+            spec.registry(client, run).unqueue(shard)  # marker misleads
     if plan.finished and not flags.dry_run:
-        client.srem(redis_keys.redis_runs(), run)  # every stage done: nothing left to watch
+        unwatch_run(client, run)  # every stage done: nothing left to watch
     return sent
 
 
@@ -228,8 +170,7 @@ def reconcile(storage: Storage, app: Celery, client: redis.Redis, lease_ttl: flo
     done: dict[str, list[tuple[str, int]]] = {}
     try:
         waiting = waiting_messages(client)
-        # The client decodes responses (decode_responses=True): members are text.
-        members = cast(set[str], client.smembers(redis_keys.redis_runs()))
+        members = watched_runs(client)
         chosen = sorted(members) if runs is None else list(runs)
         for run in chosen:
             lock.reacquire()  # LockError: the pass outlived its lock; another one took over

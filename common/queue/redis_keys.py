@@ -109,71 +109,88 @@ class StageKeys:
         return self._key("lease:*")
 
 
-def redis_partial(run: str) -> str:
-    """Hash shard -> samples already in parts of a not yet committed shard."""
-    return f"dflash:{run}:partial"
+@dataclass(frozen=True)
+class RunKeys:
+    """Every run-wide Redis key of one run, each ``dflash:<run>:<what>`` (docker/redis/redis.conf's
+    ACL selectors and stored state depend on these exact strings)."""
 
+    run: str
 
-def redis_rate(run: str) -> str:
-    """List of recent "timestamp tokens samples" entries, for tokens/s and ETA."""
-    return f"dflash:{run}:rate"
+    def _key(self, what: str) -> str:
+        return f"dflash:{self.run}:{what}"
 
+    @property
+    def partial(self) -> str:
+        """Hash shard -> samples already in parts of a not yet committed shard."""
+        return self._key("partial")
 
-def redis_requests(run: str) -> str:
-    """Hash worker name -> engine requests sent for this run."""
-    return f"dflash:{run}:requests"
+    @property
+    def rate(self) -> str:
+        """List of recent "timestamp tokens samples" entries, for tokens/s and ETA."""
+        return self._key("rate")
 
+    @property
+    def requests(self) -> str:
+        """Hash worker name -> engine requests sent for this run."""
+        return self._key("requests")
 
-def redis_speculative(run: str) -> str:
-    """Hash ``algorithm|verify_steps|output_tokens:<worker>`` -> that worker's speculative
-    figures for this run (:mod:`common.engine.speculative`)."""
-    return f"dflash:{run}:speculative"
+    @property
+    def speculative(self) -> str:
+        """Hash ``algorithm|verify_steps|output_tokens:<worker>`` -> that worker's speculative
+        figures for this run (:mod:`common.engine.speculative`)."""
+        return self._key("speculative")
 
+    @property
+    def gates(self) -> str:
+        """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
+        return self._key("gates")
 
-def redis_gates(run: str) -> str:
-    """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
-    return f"dflash:{run}:gates"
+    @property
+    def gate_window(self) -> str:
+        """List of the latest outcomes ("1" rejected, "0" accepted), newest first."""
+        return self._key("gates:window")
 
+    @property
+    def gate_hist(self) -> str:
+        """Hash supervised-token count -> turns with that count."""
+        return self._key("gates:hist")
 
-def redis_gate_window(run: str) -> str:
-    """List of the latest outcomes ("1" rejected, "0" accepted), newest first."""
-    return f"dflash:{run}:gates:window"
+    def gate_examples(self, reason: str) -> str:
+        return self._key(f"gates:examples:{reason}")
 
+    @property
+    def gate_rebuild(self) -> str:
+        """Lock held while one worker rebuilds the monitor from storage."""
+        return self._key("gates:rebuild")
 
-def redis_gate_hist(run: str) -> str:
-    """Hash supervised-token count -> turns with that count."""
-    return f"dflash:{run}:gates:hist"
+    @property
+    def answers(self) -> str:
+        """Hash answer hash -> the first sample id that gave that answer (duplicate gate)."""
+        return self._key("answers")
 
+    @property
+    def answers_order(self) -> str:
+        """Hash answer hash -> its owner's judgement order, only while the monitor is rebuilt."""
+        return self._key("answers:order")
 
-def redis_gate_examples(run: str, reason: str) -> str:
-    return f"dflash:{run}:gates:examples:{reason}"
+    @property
+    def pauses(self) -> str:
+        """List of the quality gates' JSON pause records {reason, examples, at}, newest first:
+        the generate user may only LPUSH to it (docker/redis/redis.conf), so its length never
+        falls."""
+        return self._key("pauses")
 
+    @property
+    def lifted(self) -> str:
+        """The length of :attr:`pauses` when ``resume`` last lifted a pause (producer only):
+        the run is paused while the list holds more events than this."""
+        return self._key("lifted")
 
-def redis_gate_rebuild(run: str) -> str:
-    """Lock held while one worker rebuilds the monitor from storage."""
-    return f"dflash:{run}:gates:rebuild"
-
-
-def redis_answers(run: str) -> str:
-    """Hash answer hash -> the first sample id that gave that answer (duplicate gate)."""
-    return f"dflash:{run}:answers"
-
-
-def redis_answers_order(run: str) -> str:
-    """Hash answer hash -> its owner's judgement order, only while the monitor is rebuilt."""
-    return f"dflash:{run}:answers:order"
-
-
-def redis_pauses(run: str) -> str:
-    """List of the quality gates' JSON pause records {reason, examples, at}, newest first: the
-    generate user may only LPUSH to it (docker/redis/redis.conf), so its length never falls."""
-    return f"dflash:{run}:pauses"
-
-
-def redis_lifted(run: str) -> str:
-    """The length of :func:`redis_pauses` when ``resume`` last lifted a pause (producer only):
-    the run is paused while the list holds more events than this."""
-    return f"dflash:{run}:lifted"
+    @property
+    def mtp(self) -> str:
+        """Hash worker -> JSON {mtp, mode, reason}: whether that worker generates the run
+        through the target's MTP head, and why (:mod:`workers.generate.mtp_run`)."""
+        return self._key("generate:mtp")
 
 
 PUSH_TRIES = 5   # optimistic tries at adding a pause event before it is added regardless
@@ -182,9 +199,9 @@ _COUNT = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)   # a lift count as resume 
 
 def read_pause(pipe: Any, run: str) -> None:
     """Queue on ``pipe`` the three reads whose replies :func:`pause_in` takes."""
-    pipe.llen(redis_pauses(run))
-    pipe.lindex(redis_pauses(run), 0)
-    pipe.get(redis_lifted(run))
+    pipe.llen(RunKeys(run).pauses)
+    pipe.lindex(RunKeys(run).pauses, 0)
+    pipe.get(RunKeys(run).lifted)
 
 
 def pause_in(run: str, events: int, newest: str | bytes | None,
@@ -199,9 +216,9 @@ def pause_in(run: str, events: int, newest: str | bytes | None,
     if count is None or count > events:
         why = (f"lifted at {count} of {events} pause events" if count is not None
                else f"a lift count that is no count: {text[:40]!r}")
-        note(ForeignObject(redis_lifted(run), why))
+        note(ForeignObject(RunKeys(run).lifted, why))
         return {"reason": f"unreadable pause record ({why})"}
-    return pause_of(redis_pauses(run), newest) or {"reason": "unreadable pause record (empty)"}
+    return pause_of(RunKeys(run).pauses, newest) or {"reason": "unreadable pause record (empty)"}
 
 
 def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
@@ -220,7 +237,7 @@ def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
 def push_pause(client: redis.Redis, run: str, record: dict[str, Any]) -> bool:
     """Add ``record`` to the run's pause events unless a pause is in force (the first caller
     wins: WATCH); the generate user may only add to them, never remove (only ``resume`` lifts)."""
-    names = redis_pauses(run), redis_lifted(run)
+    names = RunKeys(run).pauses, RunKeys(run).lifted
     with client.pipeline(transaction=True) as pipe:
         for _ in range(PUSH_TRIES):
             try:
@@ -237,12 +254,6 @@ def push_pause(client: redis.Redis, run: str, record: dict[str, Any]) -> bool:
                 continue
     client.lpush(names[0], json.dumps(record))   # contended throughout: two events are harmless
     return True
-
-
-def redis_mtp(run: str) -> str:
-    """Hash worker -> JSON {mtp, mode, reason}: whether that worker generates the run through
-    the target's MTP head, and why (:mod:`workers.generate.mtp_run`)."""
-    return f"dflash:{run}:generate:mtp"
 
 
 def redis_engines() -> str:

@@ -152,10 +152,10 @@ class Views:
         window, source, reachable = status["gates"]["window"], "live", True
         try:
             if status["redis"]["monitor_ready"]:
-                hist.update(histogram(redis_keys.redis_gate_hist(run),
-                                      self.client.hgetall(redis_keys.redis_gate_hist(run))))
+                hist.update(histogram(redis_keys.RunKeys(run).gate_hist,
+                                      self.client.hgetall(redis_keys.RunKeys(run).gate_hist)))
                 for reason in status["gates"]["reasons"]:
-                    key = redis_keys.redis_gate_examples(run, reason)
+                    key = redis_keys.RunKeys(run).gate_examples(reason)
                     examples[reason] = examples_of(key, self.client.lrange(key, 0, 2))
             else:
                 reachable, source = status["redis"]["reachable"], "storage"

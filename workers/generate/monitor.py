@@ -71,7 +71,7 @@ class RunMonitor(GateState):
         candidates = [s for s in samples if s["quality"]["passed"]]
         if not candidates:
             return
-        answers = redis_keys.redis_answers(self.run)
+        answers = redis_keys.RunKeys(self.run).answers
         pipe = self.client.pipeline(transaction=False)
         for sample in candidates:
             pipe.hsetnx(answers, sample["quality"]["answer_hash"], sample["id"])
@@ -93,14 +93,14 @@ class RunMonitor(GateState):
         limits = self.thresholds()
         pipe = self.client.pipeline(transaction=False)
         count_samples(pipe, self.run, samples, limits.pause_after)
-        pipe.lrange(redis_keys.redis_gate_window(self.run), 0, -1)
-        pipe.hget(redis_keys.redis_gates(self.run), "since")
+        pipe.lrange(redis_keys.RunKeys(self.run).gate_window, 0, -1)
+        pipe.hget(redis_keys.RunKeys(self.run).gates, "since")
         redis_keys.read_pause(pipe, self.run)
         *_, window, since, events, newest, lifted = pipe.execute()
         paused = redis_keys.pause_in(self.run, int(events), newest, lifted)
         if paused:
             return paused
-        gates = redis_keys.redis_gates(self.run)
+        gates = redis_keys.RunKeys(self.run).gates
         outcomes = [0 if x in ("0", b"0") else 1 for x in window]   # else: a rejection
         reason = pause_reason(outcomes, count_of(f"{gates}:since", since, 0),
                               limits.max_reject_rate, limits.pause_after)
@@ -108,14 +108,14 @@ class RunMonitor(GateState):
 
     def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
         """Pause the run (first caller wins) and record why, with examples, in storage."""
-        gates = redis_keys.redis_gates(self.run)
+        gates = redis_keys.RunKeys(self.run).gates
         stats = cast(dict[str, str], self.client.hgetall(gates))
         reasons = {k.split(":", 1)[1]: count_of(f"{gates}:{k}", v, 0) for k, v in stats.items()
                    if k.startswith("reason:")}
         top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
         examples: list[dict[str, Any]] = []
         for name, _ in Counter(reasons).most_common():
-            key = redis_keys.redis_gate_examples(self.run, name)
+            key = redis_keys.RunKeys(self.run).gate_examples(name)
             examples += [x for x in examples_of(key, self.client.lrange(key, 0, EXAMPLES - 1))
                          if x["id"] not in {e["id"] for e in examples}]
         record = {"reason": f"{reason} (top reasons: {top})" if top else reason,

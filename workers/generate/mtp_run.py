@@ -42,7 +42,7 @@ LISTING_TTL = 60.0   # seconds a listing of a run's verdicts is kept
 def record_choice(client: redis.Redis, run: str, worker: str, choice: MtpChoice) -> None:
     """The run's choice on this worker, for ``status`` (advisory: Redis may fail)."""
     try:
-        client.hset(redis_keys.redis_mtp(run), worker,
+        client.hset(redis_keys.RunKeys(run).mtp, worker,
                     json.dumps({"mtp": "on" if choice.on else "off", "mode": choice.mode,
                                 "reason": choice.reason, "source": choice.source,
                                 "rates": dict(choice.rates) if choice.rates else None}))

@@ -57,7 +57,7 @@ def record(client: redis.Redis, run: str, worker: str, algorithm: str | None,
         metrics.ALGORITHM.labels(algorithm).set(1)
     try:
         pipe = client.pipeline()
-        key = redis_keys.redis_speculative(run)
+        key = redis_keys.RunKeys(run).speculative
         pipe.hincrby(key, field(STEPS, worker), steps)
         pipe.hincrby(key, field(TOKENS, worker), tokens)
         if algorithm:

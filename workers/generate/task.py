@@ -156,9 +156,9 @@ class Progress:
         tokens = sum(s["usage"]["completion_tokens"] for s in samples)
         try:
             pipe = self.ctx.redis.pipeline()
-            pipe.hincrby(redis_keys.redis_partial(run), keys.shard_name(task.shard), len(samples))
-            pipe.lpush(redis_keys.redis_rate(run), f"{time.time():.3f} {tokens} {len(samples)}")
-            pipe.ltrim(redis_keys.redis_rate(run), 0, 999)
+            pipe.hincrby(redis_keys.RunKeys(run).partial, keys.shard_name(task.shard), len(samples))
+            pipe.lpush(redis_keys.RunKeys(run).rate, f"{time.time():.3f} {tokens} {len(samples)}")
+            pipe.ltrim(redis_keys.RunKeys(run).rate, 0, 999)
             pipe.execute()
         except redis.RedisError as err:
             log.warning("run %s shard %d: progress not recorded: %s", run, task.shard, err)
@@ -173,7 +173,7 @@ class Progress:
         sent = self.counters.requests
         metrics.REQUESTS.labels(self.task.run).inc(sent - self.reported_requests)
         try:
-            self.ctx.redis.hincrby(redis_keys.redis_requests(self.task.run), self.worker,
+            self.ctx.redis.hincrby(redis_keys.RunKeys(self.task.run).requests, self.worker,
                                    sent - self.reported_requests)
             self.reported_requests = sent
         except redis.RedisError as err:
@@ -183,6 +183,6 @@ class Progress:
 
 def forget_progress(ctx: WorkerContext, task: ShardTask) -> None:
     try:
-        ctx.redis.hdel(redis_keys.redis_partial(task.run), keys.shard_name(task.shard))
+        ctx.redis.hdel(redis_keys.RunKeys(task.run).partial, keys.shard_name(task.shard))
     except redis.RedisError as err:
         log.warning("run %s shard %d: progress not cleared: %s", task.run, task.shard, err)

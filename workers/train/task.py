@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 import redis
 from celery import Task
-from redis.typing import EncodableT, FieldT
 
 from common import keys
 from common.choices import Mode
@@ -240,7 +239,7 @@ def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None
     """The metrics row: TensorBoard (when on) and the Redis record that ``status`` reads."""
     log_step(ctx.settings.train.tensorboard_dir, run, record)
     try:
-        ctx.redis.hset(TRAIN.keys(run).metrics, mapping=cast(dict[FieldT, EncodableT], record))
+        TRAIN.registry(ctx.redis, run).record_metrics(record)
     except redis.RedisError as err:
         log.warning("run %s: training metrics not recorded: %s", run, err)
 
@@ -248,8 +247,7 @@ def record_metrics(ctx: WorkerContext, run: str, record: dict[str, Any]) -> None
 def checkpoint(ctx: WorkerContext, session: Session, estimate: float | None = None) -> None:
     """Save the trainer and ledger with the latest metrics, then measure the acceptance length:
     an evaluation that fails, or never returns, cannot cost the steps since the last one."""
-    # The client decodes responses: field names and values are text.
-    metrics = cast(dict[str, Any], ctx.redis.hgetall(TRAIN.keys(session.run).metrics))
+    metrics: dict[str, Any] = dict(TRAIN.registry(ctx.redis, session.run).metrics())
     save_checkpoint(ctx.storage, session.run, session.steps, session.trainer.state_dict(),
                     session.ledger, metrics)
     session.last_checkpoint = session.steps
