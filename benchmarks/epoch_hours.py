@@ -136,8 +136,8 @@ def main() -> None:
     parser.add_argument("--utilization", type=float, default=1.0,
                         help="share of the measured matmul rate the plan assumes")
     args = parser.parse_args()
+    from embedded.tinycache import CACHE_DIR, TARGETS, build_models
     from embedded.tinymodel import ensure_tiny_model
-    from tests.models_cache import CACHE_DIR, TARGETS, build_models
     from workers.train.drafter.target_loader import load_target
 
     torch.set_num_threads(1)

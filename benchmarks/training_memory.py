@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--anchors", type=int, default=16,
                         help="blocks per row (the tests' workers train 16 on these rows)")
     args = parser.parse_args()
-    from tests.models_cache import CACHE_DIR, TARGETS, build_models
+    from embedded.tinycache import CACHE_DIR, TARGETS, build_models
     from workers.train.drafter.target_loader import load_target
 
     torch.set_num_threads(1)

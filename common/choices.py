@@ -79,6 +79,22 @@ class EngineKind(StrEnum):
     SGLANG = "sglang"
 
 
+class TinyModel(StrEnum):
+    """The embedded CPU targets, built on first use (their builder is :mod:`embedded`'s)."""
+
+    QWEN3 = "tiny-qwen3"       # dense, Qwen3's template: the default model
+    QWEN3_5 = "tiny-qwen3.5"   # a hybrid in Qwen3.6's shape
+    MIMO = "tiny-mimo"         # dense with its own MTP head, in MiMo's shape
+
+    @classmethod
+    def named(cls, model: str) -> TinyModel | None:
+        """The member a model setting names, or None for any other model (a directory)."""
+        try:
+            return cls(model)
+        except ValueError:
+            return None
+
+
 class FinishReason(StrEnum):
     """Why an engine stopped a turn (SGLang's ``meta_info.finish_reason.type``)."""
 
@@ -93,6 +109,13 @@ class FinishReason(StrEnum):
             return cls(str(raw))
         except ValueError:
             return cls.ABORT
+
+
+class Parallel(StrEnum):
+    """How a training group lays the drafter over its ranks (``DFLASH_TRAIN_PARALLEL``)."""
+
+    DDP = "ddp"     # a replica of the drafter and its optimizer state on each rank
+    FSDP = "fsdp"   # FSDP2: both sharded over the ranks
 
 
 class EnumChoice(click.Choice[str]):

@@ -1,8 +1,9 @@
-"""A click group whose commands also come from package entry points, loaded when first named.
+"""Package entry points: what a higher layer hands common/ without common/ naming it.
 
 The stages declare their commands in ``pyproject.toml`` (``[project.entry-points."GROUP"]``,
 ``name = "module:attr"``), so the group that shows them names no stage module; a command's
-module is imported only when the command runs or ``--help`` lists it.
+module is imported only when the command runs or ``--help`` lists it. The embedded models'
+builder reaches :mod:`common.engine.models` the same way (:data:`MODEL_BUILDERS`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,35 @@ from typing import Any
 
 import click
 
+from common.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 COMMANDS = "dflash_pipeline.commands"                # top-level: worker, export-drafter, ...
 WORKER_COMMANDS = "dflash_pipeline.worker_commands"  # under `worker`: generate, hidden, train
+# `tiny`: (cache_dir, model name) -> the embedded model's directory, built on first use.
+MODEL_BUILDERS = "dflash_pipeline.model_builders"
+TINY_BUILDER = "tiny"
+
+
+def entry_points_of(group: str) -> dict[str, importlib.metadata.EntryPoint]:
+    """The entry points of ``group`` by name, every distribution's, not only the first of a
+    name: a stale ``*.egg-info`` in a checkout on ``sys.path`` would otherwise hide the
+    installed metadata."""
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for dist in importlib.metadata.distributions():
+        for entry in dist.entry_points.select(group=group):
+            found.setdefault(entry.name, entry)
+    return found
+
+
+def load_entry(group: str, name: str) -> object:
+    """The object registered as ``name`` in ``group``; a missing one names the fix."""
+    entry = entry_points_of(group).get(name)
+    if entry is None:
+        raise ConfigError(f"nothing is registered as {name!r} under the {group!r} entry points: "
+                          "install the package (pip install -e .)")
+    return entry.load()
 
 
 class EntryPointGroup(click.Group):
@@ -29,13 +55,7 @@ class EntryPointGroup(click.Group):
 
     @cached_property
     def entry_points(self) -> dict[str, importlib.metadata.EntryPoint]:
-        """Every distribution's, not only the first of a name: a stale ``*.egg-info`` in a
-        checkout on ``sys.path`` would otherwise hide the installed metadata."""
-        found: dict[str, importlib.metadata.EntryPoint] = {}
-        for dist in importlib.metadata.distributions():
-            for entry in dist.entry_points.select(group=self.entry_group):
-                found.setdefault(entry.name, entry)
-        return found
+        return entry_points_of(self.entry_group)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.entry_points})

@@ -1,5 +1,7 @@
-"""The import graph keeps its layers: stages and the CLI side by side over common/, no cycles,
-and the stages' commands reach the CLI through package entry points only."""
+"""The import graph keeps its layers: every top-level folder holding Python has a place in one
+order and imports only folders below it (lazy imports too), no cycles, and what a lower layer
+runs of a higher one (the stages' commands, the embedded models' builder) reaches it through
+package entry points only."""
 
 from __future__ import annotations
 
@@ -14,16 +16,32 @@ from pathlib import Path
 import click
 import pytest
 
-from common.entry_points import COMMANDS, WORKER_COMMANDS
+from common.entry_points import COMMANDS, MODEL_BUILDERS, TINY_BUILDER, WORKER_COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "producer", "workers", "embedded")
+LAYERS = (("common",), ("embedded",), ("workers", "producer"),
+          ("benchmarks", "scripts", "docs", "docker"), ("tests",))
+"""The house from the ground floor up: common/ (storage, queue, settings), the embedded models
+and simulator, the stages and the CLI side by side, the tools (benchmarks, scripts, the docs'
+hooks, the compose stand-ins), the tests. A folder imports only folders of a lower layer: none
+of its own layer but itself."""
+RANK = {folder: rank for rank, layer in enumerate(LAYERS) for folder in layer}
+# Top-level folders that hold no source of ours (a virtual environment, built or fetched output).
+NOT_SOURCE = {"site", "build", "dist", "export", "models", "demo-output", "node_modules"}
+
+
+def _source_folders() -> set[str]:
+    """Every top-level folder of the checkout with a Python file in it."""
+    return {path.name for path in ROOT.iterdir()
+            if path.is_dir() and not path.name.startswith((".", "_"))
+            and path.name not in NOT_SOURCE and not path.name.endswith(".egg-info")
+            and next(path.rglob("*.py"), None) is not None}
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for folder in RANK:
+        for path in sorted((ROOT / folder).rglob("*.py")):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
             found[name.removesuffix(".__init__")] = path
     return found
@@ -33,24 +51,34 @@ MODULES = _modules()
 
 
 def _imported(module: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
-    """The names an import statement reaches (its module and, for ``from``, each name in it)."""
+    """The names an import statement reaches (its module and, for ``from``, each name in it); in
+    a folder of scripts (no ``__init__.py``: the folder is on ``sys.path``) an absolute import
+    may name a file beside it, so its name under the folder is reached too."""
+    level = node.level if isinstance(node, ast.ImportFrom) else 0
     if isinstance(node, ast.Import):
-        yield from (alias.name for alias in node.names)
-        return
-    base = node.module or ""
-    if node.level:
-        package = module.split(".")
-        if MODULES[module].name != "__init__.py":
-            package = package[:-1]
-        package = package[:len(package) - node.level + 1]
-        base = ".".join([*package, base] if base else package)
-    yield base
-    yield from (f"{base}.{alias.name}" for alias in node.names)
+        bases, names = [alias.name for alias in node.names], []
+    else:
+        base = node.module or ""
+        if level:
+            package = module.split(".")
+            if MODULES[module].name != "__init__.py":
+                package = package[:-1]
+            package = package[:len(package) - level + 1]
+            base = ".".join([*package, base] if base else package)
+        bases, names = [base], [alias.name for alias in node.names]
+    folder = MODULES[module].parent
+    scripts = not level and not (folder / "__init__.py").is_file()
+    for base in bases:
+        beside = ".".join([*folder.relative_to(ROOT).parts, base])
+        for name in [base, beside] if scripts else [base]:
+            yield name
+            yield from (f"{name}.{alias}" for alias in names)
 
 
 def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Each module's imports of our modules (anywhere in the file, lazy ones too), and the
-    ``workers.*`` modules it names in a string constant."""
+    modules of a layer above its own (or beside it) it names in a string constant (an entry
+    point, a ``-m`` module)."""
     imports: dict[str, set[str]] = {m: set() for m in MODULES}
     strings: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
@@ -59,12 +87,27 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
                 imports[module] |= {t for t in _imported(module, node) if t in MODULES} - {module}
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 named = node.value.split(":")[0]
-                if named.startswith("workers.") and named in MODULES:
+                if named in MODULES and "." in named and not _allowed(module, named):
                     strings[module].add(named)
     return imports, strings
 
 
+def _folder(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _allowed(src: str, dst: str) -> bool:
+    """Whether module ``src`` may import ``dst``: its own folder, or one of a lower layer."""
+    return _folder(src) == _folder(dst) or RANK[_folder(dst)] < RANK[_folder(src)]
+
+
 IMPORTS, STRINGS = _graph()
+
+
+def _upward() -> list[str]:
+    """Every import from a folder to one of its own layer or a higher one."""
+    return sorted(f"{m} -> {t}" for m, targets in IMPORTS.items() for t in targets
+                  if not _allowed(m, t))
 
 
 def _edges(src: str, dst: str) -> list[str]:
@@ -107,17 +150,31 @@ def _cycles() -> list[list[str]]:
     return found
 
 
-def test_the_stages_import_no_cli() -> None:
-    assert _edges("workers", "producer") == []
+def test_every_folder_holding_python_has_a_layer() -> None:
+    assert _source_folders() == set(RANK), "give a new folder its place in LAYERS"
 
 
-def test_the_cli_neither_imports_nor_names_a_stage_module() -> None:
-    assert _edges("producer", "workers") == []
-    assert {m: sorted(s) for m, s in STRINGS.items() if m.startswith("producer") and s} == {}
+def test_no_folder_imports_one_above_or_beside_it() -> None:
+    assert _upward() == []
 
 
-def test_common_imports_neither_side() -> None:
-    assert _edges("common", "producer") + _edges("common", "workers") == []
+# Names that only recognise a process (doctor finds engines by their supervisor's module in a
+# command line); nothing is imported or run from them here.
+RECOGNISED = {"common.engine.leftovers": ["workers.generate.engines.supervisor"]}
+
+
+def test_no_folder_names_a_module_above_or_beside_it() -> None:
+    """A string naming a higher module (``"workers.x:attr"``, ``-m workers.x``) is an import
+    the graph would not see: none but the recognised, so the CLI names no stage module."""
+    assert {m: sorted(s) for m, s in STRINGS.items() if s} == RECOGNISED
+
+
+def test_the_ground_floor_imports_nothing_above_it() -> None:
+    """The rule's plainest case, spelt out: common/ imports none of the folders above it, and
+    the stages and the CLI none of each other."""
+    assert [e for folder in ("embedded", "workers", "producer", "tests")
+            for e in _edges("common", folder)] == []
+    assert _edges("workers", "producer") + _edges("producer", "workers") == []
 
 
 def test_no_import_cycles() -> None:
@@ -148,6 +205,26 @@ def test_the_entry_points_are_declared_and_load_to_click_commands(group: str) ->
     installed = {ep.name: ep.value for dist in importlib.metadata.distributions()
                  for ep in dist.entry_points.select(group=group)}
     assert installed == declared[group], "stale package metadata: run pip install -e ."
+
+
+def test_the_embedded_models_builder_reaches_common_by_its_entry_point() -> None:
+    """common/ knows the embedded models' names (a closed set it owns) and loads their builder
+    by name; embedded/ registers it and builds exactly those names."""
+    import tomllib
+
+    from common.choices import TinyModel
+    from common.engine.models import tiny_builder
+    from embedded.tinyconsts import TINY_MODEL_VERSIONS
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    target = declared[MODEL_BUILDERS][TINY_BUILDER]
+    module, _, attr = target.partition(":")
+    assert _folder(module) == "embedded" and module in MODULES, target
+    assert tiny_builder() is getattr(importlib.import_module(module), attr)
+    installed = {ep.name: ep.value for dist in importlib.metadata.distributions()
+                 for ep in dist.entry_points.select(group=MODEL_BUILDERS)}
+    assert installed == declared[MODEL_BUILDERS], "stale package metadata: run pip install -e ."
+    assert list(TINY_MODEL_VERSIONS) == [m.value for m in TinyModel]
 
 
 def test_help_lists_every_command() -> None:
@@ -201,9 +278,9 @@ def test_the_launcher_names_no_stage() -> None:
 # folder of what it owns, the folders in an order (docs/concepts/architecture.md shows it): a
 # folder imports the top and the folders before it, never one after it, so no two folders
 # depend on each other.
-COMMON_ROOT = {"choices", "config", "errors", "exit_codes", "entry_points", "storage", "json_parse",
-               "row_caps", "storage_api", "s3_storage", "reads", "keys", "key_layout", "lifeline",
-               "faults"}
+COMMON_ROOT = {"choices", "config", "config_fields", "config_sections", "config_keywords",
+               "errors", "exit_codes", "entry_points", "storage", "json_parse", "row_caps",
+               "storage_api", "s3_storage", "reads", "keys", "key_layout", "lifeline", "faults"}
 COMMON_ORDER = ("engine", "gates", "inputs", "drafter", "runs", "queue", "monitor", "hidden",
                 "plan", "cli")
 

@@ -4,20 +4,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from common.choices import TinyModel
 from common.config import Settings
+from common.entry_points import MODEL_BUILDERS, TINY_BUILDER, load_entry
 from common.errors import ConfigError
+
+TinyBuilder = Callable[[Path, str], Path]
+"""(cache_dir, model name) -> the built model's directory, building it once if needed."""
+
+
+@cache
+def tiny_builder() -> TinyBuilder:
+    """The embedded models' builder, as the package registers it (``pyproject.toml``'s
+    ``dflash_pipeline.model_builders`` entry points): common/ never names the package that
+    builds them."""
+    return cast(TinyBuilder, load_entry(MODEL_BUILDERS, TINY_BUILDER))
 
 
 def resolve_model_path(settings: Settings) -> Path:
     """The model directory: an embedded tiny model (built on first use) or a local path."""
-    if settings.model_is_tiny:
-        from embedded.tinymodel import ensure_tiny_model
-
-        return ensure_tiny_model(settings.target.cache_dir, settings.target.model)
+    tiny = TinyModel.named(settings.target.model)
+    if tiny is not None:
+        return tiny_builder()(settings.target.cache_dir, tiny.value)
     path = Path(settings.target.model).expanduser()
     if not path.is_dir():
         raise ConfigError(
