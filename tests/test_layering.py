@@ -152,6 +152,9 @@ def _cycles() -> list[list[str]]:
 
 def test_every_folder_holding_python_has_a_layer() -> None:
     assert _source_folders() == set(RANK), "give a new folder its place in LAYERS"
+    architecture = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
+    assert " < ".join(" | ".join(layer) for layer in LAYERS) in architecture, \
+        "the page states the layers' order"
 
 
 def test_no_folder_imports_one_above_or_beside_it() -> None:
