@@ -273,10 +273,11 @@ def rows_or_none(storage: Storage, key: str, schema: TypeAdapter[T], data: bytes
         return None
 
 
-def part_getter(storage: Storage) -> Callable[[str], bytes]:
-    """For :func:`common.runs.commit_cache.fetch`: a part's bytes, capped (past the cap, or
-    gone: an empty body, which :func:`rows_or_none` reads as foreign or as no rows)."""
-    get = bounded_get(storage, lambda limits: limits.part_bytes)
+def noting_getter(storage: Storage, cap: Callable[[ReadSettings], int]
+                  ) -> Callable[[str], bytes]:
+    """:func:`bounded_get`, except that an object past its cap is noted and read as an empty
+    body (which the reader then takes as foreign or as no rows)."""
+    get = bounded_get(storage, cap)
 
     def fetched(key: str) -> bytes:
         try:
@@ -285,3 +286,9 @@ def part_getter(storage: Storage) -> Callable[[str], bytes]:
             note(exc)
             return b""
     return fetched
+
+
+def part_getter(storage: Storage) -> Callable[[str], bytes]:
+    """For :func:`common.runs.commit_cache.fetch`: a part's bytes, capped (see
+    :func:`noting_getter`; :func:`rows_or_none` reads an empty body)."""
+    return noting_getter(storage, lambda limits: limits.part_bytes)

@@ -28,7 +28,7 @@ class LiveBytes(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._live: dict[int, tuple[StorageWeakRef, int, str]] = {}
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
         self.current = 0
         self.peak = 0
 
@@ -49,8 +49,7 @@ class LiveBytes(TorchDispatchMode):
                 storage = leaf.untyped_storage()
                 key = storage._cdata
                 if key not in self._live and key not in seen:
-                    self._live[key] = (StorageWeakRef(storage), storage.nbytes(),
-                                       func.__name__)
+                    self._live[key] = (StorageWeakRef(storage), storage.nbytes())
                     self.current += storage.nbytes()
         self.peak = max(self.peak, self.current)
         return out
@@ -59,11 +58,3 @@ class LiveBytes(TorchDispatchMode):
         """``current`` after dropping what was freed since the last op."""
         self._sweep()
         return self.current
-
-    def by_op(self) -> dict[str, int]:
-        """The live bytes now, by the name of the op that made them (``mm.default``, ...)."""
-        self._sweep()
-        out: dict[str, int] = {}
-        for _, size, op in self._live.values():
-            out[op] = out.get(op, 0) + size
-        return out

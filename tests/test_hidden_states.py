@@ -150,7 +150,8 @@ def test_store_round_trip_and_put_once(extractor: HiddenExtractor, tmp_path: Pat
     commit = write_hidden_commit(storage, "r1", 3, index, worker="w1")
     assert committed_hidden_shards(storage, "r1") == [3]
     got = list(iter_hidden_records(storage, "r1"))
-    assert [(g["sample_id"], g["turn"]) for g in got] == index.record_ids
+    assert [(g["sample_id"], g["turn"]) for g in got] == [
+        (s, t) for p in index.parts for s, t in zip(p.sample_ids, p.turns, strict=True)]
     by_id = {(r.sample_id, r.turn): r for r in records}
     for item in got:
         want = by_id[(item["sample_id"], item["turn"])]

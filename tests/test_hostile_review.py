@@ -121,7 +121,8 @@ def test_hidden_commits_with_a_field_more_or_less_read(run: Any, tmp_path: Path)
     for shard in range(3):
         index = read_hidden_commit(storage, RUN, shard)
         assert index is not None and index.shard == shard
-        assert index.record_ids == [(f"{shard}-1", 0), (f"{shard}-1", 1)]
+        assert [(s, t) for p in index.parts for s, t in zip(p.sample_ids, p.turns, strict=True)
+                ] == [(f"{shard}-1", 0), (f"{shard}-1", 1)]
         assert index.format == honest["format"]
 
 

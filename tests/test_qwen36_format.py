@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from common.inputs.layouts import normalize
+from common.inputs.layouts import normalize_row
 from tests.conftest import HYBRID, Pipeline, TinyTarget
 from tests.test_generate_e2e import _committed_samples, _mt_bench_rows, _write_jsonl
 
@@ -81,7 +81,7 @@ def test_qwen36_turns_rebuild_from_the_records_and_the_exports(
     assert len(samples) == len(rows)
     modes = {s["thinking"] for s in samples}
     assert modes == {True, False}, "mix:0.5 over 16 ids renders both modes"
-    inputs = {c.id: c.turns for c in map(normalize, rows)}
+    inputs = {c.id: c.turns for row in rows for c in normalize_row(row).conversations[:1]}
     turns_checked = 0
     for sample in samples:
         messages, tools = sample["messages"], sample.get("tools")

@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from common.errors import BadRow, ConfigError, InputError
-from common.inputs.layouts import normalize
+from common.inputs.layouts import normalize_row
 from common.inputs.readers import RawRecord, iter_records, split_lines
 from common.inputs.rows import Conversation, IdRegistry
 
@@ -28,6 +28,11 @@ def user(text: object) -> dict:
 def system(text: str) -> dict:
     """Build a normalized system message."""
     return {"role": "system", "content": text}
+
+
+def first(data: object, fmt: str = "auto", prompt_field: str | None = None) -> Conversation:
+    """A row's first conversation, as the readers take it from :func:`normalize_row`."""
+    return normalize_row(data, fmt, prompt_field).conversations[0]
 
 
 def lines_blob(rows: list) -> bytes:
@@ -109,7 +114,7 @@ def test_parquet_nested_columns(tmp_path):
     assert [r.line for r in records] == [1, 2, 3]
     assert records[1].data["messages"][0] == {"role": "system", "content": "s"}
     assert records[2].data["meta"] == {"k": 3}
-    conv = normalize(records[2].data)
+    conv = first(records[2].data)
     assert conv.id.startswith("h-") and conv.source == {"id": None, "meta": {"k": 3}}
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(InputError, match="Parquet"):
@@ -206,8 +211,8 @@ def test_jsonl_streams_with_flat_memory(tmp_path):
     ],
 )
 def test_every_format_explicit_and_auto(row, fmt, turns):
-    assert normalize(row, fmt).turns == turns
-    assert normalize(row).turns == turns
+    assert first(row, fmt).turns == turns
+    assert first(row).turns == turns
 
 
 @pytest.mark.parametrize(
@@ -224,7 +229,7 @@ def test_every_format_explicit_and_auto(row, fmt, turns):
 def test_grouping_rules(roles, expected):
     names = {"s": "system", "u": "user", "a": "assistant"}
     messages = [{"role": names[r], "content": f"{r}{i}"} for i, r in enumerate(roles.split())]
-    turns = normalize({"messages": messages}).turns
+    turns = first({"messages": messages}).turns
     assert [[m["role"][0] for m in group] for group in turns] == expected
     assert all(m["role"] != "assistant" for group in turns for m in group)
 
@@ -270,30 +275,30 @@ def test_grouping_rules(roles, expected):
 )
 def test_bad_row_reasons(row, kwargs, reason):
     with pytest.raises(BadRow, match=reason):
-        normalize(row, **kwargs)
+        normalize_row(row, **kwargs)
 
 
 def test_unknown_format_is_config_error():
     with pytest.raises(ConfigError, match="unknown input format 'csv'"):
-        normalize({"prompt": "x"}, "csv")
+        normalize_row({"prompt": "x"}, "csv")
 
 
 def test_prompt_field_option_and_source():
     row = {"uid": 7, "body": "hello", "text": "ignored", "output": "long answer", "when": 1e400}
-    conv = normalize(row, "prompt", prompt_field="body")
+    conv = first(row, "prompt", prompt_field="body")
     assert conv.id == "7" and conv.turns == [[user("hello")]]
     assert conv.source == {"id": 7, "text": "ignored", "when": "inf"}
-    assert normalize(row, prompt_field="body").turns == [[user("hello")]]
+    assert first(row, prompt_field="body").turns == [[user("hello")]]
 
 
 def test_ids_preference_stability_and_round_trip():
-    assert normalize({"question_id": 3, "conversation_id": "c", "prompt": "x"}).id == "3"
-    assert normalize({"conversation_id": "c", "uid": 1, "prompt": "x"}).id == "c"
-    a = normalize({"messages": [U, {"role": "assistant", "content": "one"}], "tag": 1})
-    b = normalize({"conversations": [{"from": "user", "value": "hi"}], "tag": 2})
+    assert first({"question_id": 3, "conversation_id": "c", "prompt": "x"}).id == "3"
+    assert first({"conversation_id": "c", "uid": 1, "prompt": "x"}).id == "c"
+    a = first({"messages": [U, {"role": "assistant", "content": "one"}], "tag": 1})
+    b = first({"conversations": [{"from": "user", "value": "hi"}], "tag": 2})
     assert a.id == b.id and a.id.startswith("h-") and len(a.id) == 18
-    assert a.id != normalize({"prompt": "hi!"}).id
-    conv = normalize({"id": "s1", "category": "math", "messages": [U]})
+    assert a.id != first({"prompt": "hi!"}).id
+    conv = first({"id": "s1", "category": "math", "messages": [U]})
     assert conv.source == {"id": "s1", "category": "math"}
     data = json.loads(json.dumps(conv.to_json()))
     assert Conversation.from_json(data) == conv

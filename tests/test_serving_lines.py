@@ -19,7 +19,6 @@ from click.testing import CliRunner
 from common.config import load_settings
 from common.engine.serving import (
     dflash_engine_args,
-    flags_of,
     launch_argv,
     mtp_engine_args,
     spec_settings,
@@ -58,6 +57,11 @@ def test_the_flag_list_is_what_the_installed_release_generates() -> None:
     assert result.stdout == flag_list().read_text(), (
         "stale flag list: .venv-sglang/bin/python scripts/sglang_flags.py > "
         f"{flag_list().relative_to(ROOT)}")
+
+
+def flags_of(argv: list[str]) -> list[str]:
+    """The ``--flag`` names in an argv (``--flag=value`` counts as ``--flag``)."""
+    return [part.split("=", 1)[0] for part in argv if part.startswith("--")]
 
 
 def assert_known(argv: list[str]) -> None:

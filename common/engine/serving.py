@@ -222,11 +222,6 @@ def shown_argv(argv: Sequence[str]) -> str:
     return shlex.join(shown)
 
 
-def flags_of(argv: Sequence[str]) -> list[str]:
-    """The ``--flag`` names in an argv (``--flag=value`` counts as ``--flag``)."""
-    return [part.split("=", 1)[0] for part in argv if part.startswith("--")]
-
-
 @dataclass(frozen=True)
 class SpecSettings:
     """What a launch line asks of SGLang's speculative decoding and scheduler."""

@@ -124,10 +124,6 @@ class HiddenIndex:
     def tokens(self) -> int:
         return sum(sum(p.tokens) for p in self.parts)
 
-    @property
-    def record_ids(self) -> list[tuple[str, int]]:
-        return [(s, t) for p in self.parts for s, t in zip(p.sample_ids, p.turns, strict=True)]
-
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "records": self.records, "tokens": self.tokens}
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.choices import InputFormat, RowLayout
 from common.errors import BadRow, ConfigError
 from common.inputs.extras import history_turns, nonempty, user_turn, with_system
 from common.inputs.fields import has_text, match_case, unused_fields
@@ -51,11 +52,13 @@ from common.inputs.templates import from_template, template_fields
 from common.inputs.text import check_text, jsonable, type_name
 from common.inputs.tools import normalize_tools
 
-FORMATS = ("auto", "messages", "sharegpt", "mt_bench", "ultrachat", "instances", "dolly",
-           "alpaca", "prompt")
+FORMATS = tuple(member.value for member in InputFormat)
 PROMPT_FIELDS = ("prompt", "instruction", "question", "input", "text")
-_CONVERSATION_KEYS = {"messages": "messages", "sharegpt": "conversations", "mt_bench": "turns",
-                      "ultrachat": "data", "instances": "instances"}
+_CONVERSATION_KEYS = {RowLayout.MESSAGES: "messages", RowLayout.SHAREGPT: "conversations",
+                      RowLayout.MT_BENCH: "turns", RowLayout.ULTRACHAT: "data",
+                      RowLayout.INSTANCES: "instances"}
+# Layouts detected only where their field is a list (a string of UltraChat's is one prompt).
+_LIST_ONLY = (RowLayout.ULTRACHAT, RowLayout.INSTANCES)
 # Field names matched case-insensitively when the exact one is absent.
 KNOWN_FIELDS = (*_CONVERSATION_KEYS.values(), *PROMPT_FIELDS, "context", "system", "history",
                 *ID_FIELDS)
@@ -69,25 +72,25 @@ class Normalized:
     and the text fields it had that no prompt uses."""
 
     conversations: list[Conversation]
-    layout: str
+    layout: RowLayout
     unused: tuple[str, ...] = field(default=())
     matched: tuple[tuple[str, str], ...] = field(default=())  # (field found, name it matched)
 
 
-def detect_layout(data: dict[str, Any], prompt_field: str | None) -> str:
+def detect_layout(data: dict[str, Any], prompt_field: str | None) -> RowLayout:
     """Pick the layout of one object row from its keys, or raise BadRow listing them."""
     # Parquet and Arrow rows carry every column of the file: a None value is an absent field.
     for layout, key in _CONVERSATION_KEYS.items():
         value = data.get(key)
-        if value is None or (layout in ("ultrachat", "instances") and not isinstance(value, list)):
+        if value is None or (layout in _LIST_ONLY and not isinstance(value, list)):
             continue
-        if layout != "instances" or data.get("instruction") is not None:
+        if layout is not RowLayout.INSTANCES or data.get("instruction") is not None:
             return layout
     if data.get("instruction") is not None and prompt_field is None:
-        return "dolly" if data.get("context") not in (None, "") else "alpaca"
+        return RowLayout.DOLLY if data.get("context") not in (None, "") else RowLayout.ALPACA
     if (prompt_field is not None and data.get(prompt_field) is not None) or any(
             data.get(name) is not None for name in PROMPT_FIELDS):
-        return "prompt"
+        return RowLayout.PROMPT
     keys = ", ".join(sorted(str(k) for k, v in data.items() if v is not None)) or "none"
     if isinstance(data.get("data"), str):
         raise not_a_list("data", "alternating user and assistant strings")
@@ -152,28 +155,28 @@ def prompt_field_of(data: dict[str, Any], prompt_field: str | None) -> str:
     return found
 
 
-def _turns(data: dict[str, Any], layout: str,
+def _turns(data: dict[str, Any], layout: RowLayout,
            prompt_field: str | None) -> tuple[list[Turns], set[str]]:
     """The conversations of a row in ``layout`` and the fields they used."""
-    if layout == "messages":
+    if layout is RowLayout.MESSAGES:
         pairs = parse_messages(data, "messages", ("role",), ("content",), OPENAI_ROLES)
         return [group_turns(pairs)], {"messages"}
-    if layout == "sharegpt":
+    if layout is RowLayout.SHAREGPT:
         pairs = parse_messages(data, "conversations", ("from", "role"), ("value", "content"),
                                SHAREGPT_ROLES)
         return [group_turns(pairs)], {"conversations"}
-    if layout == "mt_bench":
+    if layout is RowLayout.MT_BENCH:
         return [mt_bench_turns(data)], {"turns"}
-    if layout == "ultrachat":
+    if layout is RowLayout.ULTRACHAT:
         return [ultrachat_turns(data)], {"data"}
-    if layout == "instances":
+    if layout is RowLayout.INSTANCES:
         return _instances(data), {"instruction", "instances"}
     earlier, used = history_turns(data), {"history"}
-    if layout == "dolly":
+    if layout is RowLayout.DOLLY:
         return [earlier + user_turn(_joined(data, "instruction", "context"))], {
             "instruction", "context", *used}
-    if layout == "alpaca" or (layout == "prompt" and prompt_field is None
-                              and prompt_field_of(data, None) == "instruction"):
+    if layout is RowLayout.ALPACA or (layout is RowLayout.PROMPT and prompt_field is None
+                                      and prompt_field_of(data, None) == "instruction"):
         return [earlier + user_turn(_joined(data, "instruction", "input"))], {
             "instruction", "input", *used}
     name = prompt_field_of(data, prompt_field)
@@ -197,23 +200,27 @@ def _instances(data: dict[str, Any]) -> list[Turns]:
     return conversations
 
 
-def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = None,
+def normalize_row(data: object, fmt: str = InputFormat.AUTO, prompt_field: str | None = None,
                   template: str | None = None, strict: bool = False) -> Normalized:
-    """Validate one raw row and return its conversations, or raise BadRow with the reason."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown input format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    """Validate one raw row and return its conversations, or raise BadRow with the reason;
+    ``fmt`` a member, or its text (a caller's own, checked here)."""
+    try:
+        fixed = InputFormat(fmt).layout()
+    except ValueError:
+        raise ConfigError(f"unknown input format {fmt!r}; expected one of "
+                          f"{', '.join(FORMATS)}") from None
     if not isinstance(data, dict):
         raise BadRow(f"row is {'null' if data is None else 'a ' + type_name(data)}, expected "
                      "an object")
     matched: tuple[tuple[str, str], ...] = ()
     if template is not None:
-        layout, used = "template", template_fields(template) | {"history"}
+        layout, used = RowLayout.TEMPLATE, template_fields(template) | {"history"}
         prompt = nonempty(from_template(data, template), "--prompt-template")
         many = [history_turns(data) + user_turn(prompt)]
     else:
         data, matched = match_case(data, (*KNOWN_FIELDS, *([prompt_field] if prompt_field
                                                            else ())))
-        layout = detect_layout(data, prompt_field) if fmt == "auto" else fmt
+        layout = fixed or detect_layout(data, prompt_field)
         key = _CONVERSATION_KEYS.get(layout)
         if key is not None and data.get(key) is None:
             raise BadRow(f"missing field {key!r} for format {layout}")
@@ -242,8 +249,3 @@ def normalize_row(data: object, fmt: str = "auto", prompt_field: str | None = No
             own = f"{found_id}#{index}" if found_id else content_id(turns, tools)
             conversations.append(Conversation(own, turns, {**source, "instance": index}, tools))
     return Normalized(conversations, layout, unused, matched)
-
-
-def normalize(data: object, fmt: str = "auto", prompt_field: str | None = None) -> Conversation:
-    """The one conversation of a row (the first, for a row of several instances)."""
-    return normalize_row(data, fmt, prompt_field).conversations[0]

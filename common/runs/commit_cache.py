@@ -93,18 +93,10 @@ def read_commits(storage: Storage, names: Iterable[str],
                  threads: int = THREADS) -> Iterator[ShardCommit]:
     """The commits at ``names``, in that order, read concurrently, each bounded and validated
     (a foreign one is noted and left out)."""
-    from common.reads import bounded_get, note
+    from common.reads import note, noting_getter
     from common.runs.index_objects import read_commit
 
-    get = bounded_get(storage, lambda limits: limits.json_bytes)
-
-    def fetched(key: str) -> bytes:
-        try:
-            return get(key)
-        except ForeignObject as exc:
-            note(exc)
-            return b""
-
+    fetched = noting_getter(storage, lambda limits: limits.json_bytes)
     for key, data in fetch(storage, names, threads, get=fetched):
         try:
             yield ShardCommit.from_json(read_commit(storage, key, data))

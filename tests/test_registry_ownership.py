@@ -1,0 +1,70 @@
+"""Redis's hash and set commands are sent only by the registries in common/queue/: a caller
+asks a registry for an operation (:class:`common.queue.shard_registry.ShardRegistry`), it does
+not edit a registry's keys itself (issue 68, point 4)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = ("common", "workers", "producer")
+OWNER = "common/queue/"
+
+HASH_AND_SET = frozenset({
+    "hset", "hsetnx", "hmset", "hdel", "hget", "hmget", "hgetall", "hincrby", "hincrbyfloat",
+    "hexists", "hkeys", "hvals", "hlen", "hscan", "hscan_iter", "hstrlen", "hrandfield",
+    "sadd", "srem", "smembers", "sismember", "smismember", "scard", "spop", "srandmember",
+    "smove", "sscan", "sscan_iter", "sinter", "sunion", "sdiff",
+})
+
+ALLOWED = {
+    # The run monitor owns the quality gates' counters (RunKeys.gates, gate_hist, answers,
+    # partial while it rebuilds): its counting, rebuild and resume are one registry each, kept
+    # beside the gates whose arithmetic they are.
+    "common/monitor/run_monitor.py": "the run monitor's counters: its own registry",
+    "common/monitor/rebuild.py": "the run monitor's rebuild: one MULTI over its own counters",
+    "workers/generate/monitor.py": "the run monitor's worker side: its counters and answers",
+    # One writer each, a per-worker counter or record the status readers only read.
+    "workers/generate/task.py": "the run's partial-sample and request counters (one writer)",
+    "workers/generate/speculative.py": "the worker's speculative figures (one writer)",
+    "workers/generate/mtp_run.py": "the worker's MTP choice record (one writer)",
+    "workers/generate/context.py": "the engine announcement record (one writer)",
+    # Readers that fetch many registries' keys in one pipeline round trip.
+    "producer/status_live.py": "status reads every registry in one pipeline",
+    "producer/ui/views.py": "the dashboard reads the monitor's histogram",
+}
+
+
+def _offenders() -> dict[str, list[str]]:
+    """Per file outside common/queue/: the hash or set commands it calls, with their lines."""
+    found: dict[str, list[str]] = {}
+    for folder in SCANNED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(OWNER):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), rel)):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in HASH_AND_SET):
+                    found.setdefault(rel, []).append(f"{node.func.attr}@{node.lineno}")
+    return found
+
+
+def test_hash_and_set_commands_only_in_registries() -> None:
+    stray = {rel: calls for rel, calls in _offenders().items() if rel not in ALLOWED}
+    assert not stray, f"raw Redis hash/set commands outside common/queue/: {stray}"
+
+
+def test_allow_list_has_no_stale_entry() -> None:
+    """An allowed file that no longer sends such a command leaves the list."""
+    found = _offenders()
+    assert sorted(rel for rel in ALLOWED if rel not in found) == []
+
+
+def test_the_scan_sees_the_registry() -> None:
+    """The scan is live: the registry itself sends the commands it looks for."""
+    source = (ROOT / OWNER / "shard_registry.py").read_text()
+    calls = {n.func.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute)}
+    assert {"hset", "hdel", "hincrby", "sadd"} <= calls & HASH_AND_SET
