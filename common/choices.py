@@ -118,6 +118,50 @@ class Parallel(StrEnum):
     FSDP = "fsdp"   # FSDP2: both sharded over the ranks
 
 
+class RowLayout(StrEnum):
+    """The layout one input row was read in (:mod:`common.inputs.layouts`)."""
+
+    MESSAGES = "messages"
+    SHAREGPT = "sharegpt"
+    MT_BENCH = "mt_bench"
+    ULTRACHAT = "ultrachat"
+    INSTANCES = "instances"
+    DOLLY = "dolly"
+    ALPACA = "alpaca"
+    PROMPT = "prompt"
+    TEMPLATE = "template"   # --prompt-template: the row's fields as the template names them
+
+
+class InputFormat(StrEnum):
+    """``--format``: one row layout for every row, or auto (each row's from its keys)."""
+
+    AUTO = "auto"
+    MESSAGES = "messages"
+    SHAREGPT = "sharegpt"
+    MT_BENCH = "mt_bench"
+    ULTRACHAT = "ultrachat"
+    INSTANCES = "instances"
+    DOLLY = "dolly"
+    ALPACA = "alpaca"
+    PROMPT = "prompt"
+
+    def layout(self) -> RowLayout | None:
+        """The layout every row is read in; None for auto."""
+        return None if self is InputFormat.AUTO else RowLayout(self.value)
+
+
+class ShardState(StrEnum):
+    """One generate shard's state, as ``status`` counts it and the dashboard's grid shows it."""
+
+    COMMITTED = "committed"
+    RUNNING = "running"      # a live lease
+    HEALING = "healing"      # the reconciler queued it again
+    RETRYING = "retrying"    # waiting out its backoff
+    PENDING = "pending"
+    PARKED = "parked"        # out of deliveries, with its reason
+    UNKNOWN = "unknown"      # Redis is down: only the commit is known
+
+
 class EnumChoice(click.Choice[str]):
     """A click choice of an enum's values that hands the command the member."""
 

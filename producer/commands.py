@@ -23,7 +23,6 @@ from common.engine.target import TargetShape
 from common.engine.target_sampling import resolve_max_new_tokens, resolve_sampling, sampling_line
 from common.engine.thinking import parse_thinking
 from common.errors import ConfigError, InputError
-from common.inputs.layouts import FORMATS
 from common.inputs.sources import is_glob
 from common.inputs.templates import template_fields
 from common.queue.celery_app import TRAIN
@@ -48,9 +47,6 @@ def build_run_config(settings: Settings, options: RunOptions) -> RunConfig:
     if not keys.valid_run_id(options.run):
         raise ConfigError(f"invalid run id {options.run!r}: use 1-128 letters, digits, '.', "
                           "'_' or '-'")
-    if options.format not in FORMATS:
-        raise ConfigError(f"unknown format {options.format!r}; choose one of "
-                          f"{', '.join(FORMATS)}")
     if options.prompt_template is not None and not template_fields(options.prompt_template):
         raise ConfigError(f"--prompt-template {options.prompt_template!r} names no field; use "
                           "{field} placeholders, e.g. '{instruction}\\n\\n{context}'")

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from common import keys
-from common.choices import Mode
+from common.choices import Mode, ShardState
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
 from common.engine.speculative import by_worker, choices_by_worker
@@ -64,7 +64,7 @@ class StatusReader:
     commits: dict[int, CommitDigest] = field(default_factory=dict)
     parts: dict[str, StoredPart] = field(default_factory=dict)
     lease_ttl: float = field(default_factory=lambda: load_settings().worker.lease_ttl)
-    grid: dict[int, str] = field(default_factory=dict)
+    grid: dict[int, ShardState] = field(default_factory=dict)
     """The last read's state of every generate shard (the dashboard's grid)."""
     index: RunIndex | None = None  # the run index's digests (the dashboard shares it)
     hidden: CommitSet | None = None
@@ -176,8 +176,8 @@ class StatusReader:
                                         live["stages"]["generate"] if live else None)
                      for shard in range(total)}
         if live is None:
-            return {**counts, **dict.fromkeys(GRID_STATES, None)}
-        return {**counts, **{state: sum(v == state for v in self.grid.values())
+            return {**counts, **dict.fromkeys((state.value for state in GRID_STATES), None)}
+        return {**counts, **{state.value: sum(v is state for v in self.grid.values())
                              for state in GRID_STATES}}
 
     def _downstream(self, config: RunConfig, live: dict[str, Any] | None,

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from common.choices import ShardState
 from common.queue.redis_values import field_key, number_of
 from common.queue.shard_registry import StageView
 from common.runs.records import RunState
@@ -39,24 +40,26 @@ def _rates(events: list[str]) -> tuple[float, float]:
     return sum(e[1] for e in recent) / span, sum(e[2] for e in recent) / span
 
 
-GRID_STATES = ("running", "healing", "retrying", "pending", "parked")
+GRID_STATES = (ShardState.RUNNING, ShardState.HEALING, ShardState.RETRYING, ShardState.PENDING,
+               ShardState.PARKED)
+"""The states ``status`` counts beside committed (None for each while Redis is down)."""
 
 
-def shard_state(shard: int, committed: set[int], view: StageView | None) -> str:
+def shard_state(shard: int, committed: set[int], view: StageView | None) -> ShardState:
     """One generate shard's state, as the grid shows it and ``status`` counts it."""
     if shard in committed:
-        return "committed"
+        return ShardState.COMMITTED
     if view is None:
-        return "unknown"
+        return ShardState.UNKNOWN
     if shard in view.parked:
-        return "parked"
+        return ShardState.PARKED
     if shard in view.live:
-        return "running"
+        return ShardState.RUNNING
     if shard in view.healing:
-        return "healing"
+        return ShardState.HEALING
     if shard in view.retrying:
-        return "retrying"
-    return "pending"
+        return ShardState.RETRYING
+    return ShardState.PENDING
 
 
 def _owned_anywhere(live: dict[str, Any]) -> bool:

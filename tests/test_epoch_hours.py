@@ -155,7 +155,7 @@ def test_status_shows_the_planned_and_measured_hours(tiny: Tiny, redis_server: R
                                        broker_url=redis_server.url, train_rows_per_step=2)
     ctx = WorkerContext(settings)
     storage = LocalStorage(str(tmp_path / "storage"))
-    config = RunConfig(run=RUN, model="tiny-qwen3", input="in.jsonl", format="jsonl",
+    config = RunConfig(run=RUN, model="tiny-qwen3", input="in.jsonl", format="auto",
                        prompt_field=None, shard_size=6, limit=None, mode="online")
     storage.put_once(keys.run_config(RUN), dumps(config.to_json()))
     session = session_for(tiny, plan)

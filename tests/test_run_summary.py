@@ -76,7 +76,7 @@ class Writer:
 
 
 def _write_run(client: Any, storage: LocalStorage) -> None:
-    config = RunConfig(run=RUN, model="m", input="in.jsonl", format="jsonl", prompt_field=None,
+    config = RunConfig(run=RUN, model="m", input="in.jsonl", format="auto", prompt_field=None,
                        shard_size=SHARD, limit=None, gates=GATES)
     storage.put_once(keys.run_config(RUN), dumps(config.to_json()))
     manifest = InputManifest(shards=6, rows=6 * SHARD, rejected=2, shard_rows=[SHARD] * 6)

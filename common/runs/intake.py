@@ -96,7 +96,7 @@ class Intake:
             yield Item(where, None, str(bad))
             return
         matched = ", ".join(f"{found} as {name}" for found, name in result.matched)
-        label = f"{result.layout} ({matched})" if matched else result.layout
+        label = f"{result.layout} ({matched})" if matched else result.layout.value
         if matched and label not in self.layouts[source.name]:
             log.warning("%s: fields read case-insensitively: %s", source.name, matched)
         self.layouts[source.name][label] += 1

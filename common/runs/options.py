@@ -25,10 +25,9 @@ from typing import Any
 
 import click
 
-from common.choices import EnumChoice, Layout, Mode
+from common.choices import EnumChoice, InputFormat, Layout, Mode
 from common.engine.sampling import MAX_NEW_TOKENS_CAP, Sampling
 from common.gates.judge import SKIPPABLE_GATES, GateConfig
-from common.inputs.layouts import FORMATS
 from common.runs.epochs import RECIPE_EPOCHS
 from common.runs.splits import HELDOUT_FRACTION, HELDOUT_MIN
 
@@ -96,8 +95,8 @@ class FrozenOptions:
 
     run: str = run_option(required=True,
                           help="Run id (letters, digits, ._-).")
-    format: str = run_option("auto", type=click.Choice(FORMATS),
-                             help="Row layout; auto detects it per row.")
+    format: InputFormat = run_option(InputFormat.AUTO, type=EnumChoice(InputFormat),
+                                     help="Row layout; auto detects it per row.")
     prompt_field: str | None = run_option(
         None, help="Field holding the prompt for --format prompt.")
     prompt_template: str | None = run_option(
@@ -148,6 +147,7 @@ class FrozenOptions:
         # A choice is its member from here on, however it came (click, run.json, a test's text).
         object.__setattr__(self, "mode", Mode(self.mode))
         object.__setattr__(self, "layout", Layout(self.layout))
+        object.__setattr__(self, "format", InputFormat(self.format))
 
 
 @dataclass(frozen=True, kw_only=True)

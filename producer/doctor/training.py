@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from common.choices import Parallel
 from common.config import Settings
 from common.engine.preflight import CheckResult, NoNvidiaDriver, gpu_model, visible_gpus
 from common.errors import DflashError
@@ -26,7 +27,7 @@ def check_training(settings: Settings, run: str) -> CheckResult:
                            fix=f"plan it for the GPUs it will run on: dflash-pipeline "
                                f"plan-training --run {run} --num-gpus N --gpu-memory-gib G")
     ranks = len(gpus)
-    hardware = Hardware(memory, ranks, settings.train.parallel == "fsdp" and ranks > 1, gpu,
+    hardware = Hardware(memory, ranks, settings.train.parallel is Parallel.FSDP and ranks > 1, gpu,
                         margin=settings.train.memory_margin)
     try:
         plan = run_plan(settings, run, hardware)

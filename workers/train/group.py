@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from common.choices import Parallel
 from common.config import Settings
 from common.errors import ConfigError
 from workers.launch import Launch
@@ -12,7 +13,7 @@ from workers.launch import Launch
 def is_group(settings: Settings) -> bool:
     """Whether the train worker runs as a group of ranks; --fsdp needs one."""
     group = settings.train.nproc_per_node > 1 or settings.train.nnodes > 1
-    if settings.train.parallel == "fsdp" and not group:
+    if settings.train.parallel is Parallel.FSDP and not group:
         raise ConfigError("--fsdp shards the drafter over ranks: it needs --nproc-per-node or "
                           "--nnodes above 1")
     return group
@@ -28,8 +29,6 @@ def group_argv(settings: Settings, gpu: int | None, celery_argv: list[str]) -> l
         raise ConfigError(f"--nnodes {nodes} needs --rdzv-endpoint HOST:PORT of node rank 0")
     if rank >= nodes:
         raise ConfigError(f"--node-rank {rank} is not below --nnodes {nodes}")
-    if settings.train.parallel not in ("ddp", "fsdp"):
-        raise ConfigError(f"DFLASH_TRAIN_PARALLEL={settings.train.parallel!r}: ddp or fsdp")
     where = (["--nnodes", str(nodes), "--node-rank", str(rank), "--rdzv-endpoint",
               settings.train.rdzv_endpoint] if settings.train.rdzv_endpoint else ["--standalone"])
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from common.choices import Checkpointing
+from common.choices import Checkpointing, Parallel
 from common.config import Settings
 from common.errors import PlanDoesNotFit
 from common.plan.memory import CUDA_CONTEXT, FRAGMENTATION, GiB, Micro, gathered_bytes
@@ -47,7 +47,7 @@ def rank_plan(settings: Settings, config: RunConfig, target: Any,
     group = current_group()
     ranks = group.world if group else 1
     hardware = Hardware(reported_memory(device) / GiB, ranks,
-                        settings.train.parallel == "fsdp" and ranks > 1,
+                        settings.train.parallel is Parallel.FSDP and ranks > 1,
                         torch.cuda.get_device_properties(device).name,
                         margin=settings.train.memory_margin)
     tokens = getattr(config, "max_train_tokens", None) or REFERENCE_TOKENS

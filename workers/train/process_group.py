@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from common.choices import Parallel
 from common.config import load_settings
 from common.errors import GroupLost, RankFailed
 
@@ -146,7 +147,7 @@ def init_group() -> Group:
     names: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(names, socket.gethostname(), group=control)
     _group = Group(dist.get_rank(), dist.get_world_size(), len(set(names)), control,
-                   load_settings().train.parallel == "fsdp")
+                   load_settings().train.parallel is Parallel.FSDP)
     log.info("rank %d of %d on %d host(s), backend %s%s", _group.rank, _group.world,
              _group.hosts, dist.get_backend(), ", FSDP2" if _group.sharded else "")
     return _group
