@@ -23,12 +23,22 @@ def _declared() -> dict[str, object]:
     return found
 
 
+def _lines(keywords: dict[str, object]) -> list[str]:
+    return [f"{name}: {getattr(kind, '__name__', kind)}" for name, kind in keywords.items()]
+
+
 def test_the_keywords_are_the_declared_settings_with_their_types() -> None:
+    """A new setting's keyword is one line in each TypedDict; the failure names the lines."""
     declared = _declared()
-    assert typing.get_type_hints(SettingValues) == declared
-    flat = {name: kind for name, kind in declared.items() if name not in SECTIONS}
-    assert typing.get_type_hints(SettingOverrides) == {
-        name: kind | None for name, kind in flat.items()}
+    typed = typing.get_type_hints(SettingValues)
+    assert typed == declared, ("common/config_keywords.py: SettingValues should have "
+                               f"{sorted(set(_lines(declared)) - set(_lines(typed)))}, "
+                               f"not {sorted(set(_lines(typed)) - set(_lines(declared)))}")
+    flat = {name: kind | None for name, kind in declared.items() if name not in SECTIONS}
+    overrides = typing.get_type_hints(SettingOverrides)
+    assert overrides == flat, ("common/config_keywords.py: SettingOverrides should have "
+                               f"{sorted(set(_lines(flat)) - set(_lines(overrides)))}, "
+                               f"not {sorted(set(_lines(overrides)) - set(_lines(flat)))}")
 
 
 SNIPPET = """\
