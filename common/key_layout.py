@@ -52,6 +52,7 @@ class KeyKind(enum.StrEnum):
     INDEX = "run-index object"
     PROBE = "access probe"
     BENCH = "bench verdict"
+    EVAL = "eval record"
 
 
 class Key(NamedTuple):
@@ -89,6 +90,7 @@ _LAYOUTS = (  # (kind, exact layout, digits of ``number``): every key the templa
     (KeyKind.GATE, rf"{_R}gates/(?P<name>pause|resume)-{_STAMP}\.json", 0),
     (KeyKind.REPORT, rf"{_R}reports/report-{_STAMP}\.png", 0),
     (KeyKind.BENCH, rf"{_R}bench/(?P<area>[a-z0-9][a-z0-9.-]{{0,95}})/verdict-{_STAMP}\.json", 0),
+    (KeyKind.EVAL, rf"{_R}evals/eval-{_STAMP}\.json", 0),
     (KeyKind.RUN_CONFIG, rf"{_R}run\.json", 0),
 )
 # ASCII: ``\d`` is 0-9 only (a checkpoint's "step-00००12" is no step).

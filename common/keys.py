@@ -124,6 +124,16 @@ def report_png(run: str, stamp: str) -> str:
     return f"runs/{run}/reports/report-{stamp}.png"
 
 
+def evals_prefix(run: str) -> str:
+    """``eval-drafter --dataset``'s stored tables (:mod:`common.runs.evals`)."""
+    return f"runs/{run}/evals/"
+
+
+def eval_record(run: str, stamp: str) -> str:
+    """One ``eval-drafter --dataset`` invocation's per-set table; put-once, never replaced."""
+    return f"runs/{run}/evals/eval-{stamp}.json"
+
+
 def drafter_prefix(run: str) -> str:
     return f"runs/{run}/drafter/"
 

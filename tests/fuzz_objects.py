@@ -13,7 +13,7 @@ at one field of a real record, JSON of another type, not JSON, an empty body, de
 lone surrogate, NaN, many small rows under the decompressed cap, a zstd frame that states a size
 past the cap (a bomb), truncated zstd, a frame that hides its size, a pickle where a tensor file
 goes, a safetensors header bomb. A key of a kind whose objects a writer replaces (the index, the
-gate and bench records, ``latest.json``, parking records) is also written over an existing
+gate, bench and eval records, ``latest.json``, parking records) is also written over an existing
 object, where the store allows it (MinIO: everywhere; AWS: ``latest.json`` only). A
 well-formed record a role may legitimately write is its stage's own output, not in scope.
 """
@@ -77,6 +77,20 @@ class Forged:
     overwrite: bool = False
 
 
+# A real eval record's shape (common.runs.evals), for the bodies to take apart: the run under
+# test has none of its own (eval-drafter --dataset is not part of its stack).
+EVAL = {"run": "fz", "stamp": "20260101T000000.000000-abcdef", "engine": "sglang",
+        "drafter": {"step": 2, "name": None}, "thinking": "off", "sets": ["gsm8k"],
+        "max_new_tokens": 64, "definition": {"tau": "ours"}, "datasets": {"gsm8k": {
+            "prompts": 2, "tokens": 10, "tau": 2.5, "tau_pooled": 2.5,
+            "spec_accept_length": 3.0, "by_position": {"0-1k": 2.5, "16k+": None},
+            "lossless": {"checked": 2, "mismatches": []}, "tokens_per_s": 1.5,
+            "speedup": 1.2, "concurrency": {"1": {
+                "tokens": 10, "tokens_per_s": 1.5, "spec_accept_length": 3.0,
+                "baseline_tokens_per_s": 1.25, "speedup": 1.2}}}}}
+DEFAULT_TEMPLATES = {"eval": EVAL}
+
+
 def _stamp(n: int) -> str:
     return f"00000000T000000.{n:06d}-000000"   # sorts before every real stamp
 
@@ -129,6 +143,7 @@ def layouts(index_count: int) -> list[Layout]:
         L(KeyKind.PROBE, lambda r, n: keys.access_probe("generated"), F.BYTES, "none", True),
         L(KeyKind.BENCH, lambda r, n: keys.bench_verdict(r, "unknown-tp1-0123abcd", _stamp(n)),
           F.JSON, "bench", True),
+        L(KeyKind.EVAL, lambda r, n: keys.eval_record(r, _stamp(n)), F.JSON, "eval", True),
     ]
 
 
@@ -269,7 +284,7 @@ def forgeries(rng: random.Random, run: str, templates: dict[str, Any],
     existing: dict[str, list[str]] = templates.get("existing", {})
     for n, layout in enumerate(layouts(templates["index_count"])):
         base = 500 * batch + 20 * n
-        template = templates.get(layout.template, {})
+        template = templates.get(layout.template) or DEFAULT_TEMPLATES.get(layout.template, {})
         for role in writers(layout.key(run, base)):
             found = list(bodies(rng, layout.family, template))
             mine = [layout.key(run, base + i) for i in range(len(found))]

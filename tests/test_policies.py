@@ -42,12 +42,13 @@ AREAS = {"producer": ["run.json", "inputs/*", "rejected/input/*", "gates/resume-
          "generate": ["generated/*", "rejected/shard-*", "gates/pause-*", "failed/shard-*",
                       "index/*"],
          "hidden": ["hidden/*", "failed/hidden/*", "index/*"],
-         "train": ["drafter/*", "failed/train/*", "index/*"], "reconciler": ["index/*"],
+         "train": ["drafter/*", "failed/train/*", "index/*", "evals/*"],
+         "reconciler": ["index/*"],
          "reader": [], "export-s3": []}
 NESTED = ["inputs", "rejected/input", "generated/shard-000001", "rejected/shard-000001",
           "hidden/shard-000001", "drafter", "drafter/step-000002", "failed/shard-000001",
           "failed/hidden", "failed/train", "gates", "reports", "index", "index/digests",
-          "bench", "bench/cpu-tp1-0123abcd"]
+          "bench", "bench/cpu-tp1-0123abcd", "evals"]
 
 
 def fill(path: Path, prefix: str) -> dict[str, Any]:
@@ -172,7 +173,8 @@ def role_keys(run: str) -> dict[str, list[str]]:
                    keys.access_probe("hidden")],
         "train": [keys.drafter_checkpoint(run, 2, "state.pt"),
                   keys.drafter_checkpoint(run, 2, "_COMMIT.json", 1), keys.drafter_latest(run),
-                  keys.failed_shard(run, shard, stamp, "train"), keys.access_probe("drafter")],
+                  keys.failed_shard(run, shard, stamp, "train"), keys.access_probe("drafter"),
+                  keys.eval_record(run, stamp)],
         "reconciler": [keys.index_object(run, "digests", 0, 3, "0123abcd"),
                        keys.doctor_probe("index", "1" * 32)]}
     return written

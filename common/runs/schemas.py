@@ -216,6 +216,64 @@ class BenchVerdictRecord(TypedDict):
     margin: NotRequired[Annotated[Number, Field(ge=0, lt=1)]]   # absent: 5%
 
 
+Name = Annotated[StrictStr, Field(max_length=200)]
+Level = Annotated[StrictStr, Field(pattern=r"^[0-9]{1,6}$")]
+
+
+class EvalLevel(TypedDict):
+    """One concurrency of an ``eval-drafter --engine sglang`` set (:mod:`common.runs.evals`)."""
+
+    tokens: Count
+    tokens_per_s: Number
+    spec_accept_length: Number | None
+    baseline_tokens_per_s: Number | None
+    speedup: Number | None
+
+
+class EvalLossless(TypedDict):
+    checked: Count
+    mismatches: Annotated[list[dict[Str, Any]], Field(max_length=10_000)]
+
+
+class EvalSet(TypedDict):
+    """One set's row of the table ``eval-drafter --dataset --json`` prints."""
+
+    prompts: Count
+    tokens: Count | None
+    tau: Number | None
+    tau_pooled: Number | None
+    spec_accept_length: Number | None
+    by_position: Annotated[dict[Name, Number | None], Field(max_length=16)]
+    lossless: EvalLossless | None
+    tokens_per_s: Number | None
+    speedup: Number | None
+    concurrency: Annotated[dict[Level, EvalLevel], Field(max_length=64)] | None
+
+
+class EvalDrafter(TypedDict):
+    step: Count | None
+    name: Name | None
+
+
+class EvalRecord(TypedDict):
+    """``eval-drafter --dataset``'s stored table: what it measured, how, and the table."""
+
+    run: Str
+    stamp: Str
+    drafter: EvalDrafter
+    engine: Literal["local", "sglang"]
+    thinking: Name
+    sets: Annotated[list[Name], Field(max_length=64)]
+    max_new_tokens: Count
+    datasets: Annotated[dict[Name, EvalSet], Field(max_length=64)]
+    definition: dict[Str, Str]
+    step: NotRequired[Count | None]
+    block_size: NotRequired[Count]
+    device: NotRequired[Name]
+    url: NotRequired[Name | None]
+    baseline_url: NotRequired[Name | None]
+
+
 class ResumeRecord(TypedDict):
     accepted: StrictBool
     checked: Count
@@ -296,10 +354,12 @@ INDEX_CHUNK = TypeAdapter(IndexChunk)
 MANIFEST = TypeAdapter(Manifest)
 RUN_JSON = TypeAdapter(RunJson)
 PAUSE = TypeAdapter(PauseRecord)
+GATE_EXAMPLE = TypeAdapter(GateExample)
 RESUME = TypeAdapter(ResumeRecord)
 PARKING = TypeAdapter(ParkingRecord)
 CHECKPOINT_COMMIT = TypeAdapter(CheckpointCommit)
 HIDDEN_INDEX = TypeAdapter(HiddenIndexRecord)
 BENCH_VERDICT = TypeAdapter(BenchVerdictRecord)
+EVAL_RECORD = TypeAdapter(EvalRecord)
 ENGINE = TypeAdapter(EngineRecord)
 METRIC_LIST = TypeAdapter(list[Number | None])   # per slot or position; null: not measured

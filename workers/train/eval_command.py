@@ -26,7 +26,7 @@ import click
 from common.choices import EnumChoice
 from common.cli import command_option, common_options
 from common.config import Settings, env_name
-from common.errors import ConfigError, DflashError
+from common.errors import ConfigError, DflashError, StorageRefused
 from common.exit_codes import EXIT_FAILURE
 from workers.train.eval_datasets import DatasetRequest, EvalEngine
 from workers.train.eval_serving import parse_levels
@@ -100,6 +100,8 @@ def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: st
         click.echo(f"error: evaluating the drafter of run {run!r} failed: "
                    f"{type(exc).__name__}: {first}", err=True)
         sys.exit(EXIT_FAILURE)
+    if datasets:
+        result["stored"] = _store(settings, run, result, step, drafter_dir)
     text = render_table(result) if datasets else render(result)
     click.echo(json.dumps(result, sort_keys=True) if as_json else text)
     mismatches = ([m for r in result["datasets"].values() for m in (r["lossless"] or {}).get(
@@ -149,6 +151,25 @@ def _run_datasets(settings: Settings, run: str, step: int | None, drafter_dir: s
     return {"drafter": drafter_dir, **result}
 
 
+def _store(settings: Settings, run: str, result: dict[str, Any], step: int | None,
+           drafter_dir: str | None) -> str | None:
+    """The table stored under the run (its key), or None with one line where the storage
+    refuses the write: only the train worker's key may write ``evals/``."""
+    from common.runs.evals import write_eval
+    from common.storage import open_storage
+
+    storage = open_storage(settings.broker.storage, settings.read)
+    measured = result.get("step", step) if drafter_dir is None else None
+    try:
+        return write_eval(storage, run, result, measured, drafter_dir)
+    except StorageRefused as exc:
+        log.debug("run %s: eval not stored: %s", run, exc)
+        click.echo(f"eval not stored in the run's storage ({str(exc).split(': ', 1)[-1]}): "
+                   "run eval-drafter with the train worker's key to keep it for report and "
+                   "the dashboard", err=True)
+        return None
+
+
 def _open(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
           check: bool = True) -> tuple[Any, Any]:
     """The run's store and config; the drafter to judge checked (before torch is imported)."""
@@ -176,7 +197,8 @@ def _load(settings: Settings, run: str, config: Any, step: int | None,
     device = resolve_device(settings.train.device, env_name("train_device"))
     if drafter_dir is not None:
         target = load_run_target(settings, config, device)
-        drafter, source_step = load_drafter(drafter_dir, target.model), None
+        drafter = load_drafter(drafter_dir, target.model, tokenizer=target.tokenizer)
+        source_step = None
     else:
         loaded = load_run_drafter(settings, run, step, device)
         target, drafter, source_step = loaded.target, loaded.trainer.drafter, loaded.step

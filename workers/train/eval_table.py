@@ -14,31 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from common.runs.evals import BUCKETS, DEFINITION, render_table
+
+__all__ = ["BUCKETS", "DEFINITION", "KEYS", "by_position", "local_entry", "render_table",
+           "served_entry", "sglang_accept_length"]
+
 if TYPE_CHECKING:     # torch only where a set is decoded
     from workers.train.drafter.specdec import Decoded
-
-# Where a verify step starts in the generation (tokens generated before it), in tokens.
-BUCKETS: tuple[tuple[str, int, float], ...] = (
-    ("0-1k", 0, 1024), ("1k-4k", 1024, 4096), ("4k-16k", 4096, 16384),
-    ("16k+", 16384, float("inf")))
-
-DEFINITION = {
-    "tau": "ours: accepted drafts + 1 per verify step, averaged over a prompt's steps, then "
-           "over prompts (the prefill's token not counted)",
-    "tau_pooled": "ours pooled: every verify step of every prompt weighted alike (sum of "
-                  "accepted drafts + 1 over all steps / all verify steps)",
-    "spec_accept_length": "SGLang's meta_info.spec_accept_length: completion tokens / "
-                          "spec_verify_ct per request (includes the prefill's token), mean "
-                          "over requests",
-    "by_position": "tau of the verify steps whose first token falls in that range of the "
-                   "generation (tokens 0-1024, 1024-4096, 4096-16384, 16384+); null: no step",
-    "lossless": "prompts checked against plain greedy decoding, and the ones that differ",
-    "tokens_per_s": "output tokens / wall seconds of the set at that concurrency (engine)",
-    "speedup": "tokens_per_s over the baseline server's at the same concurrency (engine)",
-    "concurrency": "per concurrency level: tokens_per_s, baseline_tokens_per_s, speedup, "
-                   "spec_accept_length; the entry's own tokens_per_s and speedup are the "
-                   "lowest level's",
-}
 
 KEYS = ("prompts", "tokens", "tau", "tau_pooled", "spec_accept_length", "by_position",
         "lossless", "tokens_per_s", "speedup", "concurrency")
@@ -85,38 +67,3 @@ def served_entry(prompts: int, levels: Mapping[int, Mapping[str, Any]]) -> dict[
             "by_position": {name: None for name, _, _ in BUCKETS}, "lossless": None,
             "tokens_per_s": first["tokens_per_s"], "speedup": first["speedup"],
             "concurrency": {str(c): dict(levels[c]) for c in sorted(levels)}}
-
-
-def _cell(value: Any, width: int = 7) -> str:
-    text = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
-    return text.rjust(width)
-
-
-def render_table(result: Mapping[str, Any]) -> str:
-    """The per-set table and, under it, each column's definition."""
-    head = (f"{'set':<12}{'prompts':>8}{'tokens':>8}{'tau':>7}{'pooled':>7}{'sglang':>7}"
-            + "".join(f"{name:>8}" for name, _, _ in BUCKETS) + f"{'lossless':>10}")
-    lines = [head]
-    levels: list[str] = []
-    for name, row in result["datasets"].items():
-        lossless = row["lossless"]
-        same = (f"{lossless['checked'] - len(lossless['mismatches'])}/{lossless['checked']}"
-                if lossless else "-")
-        lines.append(f"{name:<12}{row['prompts']:>8}{_cell(row['tokens'], 8)}{_cell(row['tau'])}"
-                     f"{_cell(row['tau_pooled'])}{_cell(row['spec_accept_length'])}"
-                     + "".join(_cell(row["by_position"][b], 8) for b, _, _ in BUCKETS)
-                     + same.rjust(10))
-        for level, figures in (row["concurrency"] or {}).items():
-            levels.append(f"{name:<12}{level:>6}{_cell(figures['tokens_per_s'], 10)}"
-                          f"{_cell(figures['baseline_tokens_per_s'], 10)}"
-                          f"{_cell(figures['speedup'], 9)}"
-                          f"{_cell(figures['spec_accept_length'], 8)}")
-    if levels:
-        lines += ["", f"{'set':<12}{'conc':>6}{'tok/s':>10}{'base':>10}{'speedup':>9}"
-                      f"{'sglang':>8}", *levels]
-    lines += ["", "tau: " + DEFINITION["tau"], "pooled: " + DEFINITION["tau_pooled"],
-              "sglang: " + DEFINITION["spec_accept_length"],
-              "by position: " + DEFINITION["by_position"]]
-    if levels:
-        lines += ["tok/s: " + DEFINITION["tokens_per_s"], "speedup: " + DEFINITION["speedup"]]
-    return "\n".join(lines)
