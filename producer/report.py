@@ -33,6 +33,7 @@ from common.runs.commit_cache import fetch
 from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.storage import Storage, open_storage
+from producer.report_evals import eval_lines, eval_section
 from producer.report_figure import bin_of, render_png
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,7 @@ def build_report(storage: Storage, run: str) -> dict[str, Any]:
         "gates": config.to_json().get("gates") or None,
         "paused": pause_from_storage(storage, run),
         "drafter": drafter_history(storage, run),
+        "eval": eval_section(storage, run),   # the newest stored eval-drafter --dataset table
         "png": None,
         "png_not_stored": None,   # why the storage refused the figure (a read-only key)
     }
@@ -244,6 +246,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines += [f"  step {d['step']:>7}: tau {d['tau']:.3f}, training estimate "
                   f"{d['estimate'] if d['estimate'] is not None else '?'}, loss {d['loss']}"
                   for d in measured[-10:]]
+    lines += eval_lines(report.get("eval"))
     if pause and pause.get("examples"):
         lines.append("behind the pause: " + ", ".join(
             f"{ex.get('id')} ({', '.join(ex.get('reasons') or [])})" for ex in pause["examples"]))

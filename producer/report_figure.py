@@ -1,5 +1,6 @@
 """The ``report`` figure: token histograms, gate rejections and, for online runs, the drafter's
-acceptance length over training steps. Matplotlib's Agg canvas, imported only when drawing.
+acceptance length over training steps; the newest stored eval's tau per set and speedups.
+Matplotlib's Agg canvas, imported only when drawing.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def render_png(report: dict[str, Any]) -> bytes:
     from matplotlib.figure import Figure
 
     drafter = [d for d in report.get("drafter") or [] if d["tau"] is not None]
-    fig = Figure(figsize=(13, 12 if drafter else 9), layout="constrained")
+    evaluated = (report.get("eval") or {}).get("record")
+    rows = 2 + bool(drafter) + bool(evaluated)
+    fig = Figure(figsize=(13, 3 * rows + 3), layout="constrained")
     FigureCanvasAgg(fig)
     mosaic: list[Any] = [["supervised", "supervised"], ["thinking", "reasons"]]
-    axes = fig.subplot_mosaic(mosaic + ([["drafter", "drafter"]] if drafter else []))
+    axes = fig.subplot_mosaic(mosaic + ([["drafter", "drafter"]] if drafter else [])
+                              + ([["eval", "eval"]] if evaluated else []))
     s, gates, pause = report["samples"], report["gates"] or {}, report["paused"]
     fig.suptitle(f"run {report['run']}: {s['total']} samples, {s['accepted']} accepted, "
                  f"{s['rejected']} rejected ({report['rejection_rate']:.1%})"
@@ -77,6 +81,10 @@ def render_png(report: dict[str, Any]) -> bytes:
         ax.text(0.5, 0.5, "no gate rejections", ha="center", va="center", transform=ax.transAxes)
     if drafter:
         _plot_drafter(axes["drafter"], drafter)
+    if evaluated:
+        from producer.report_evals import plot_eval
+
+        plot_eval(axes["eval"], evaluated)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()

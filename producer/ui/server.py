@@ -2,7 +2,8 @@
 
 ``/`` lists the runs, ``/runs/<run>`` is one run's page; ``/api/runs``,
 ``/api/runs/<run>/status`` (exactly ``status --json``), ``.../series`` (``?live=1``: with
-uncommitted parts), ``.../shards``, ``.../engines`` and ``.../gates`` feed them. With ``auth``
+uncommitted parts), ``.../shards``, ``.../engines``, ``.../gates`` and ``.../evals`` (the newest
+stored ``eval-drafter --dataset`` table) feed them. With ``auth``
 (``user:password``) every request needs HTTP basic auth. Start it with ``dflash-pipeline ui``.
 """
 
@@ -26,7 +27,9 @@ from aiohttp import web
 
 from common import keys
 from common.config import UiSettings
+from common.engine.speculative import SpeculativeFigures
 from common.errors import DflashError, NotFound, RunNotFound
+from common.runs.schemas import EngineRecord
 from producer.ui.views import Views
 
 log = logging.getLogger(__name__)
@@ -138,11 +141,12 @@ async def engines(request: web.Request) -> web.Response:
     return _json({"run": run, "redis": found is not None, "engines": rows})
 
 
-def _speculative(engine: dict[str, Any], by_worker: dict[str, Any]) -> dict[str, Any]:
+def _speculative(engine: EngineRecord,
+                 by_worker: dict[str, SpeculativeFigures]) -> dict[str, str | float | None]:
     """The engine's speculative algorithm and this run's mean accept length on its worker."""
-    mine = by_worker.get(engine.get("worker") or "") or {}
-    return {"algorithm": engine.get("algorithm") or mine.get("algorithm"),
-            "accept_length": mine.get("accept_length")}
+    mine = by_worker.get(engine.get("worker") or "")
+    return {"algorithm": engine.get("algorithm") or (mine["algorithm"] if mine else None),
+            "accept_length": mine["accept_length"] if mine else None}
 
 
 async def admitted(url: str, networks: list[IPNetwork]) -> str | None:
@@ -215,7 +219,7 @@ def make_app(views: Views, auth: str = "",
     app.router.add_get("/", index_page)
     app.router.add_get("/runs/{run}", run_page)
     app.router.add_get("/api/runs", run_list)
-    for name in ("status", "shards", "gates"):
+    for name in ("status", "shards", "gates", "evals"):
         app.router.add_get(f"/api/runs/{{run}}/{name}", panel(name, _view(name)))
     app.router.add_get("/api/runs/{run}/series", panel("series", series))
     app.router.add_get("/api/runs/{run}/engines", panel("engines", engines))

@@ -1,4 +1,5 @@
-"""What each dashboard panel shows, as JSON: runs, status, series, shard grid, engines, gates.
+"""What each dashboard panel shows, as JSON: runs, status, series, shard grid, engines, gates,
+the newest stored drafter eval.
 
 Blocking reads (storage, Redis); the server runs them in threads. Readers are kept per run,
 so what never changes (commits, parts, checkpoints) is read once per dashboard process.
@@ -20,10 +21,13 @@ from common.errors import NotFound, RunNotFound
 from common.monitor.run_monitor import examples_of
 from common.queue import redis_keys
 from common.queue.redis_values import count_of, field_key
+from common.runs.evals import newest_eval
 from common.runs.index import RunIndex
+from common.runs.schemas import GateExample
 from common.runs.store import RunStore
 from common.storage import Storage
 from producer.report import token_stats
+from producer.report_evals import bars, drafter_label
 from producer.status import StatusReader
 from producer.status_record import RunStatus
 from producer.ui.gate_source import GateSource
@@ -148,7 +152,7 @@ class Views:
         status = self.recent_status(run)
         config = RunStore(self.storage, run).config()
         hist: Counter[int] = Counter()
-        examples: dict[str, list[dict[str, Any]]] = {}
+        examples: dict[str, list[GateExample]] = {}
         window, source, reachable = status["gates"]["window"], "live", True
         try:
             if status["redis"]["monitor_ready"]:
@@ -170,6 +174,18 @@ class Views:
                 "max_reject_rate": config.gates.max_reject_rate,
                 "pause_after": config.gates.pause_after, "examples": examples,
                 "resume_command": resume_command(run)}
+
+
+    def evals(self, run: str) -> dict[str, Any]:
+        """The newest stored ``eval-drafter --dataset`` table (as ``report`` shows it), its bars
+        (tau per set, speedup per concurrency) and the stored records passed over (foreign)."""
+        if not self.storage.exists(keys.run_config(run)):
+            raise RunStore(self.storage, run).missing()
+        found = newest_eval(self.storage, run) or {"key": None, "record": None, "skipped": []}
+        record = found["record"]
+        return {"run": run, "key": found["key"], "record": record,
+                "drafter": drafter_label(record) if record else None,
+                "bars": bars(record) if record else [], "skipped": found["skipped"]}
 
 
 def histogram(key: str, found: dict[Any, Any]) -> dict[int, int]:

@@ -322,6 +322,36 @@ function renderGates(gates) {
   if (!container.childElementCount) container.append(el("p", { class: "muted" }, "no rejections"));
 }
 
+function renderEvals(data) {
+  // The newest stored eval-drafter --dataset table; records that did not read are named.
+  const record = data.record, body = document.querySelector("#eval-table tbody");
+  body.textContent = "";
+  $("no-eval").hidden = Boolean(record);
+  $("eval-table").hidden = !record;
+  const skipped = data.skipped.map((s) => `${s.key}: ${s.why}`).join("; ");
+  $("eval-skipped").hidden = !skipped;
+  setText("eval-skipped", skipped ? `stored records skipped (they do not read): ${skipped}` : "");
+  setText("eval-source", record ? `${record.stamp}, ${data.drafter}, engine ${record.engine}, `
+    + `thinking ${record.thinking}` : "");
+  if (!record) { $("eval-bars").textContent = ""; return; }
+  const num = (v) => (v === null || v === undefined ? "-" : Number(v).toFixed(3));
+  for (const [name, row] of Object.entries(record.datasets)) {
+    const pos = ["0-1k", "1k-4k", "4k-16k", "16k+"].map((b) => el("td", {}, num(row.by_position[b])));
+    const lossless = row.lossless
+      ? `${row.lossless.checked - row.lossless.mismatches.length}/${row.lossless.checked}` : "-";
+    const levels = Object.entries(row.concurrency || {}).map(([c, f]) =>
+      `${num(f.speedup)}x at ${c} (${num(f.tokens_per_s)} tok/s)`).join(", ") || "-";
+    body.append(el("tr", {}, el("td", {}, name), el("td", {}, String(row.prompts)),
+      el("td", {}, row.tokens === null ? "-" : String(row.tokens)), el("td", {}, num(row.tau)),
+      el("td", {}, num(row.tau_pooled)), el("td", {}, num(row.spec_accept_length)), ...pos,
+      el("td", {}, lossless), el("td", {}, levels)));
+  }
+  bars($("eval-bars"), data.bars.map((b) => [
+    `${b.set} (${b.measure}${Object.keys(b.speedup).length ? "; speedup "
+      + Object.entries(b.speedup).map(([c, v]) => `${v}x@${c}`).join(" ") : ""})`,
+    b.tau === null ? 0 : Number(b.tau.toFixed(3)), ""]));
+}
+
 let lastRunState = null;   // the run's state at the last refresh
 
 async function refreshRun() {
@@ -331,7 +361,8 @@ async function refreshRun() {
   // Until the run is done, the series shows its uncommitted parts too (read capped).
   const series = lastRunState === "done" ? "series" : "series?live=1";
   const panels = [["status", renderStatus], ["shards", renderShards],
-    ["engines", renderEngines], ["gates", renderGates], [series, renderSeries]];
+    ["engines", renderEngines], ["gates", renderGates], [series, renderSeries],
+    ["evals", renderEvals]];
   const answers = await Promise.allSettled(panels.map(([p]) => getJSON(`${base}/${p}`)));
   if (answers[0].status === "fulfilled") lastRunState = answers[0].value.state;
   const failed = [];
