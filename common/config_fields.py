@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import Field, field, fields
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from common.declared import OPT, Opt
 from common.errors import ConfigError
 
 ENV_PREFIX = "DFLASH_"
@@ -47,13 +49,18 @@ def env_name(name: str) -> str:
 
 
 def setting(default: Any, *, flat: str = "", zero_ok: bool = False, secret: bool = False,
-            device: bool = False, below: float | None = None) -> Any:
+            device: bool = False, below: float | None = None, help: str = "",  # noqa: A002
+            commands: tuple[str, ...] = (), decls: tuple[str, ...] = (),
+            at: Mapping[str, Mapping[str, Any]] | None = None, **click_kw: Any) -> Any:
     """A declared field: ``flat`` replaces prefix + name (a variable older than its section),
     ``zero_ok`` lets a number be 0 (off, the default, or an index), ``secret`` hides it in repr,
     ``device`` checks it against :data:`DEVICE` (a choice's values are its enum's), ``below``
-    bounds a number from above (exclusive)."""
+    bounds a number from above (exclusive); ``help``, ``commands``, ``decls``, ``at`` and
+    click's keywords make it an option of those commands (:class:`common.declared.Opt`)."""
     meta = {"flat": flat, "zero_ok": zero_ok, "secret": secret, "device": device,
-            "below": below}
+            "below": below,
+            OPT: Opt(help, decls, commands, True, MappingProxyType(click_kw),
+                     MappingProxyType(dict(at or {})))}
     return field(default=default, metadata=meta)
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from common.choices import EngineKind, EnumChoice
-from common.cli import FiniteRange, command_option, engine_launch_options, setting_option
+from common.cli import options_for
 from common.config import Settings
+from common.declared import opt
 from common.errors import DflashError, OptionRefused
 from common.exit_codes import EXIT_FAILURE
 
@@ -51,49 +52,44 @@ def _modes(value: str | None) -> list[str] | None:
     return modes
 
 
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """``bench``'s own options."""
+
+    concurrency: str | None = opt(
+        None, commands=("bench",),
+        help="Comma-separated numbers of requests kept in flight [default: "
+             f"{DEFAULT_LEVELS} and --max-in-flight].")
+    num: int = opt(
+        256, commands=("bench",), type=click.IntRange(min=1),
+        help="Requests per concurrency level (--run: prompts drawn from the run).")
+    prompt_len: int | None = opt(
+        None, commands=("bench",), type=click.IntRange(min=1),
+        help=f"Prompt tokens per synthetic request [default: {DEFAULT_PROMPT_LEN}; "
+             "--run: the run's own].")
+    max_new_tokens: int | None = opt(
+        None, commands=("bench",), type=click.IntRange(min=1),
+        help=f"Generation budget per synthetic request [default: {DEFAULT_MAX_NEW}; "
+             "--run: the run's own].")
+    mtp_modes: str | None = opt(
+        None, decls=("--mtp",), commands=("bench",),
+        help="--run: configurations to measure, off, on or off,on [default: off,on "
+             "where the target states an MTP head that keeps the run's sampling, "
+             "else off].")
+    gpus: int = opt(
+        1, commands=("bench",), type=click.IntRange(min=1),
+        help="--run: GPUs the projection divides the run over (engines: gpus / tp).")
+    gpu: int | None = opt(
+        None, commands=("bench",), type=click.IntRange(min=0),
+        help="--run: first GPU of the engine (CUDA_VISIBLE_DEVICES) [unset: as "
+             "visible].")
+
+
 def bench(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]) -> click.Command:
     """The ``bench`` command, wrapped in the CLI's shared options."""
 
     @click.command("bench")
-    @command_option("run", help="Bench the run's own prompts (their lengths, template, "
-                                "thinking and sampling) on an engine started as the workers "
-                                "start it, and project the run's hours.")
-    @setting_option("engine_url", show_default=False,
-                    help="SGLang-protocol server to measure as it runs, e.g. "
-                         "http://127.0.0.1:30000 (needed without --run).")
-    @click.option("--concurrency", default=None,
-                  help="Comma-separated numbers of requests kept in flight [default: "
-                       f"{DEFAULT_LEVELS} and --max-in-flight].")
-    @setting_option("max_in_flight", type=click.IntRange(min=1),
-                    help="The generate workers' in-flight cap: measured among the "
-                         "concurrencies by default, and the one whose verdict --mtp auto takes.")
-    @setting_option("mtp_margin", type=FiniteRange(0, 1, max_open=True),
-                    help="--run: the share by which MTP on or off must beat the other in every "
-                         "steady window to win the verdict; within it, no clear winner.")
-    @click.option("--num", type=click.IntRange(min=1), default=256, show_default=True,
-                  help="Requests per concurrency level (--run: prompts drawn from the run).")
-    @click.option("--prompt-len", type=click.IntRange(min=1), default=None,
-                  help=f"Prompt tokens per synthetic request [default: {DEFAULT_PROMPT_LEN}; "
-                       "--run: the run's own].")
-    @click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
-                  help=f"Generation budget per synthetic request [default: {DEFAULT_MAX_NEW}; "
-                       "--run: the run's own].")
-    @click.option("--mtp", "mtp_modes", default=None,
-                  help="--run: configurations to measure, off, on or off,on [default: off,on "
-                       "where the target states an MTP head that keeps the run's sampling, "
-                       "else off].")
-    @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
-                  help="--run: GPUs the projection divides the run over (engines: gpus / tp).")
-    @setting_option("model", show_default=False,
-                    help="Target model: an embedded name or a local directory (bench --run: "
-                         "[default: the run's]).")
-    @setting_option("engine", type=EnumChoice(EngineKind),
-                    help="Generation engine (bench --run: sglang).")
-    @engine_launch_options
-    @click.option("--gpu", type=click.IntRange(min=0), default=None,
-                  help="--run: first GPU of the engine (CUDA_VISIBLE_DEVICES) [unset: as "
-                       "visible].")
-    @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+    @options_for("bench", BenchOptions)
     @common_options
     def command(settings: Settings, run: str | None, engine_url: str | None,
                 concurrency: str | None,

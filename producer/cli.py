@@ -9,23 +9,41 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from common.cli import (
-    FiniteRange,
-    command_option,
-    common_options,
-    run_click_options,
-    setting_option,
-)
+from common.cli import FiniteRange, common_options, options_for
 from common.config import Settings, load_settings
+from common.declared import opt
 from common.entry_points import COMMANDS, EntryPointGroup
 from common.exit_codes import EXIT_FAILURE, EXIT_OK, EXIT_REJECTED
 from common.runs.options import RunOptions
-from embedded.tinyconsts import TINY_MODELS
 from producer.services import open_services as _services
+
+
+@dataclass(frozen=True)
+class RunCommandOptions:
+    """``enqueue``'s, ``resume``'s and ``status``'s own options (the run's are RunOptions')."""
+
+    dry_run: bool = opt(
+        False, is_flag=True, commands=("enqueue",),
+        at={"resume": {"help": "Say what would be queued; queue nothing, lift no pause, write "
+                               "nothing."}},
+        help="Read and validate everything, write nothing, show rows as the model sees them.")
+    show: int = opt(3, type=click.IntRange(min=0), commands=("enqueue",),
+                    help="Rows to print with --dry-run.")
+    force: bool = opt(False, is_flag=True, commands=("resume",),
+                      help="Queue unfinished shards even if a task for them is already queued.")
+    accept_gates: bool = opt(
+        False, is_flag=True, commands=("resume",),
+        help="Lift a quality-gate pause, accepting the rejections so far; the monitor keeps "
+             "watching the samples that follow.")
+    watch: bool = opt(False, is_flag=True, commands=("status",),
+                      help="Refresh until the run is done, failed or paused.")
+    interval: float = opt(2.0, type=FiniteRange(min=0.2), commands=("status",),
+                          help="Seconds between refreshes with --watch.")
 
 
 @click.group(cls=EntryPointGroup, entry_group=COMMANDS,
@@ -36,15 +54,7 @@ def main() -> None:
 
 
 @main.command()
-@run_click_options
-@click.option("--dry-run", is_flag=True,
-              help="Read and validate everything, write nothing, show rows as the model sees "
-                   "them.")
-@click.option("--show", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Rows to print with --dry-run.")
-@setting_option("model", help=f"Target model directory ({', '.join(TINY_MODELS)}: the "
-                "embedded CPU models).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@options_for("enqueue", RunCommandOptions)
 @common_options
 def enqueue(settings: Settings, dry_run: bool, show: int, model: str | None, as_json: bool,
             **values: Any) -> None:
@@ -77,24 +87,15 @@ def enqueue(settings: Settings, dry_run: bool, show: int, model: str | None, as_
 
 
 @main.command()
-@command_option("run", required=True, help="Run id to resume.")
-@click.option("--force", is_flag=True,
-              help="Queue unfinished shards even if a task for them is already queued.")
-@click.option("--accept-gates", is_flag=True,
-              help="Lift a quality-gate pause, accepting the rejections so far; the monitor "
-                   "keeps watching the samples that follow.")
-@click.option("--max-reject-rate", type=FiniteRange(0, 1), default=None,
-              help="New pause threshold for the rejection rate (lifts a pause too).")
-@click.option("--pause-after", type=click.IntRange(min=1), default=None,
-              help="New size of the rolling window the rate is taken over (lifts a pause too).")
-@click.option("--dry-run", is_flag=True,
-              help="Say what would be queued; queue nothing, lift no pause, write nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@options_for("resume", RunCommandOptions)
 @common_options
 def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
            max_reject_rate: float | None, pause_after: int | None, dry_run: bool,
            as_json: bool) -> None:
-    """Re-queue every shard without a commit, from storage alone (after a crash, wipe or pause)."""
+    """Re-queue every shard without a commit, from storage alone (after a crash, wipe or pause).
+
+    A new --max-reject-rate or --pause-after replaces the run's and lifts a quality-gate pause.
+    """
     from producer.commands import context_check, print_enqueue_report
     from producer.enqueue import read_run_config, resume_run
 
@@ -116,12 +117,7 @@ def resume(settings: Settings, run: str, force: bool, accept_gates: bool,
 
 
 @main.command()
-@command_option("run", required=True, help="Run id.")
-@click.option("--watch", is_flag=True,
-              help="Refresh until the run is done, failed or paused.")
-@click.option("--interval", type=FiniteRange(min=0.2), default=2.0, show_default=True,
-              help="Seconds between refreshes with --watch.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (per refresh).")
+@options_for("status", RunCommandOptions)
 @common_options
 def status(settings: Settings, run: str, watch: bool, interval: float, as_json: bool) -> None:
     """Shards, samples, tokens/s and ETA of a run (from storage alone, exit 1, if Redis is down)."""

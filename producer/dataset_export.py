@@ -29,8 +29,10 @@ from typing import Any
 import click
 
 from common import keys
-from common.cli import command_option, common_options
+from common.choices import EnumChoice, ExportFormat
+from common.cli import common_options, options_for
 from common.config import Settings
+from common.declared import opt
 from common.errors import ConfigError, ForeignObject
 from common.faults import inject
 from common.reads import note, part_getter, rows_or_none
@@ -54,15 +56,17 @@ class ExportOptions:
     """What decides an export's files; a second export to the same place must match them."""
 
     run: str
-    format: str
+    format: ExportFormat
     include_rejected: bool = False
     shard_rows: int = 100_000
     split_heldout: bool = False
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
+        try:   # a member however it came (the option, a caller's text)
+            object.__setattr__(self, "format", ExportFormat(self.format))
+        except ValueError:
             raise ConfigError(f"unknown format {self.format!r}; choose one of "
-                              f"{', '.join(FORMATS)}")
+                              f"{', '.join(FORMATS)}") from None
         if self.shard_rows < 1:
             raise ConfigError(f"--shard-rows must be positive, not {self.shard_rows}")
 
@@ -102,7 +106,7 @@ def planned(commits: list[ShardCommit], options: ExportOptions
             for c in commits]
 
 
-def file_key(split: str, index: int, count: int, fmt: str) -> str:
+def file_key(split: str, index: int, count: int, fmt: ExportFormat) -> str:
     return f"data/{split}-{index:05d}-of-{count:05d}.{EXTENSIONS[fmt]}"
 
 
@@ -175,7 +179,7 @@ def _finished(out: Storage, options: ExportOptions, committed: list[int]
 
 
 def _samples(storage: Storage, order: list[tuple[ShardCommit, list[str]]],
-             progress: Any, fmt: str) -> Iterator[Sample]:
+             progress: Any, fmt: ExportFormat) -> Iterator[Sample]:
     """The canonical samples in the planned order, reading each shard's parts once (a bounded
     pool reads ahead, in order); one that has no row in ``fmt`` is noted, not exported."""
     plan = [(commit, ids, sorted({commit.part_of[i] for i in ids if i in commit.part_of}))
@@ -242,22 +246,35 @@ class _Split:
         self.writer = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExportDatasetOptions:
+    """``export-dataset``'s own options."""
+
+    out: str = opt(
+        required=True, commands=("export-dataset",),
+        help="Where to write: a local directory or s3://bucket/prefix.")
+    fmt: ExportFormat = opt(
+        required=True,
+        decls=("--format",),
+        commands=("export-dataset",),
+        type=EnumChoice(ExportFormat),
+        help="parquet (Hugging Face datasets), specforge, messages (OpenAI style) or "
+             "speculators (input_ids + loss_mask per assistant turn).")
+    include_rejected: bool = opt(
+        False, commands=("export-dataset",), is_flag=True,
+        help="Also export samples the quality gates rejected, with their reasons.")
+    shard_rows: int = opt(
+        ExportOptions.shard_rows, commands=("export-dataset",), type=click.IntRange(min=1),
+        help="Samples per output file.")
+    split_heldout: bool = opt(
+        False, commands=("export-dataset",), is_flag=True,
+        help="Put the run's held-out samples (never trained on) in files of their own.")
+
+
 @click.command("export-dataset")
-@command_option("run", required=True, help="Run id to export.")
-@click.option("--out", required=True,
-              help="Where to write: a local directory or s3://bucket/prefix.")
-@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
-              help="parquet (Hugging Face datasets), specforge, messages (OpenAI style) or "
-                   "speculators (input_ids + loss_mask per assistant turn).")
-@click.option("--include-rejected", is_flag=True,
-              help="Also export samples the quality gates rejected, with their reasons.")
-@click.option("--shard-rows", type=click.IntRange(min=1), default=ExportOptions.shard_rows,
-              show_default=True, help="Samples per output file.")
-@click.option("--split-heldout", is_flag=True,
-              help="Put the run's held-out samples (never trained on) in files of their own.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@options_for("export-dataset", ExportDatasetOptions)
 @common_options
-def export_dataset_command(settings: Settings, run: str, out: str, fmt: str,
+def export_dataset_command(settings: Settings, run: str, out: str, fmt: ExportFormat,
                            include_rejected: bool, shard_rows: int, split_heldout: bool,
                            as_json: bool) -> None:
     """Export a run's regenerated samples for other tools, each accepted sample exactly once."""

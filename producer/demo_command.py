@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from common.cli import setting_option, setup_logging
+from common.cli import options_for, setup_logging
+from common.declared import opt
 from common.errors import DflashError
 from common.exit_codes import EXIT_FAILURE
 
@@ -16,32 +18,51 @@ DEMO_EPOCHS = 3
 :data:`common.runs.epochs.RECIPE_EPOCHS`)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class DemoCommandOptions:
+    """``demo``'s own options."""
+
+    input_path: str = opt(
+        "data/mt_bench_question.jsonl", decls=("--input",), commands=("demo",),
+        help="Prompt file to regenerate.")
+    out: str = opt(
+        "demo-output", commands=("demo",),
+        help="Directory for storage, Redis data and logs.")
+    shard_size: int = opt(
+        10, commands=("demo",), type=click.IntRange(min=1),
+        help="Conversations per shard.")
+    max_new_tokens: int = opt(
+        256, commands=("demo",), type=click.IntRange(min=1),
+        help="Generation budget per assistant turn.")
+    flower: bool = opt(
+        True, decls=("--flower/--no-flower",), commands=("demo",),
+        help="Start Flower to watch the worker.")
+    flower_port: int = opt(
+        5555, commands=("demo",), type=int,
+        help="Flower port.")
+    ui: bool = opt(
+        True, decls=("--ui/--no-ui",), commands=("demo",),
+        help="Start the run dashboard.")
+    ui_port: int = opt(
+        8700, commands=("demo",), type=int,
+        help="Dashboard port.")
+    quick: bool = opt(
+        False, commands=("demo",), is_flag=True,
+        help="Generation only: an offline run, no drafter training, eval or export.")
+    epochs: int = opt(
+        DEMO_EPOCHS, commands=("demo",), type=click.IntRange(min=1),
+        help="Epochs the drafter trains over the demo's data (the schedule follows; a "
+             "real run's default is the recipe's, see `enqueue --epochs`).")
+    eval_prompts: int = opt(
+        16, commands=("demo",), type=click.IntRange(min=1),
+        help="Held-out prompts the final acceptance-length eval decodes.")
+    eval_max_new_tokens: int = opt(
+        128, commands=("demo",), type=click.IntRange(min=1),
+        help="Token budget per prompt of the final eval.")
+
+
 @click.command()
-@click.option("--input", "input_path", default="data/mt_bench_question.jsonl",
-              show_default=True, help="Prompt file to regenerate.")
-@click.option("--out", default="demo-output", show_default=True,
-              help="Directory for storage, Redis data and logs.")
-@click.option("--run", default="mt-bench-demo", show_default=True, help="Run id.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Conversations per shard.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Generation budget per assistant turn.")
-@click.option("--flower/--no-flower", default=True, show_default=True,
-              help="Start Flower to watch the worker.")
-@click.option("--flower-port", type=int, default=5555, show_default=True, help="Flower port.")
-@click.option("--ui/--no-ui", default=True, show_default=True, help="Start the run dashboard.")
-@click.option("--ui-port", type=int, default=8700, show_default=True, help="Dashboard port.")
-@click.option("--quick", is_flag=True,
-              help="Generation only: an offline run, no drafter training, eval or export.")
-@setting_option("model", help="Target: tiny-qwen3 (dense) or tiny-qwen3.5 (hybrid, Qwen3.6's "
-                "shape), the embedded CPU models, or a local model directory.")
-@click.option("--epochs", type=click.IntRange(min=1), default=DEMO_EPOCHS, show_default=True,
-              help="Epochs the drafter trains over the demo's data (the schedule follows; a "
-                   "real run's default is the recipe's, see `enqueue --epochs`).")
-@click.option("--eval-prompts", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Held-out prompts the final acceptance-length eval decodes.")
-@click.option("--eval-max-new-tokens", type=click.IntRange(min=1), default=128,
-              show_default=True, help="Token budget per prompt of the final eval.")
+@options_for("demo", DemoCommandOptions)
 def demo(**options: Any) -> None:
     """Run the whole product locally: Redis, a generate worker and a train worker side by side,
     Flower, the dashboard; then measure the drafter and export the dataset and the drafter."""

@@ -22,8 +22,9 @@ from typing import Any
 import click
 
 from common import keys
-from common.cli import FiniteRange, command_option, setting_option
+from common.cli import FiniteRange, options_for
 from common.config import Settings, load_settings
+from common.declared import opt
 from common.engine.target import TargetShape
 from common.errors import ConfigError, DflashError
 from common.exit_codes import EXIT_FAILURE
@@ -184,21 +185,32 @@ def _pick(option: Any, from_run: Any, name: str, sources: dict[str, str], where:
     return from_run
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanStorageOptions:
+    """``plan-storage``'s own options."""
+
+    samples: int | None = opt(
+        None, commands=("plan-storage",), type=click.IntRange(min=1),
+        help="Training samples.")
+    mean_tokens: float | None = opt(
+        None, commands=("plan-storage",), type=FiniteRange(min=0, min_open=True),
+        help="Mean tokens per sample (prompt + response).")
+    hidden: int | None = opt(
+        None, commands=("plan-storage",), type=click.IntRange(min=1),
+        help="Target hidden size.")
+    layers: int | None = opt(
+        None, commands=("plan-storage",), type=click.IntRange(min=1),
+        help=f"Target layers kept per token, K [default: {DEFAULT_LAYERS}; EAGLE-3: 4].")
+    dtype: str = opt(
+        "bf16", commands=("plan-storage",), type=click.Choice(sorted(DTYPE_BYTES)),
+        help="Stored dtype.")
+    shard_size: int | None = opt(
+        None, commands=("plan-storage",), type=click.IntRange(min=1),
+        help=f"Samples per shard [default: the run's, else {DEFAULT_SHARD_SIZE}].")
+
+
 @click.command("plan-storage")
-@command_option("run",
-                help="Read samples, mean tokens and model size from this run's storage.")
-@click.option("--samples", type=click.IntRange(min=1), default=None, help="Training samples.")
-@click.option("--mean-tokens", type=FiniteRange(min=0, min_open=True), default=None,
-              help="Mean tokens per sample (prompt + response).")
-@click.option("--hidden", type=click.IntRange(min=1), default=None, help="Target hidden size.")
-@click.option("--layers", type=click.IntRange(min=1), default=None,
-              help=f"Target layers kept per token, K [default: {DEFAULT_LAYERS}; EAGLE-3: 4].")
-@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), default="bf16",
-              show_default=True, help="Stored dtype.")
-@click.option("--shard-size", type=click.IntRange(min=1), default=None,
-              help=f"Samples per shard [default: the run's, else {DEFAULT_SHARD_SIZE}].")
-@setting_option("storage", help="Storage root for --run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@options_for("plan-storage", PlanStorageOptions)
 def plan_storage(run: str | None, samples: int | None, mean_tokens: float | None,
                  hidden: int | None, layers: int | None, dtype: str, shard_size: int | None,
                  storage: str | None, as_json: bool) -> None:

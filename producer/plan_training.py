@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
 import click
 
 from common import keys
 from common.choices import Checkpointing, EnumChoice
-from common.cli import FiniteRange, command_option, setting_option
+from common.cli import FiniteRange, options_for
 from common.config import Settings, load_settings
+from common.declared import opt
 from common.errors import DflashError
 from common.exit_codes import EXIT_FAILURE
 from common.plan.compute import DEFAULT_UTILIZATION, RowLength
@@ -133,40 +135,51 @@ def render(plan: TrainingPlan) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanTrainingOptions:
+    """``plan-training``'s own options."""
+
+    model: str | None = opt(
+        None, commands=("plan-training",),
+        help="The target: a model directory, a config.json or a shape file (no weights "
+             "are read) [default: the run's model].")
+    drafter_config: str | None = opt(
+        None, commands=("plan-training",), type=click.Path(exists=True, dir_okay=True),
+        help="A DFlash drafter config.json to shape the drafter [default: the run's, "
+             "else the target's own shape].")
+    tokens: int | None = opt(
+        None, commands=("plan-training",), type=click.IntRange(min=1),
+        help="The longest row, in tokens [default: the run's longest].")
+    rows: int | None = opt(
+        None, commands=("plan-training",), type=click.IntRange(min=1),
+        help="Rows of --tokens tokens in an epoch (for the hours, without --run).")
+    num_gpus: int = opt(
+        1, commands=("plan-training",), type=click.IntRange(min=1),
+        help="Training ranks, one GPU each.")
+    gpu_memory_gib: float | None = opt(
+        None, commands=("plan-training",), type=FiniteRange(min=1),
+        help="Memory of each GPU in GiB, as the device reports it (an H100 80GB: 79.2) "
+             "[default: this host's first GPU].")
+    fsdp: bool = opt(
+        False, commands=("plan-training",), is_flag=True,
+        help="Shard the drafter and its optimizer state (FSDP2).")
+    activation_checkpointing: str = opt(
+        "auto", commands=("plan-training",), type=EnumChoice(Checkpointing),
+        help="Recompute the drafter's layers in the backward (auto: "
+             "where a step does not fit without).")
+    max_anchors: int | None = opt(
+        None, commands=("plan-training",), type=click.IntRange(min=1),
+        help="Blocks drawn per row [default: the train worker's setting].")
+    utilization: float = opt(
+        DEFAULT_UTILIZATION, commands=("plan-training",), type=FiniteRange(0, 1, min_open=True),
+        help="Share of the GPU's bf16 peak an epoch's hours assume.")
+    gpu_tflops: float | None = opt(
+        None, commands=("plan-training",), type=FiniteRange(min=0, min_open=True),
+        help="The GPU's dense bf16 peak [default: by its name, else an H100's 989].")
+
+
 @click.command("plan-training")
-@click.option("--model", default=None,
-              help="The target: a model directory, a config.json or a shape file (no weights "
-                   "are read) [default: the run's model].")
-@click.option("--drafter-config", type=click.Path(exists=True, dir_okay=True), default=None,
-              help="A DFlash drafter config.json to shape the drafter [default: the run's, "
-                   "else the target's own shape].")
-@command_option("run", help="Plan for this run: its target, drafter and committed rows.")
-@click.option("--tokens", type=click.IntRange(min=1), default=None,
-              help="The longest row, in tokens [default: the run's longest].")
-@click.option("--rows", type=click.IntRange(min=1), default=None,
-              help="Rows of --tokens tokens in an epoch (for the hours, without --run).")
-@click.option("--num-gpus", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Training ranks, one GPU each.")
-@click.option("--gpu-memory-gib", type=FiniteRange(min=1), default=None,
-              help="Memory of each GPU in GiB, as the device reports it (an H100 80GB: 79.2) "
-                   "[default: this host's first GPU].")
-@click.option("--fsdp", is_flag=True, help="Shard the drafter and its optimizer state (FSDP2).")
-@click.option("--activation-checkpointing", type=EnumChoice(Checkpointing), default="auto",
-              show_default=True, help="Recompute the drafter's layers in the backward (auto: "
-                                      "where a step does not fit without).")
-@click.option("--max-anchors", type=click.IntRange(min=1), default=None,
-              help="Blocks drawn per row [default: the train worker's setting].")
-@setting_option("train_memory_margin", "--memory-margin",
-                type=FiniteRange(0, 0.5, max_open=True),
-                help="Share of the GPU's memory the plan leaves free (the budget, the "
-                     "checkpointing cut-over and the verdict stay below the rest).")
-@click.option("--utilization", type=FiniteRange(0, 1, min_open=True),
-              default=DEFAULT_UTILIZATION, show_default=True,
-              help="Share of the GPU's bf16 peak an epoch's hours assume.")
-@click.option("--gpu-tflops", type=FiniteRange(min=0, min_open=True), default=None,
-              help="The GPU's dense bf16 peak [default: by its name, else an H100's 989].")
-@setting_option("storage", help="Storage root for --run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@options_for("plan-training", PlanTrainingOptions)
 def plan_training(model: str | None, drafter_config: str | None, run: str | None,
                   tokens: int | None, rows: int | None, num_gpus: int,
                   gpu_memory_gib: float | None, fsdp: bool, activation_checkpointing: str,

@@ -1,5 +1,6 @@
-"""docs/contributing.md's example holds: one declaration reaches run.json, its schema, --help
-and the stage that uses it, and a run.json written before the option reads on."""
+"""docs/contributing.md's examples hold: a worker setting's one declaration reaches its command's
+--help, its DFLASH_ variable and the settings reference; a run option's reaches run.json, its
+schema, --help and the stage that uses it, and a run.json written before the option reads on."""
 
 from __future__ import annotations
 
@@ -25,9 +26,37 @@ def _blocks() -> list[str]:
 
 
 def test_the_pages_code_is_the_codes() -> None:
-    declaration, use = _blocks()[:2]
+    setting, setting_use, declaration, use = _blocks()[:4]
+    assert setting in (ROOT / "common" / "config_sections.py").read_text()
+    assert setting_use in (ROOT / "workers" / "train" / "periodic_eval.py").read_text()
     assert declaration in (ROOT / "common" / "runs" / "options.py").read_text()
     assert use in (ROOT / "workers" / "generate" / "regeneration.py").read_text()
+
+
+def test_one_setting_declaration_reaches_help_its_variable_and_the_reference() -> None:
+    from click.testing import CliRunner
+
+    from common.config import FIELDS, load_settings
+    from common.declared import declared
+    from producer.cli import main
+
+    _, f = FIELDS["train_eval_prompts"]
+    found = declared(f)
+    assert found is not None and found.commands == ("worker train",)
+    shown = CliRunner().invoke(main, ["worker", "train", "--help"], terminal_width=200).output
+    line = next(x for x in shown.splitlines() if x.strip().startswith("--eval-prompts"))
+    assert found.help in line and "DFLASH_TRAIN_EVAL_PROMPTS" in line and "default: (8)" in line
+    other = CliRunner().invoke(main, ["worker", "hidden", "--help"], terminal_width=200).output
+    assert "--eval-prompts" not in other, "only the commands the declaration names take it"
+    assert load_settings({"DFLASH_TRAIN_EVAL_PROMPTS": "16"}).train.eval_prompts == 16
+    result = CliRunner().invoke(main, ["worker", "train", "--eval-prompts", "0"])
+    assert result.exit_code == 2 and "x>=1" in result.output   # an int setting is >= 1
+    from tests.test_docs import load
+
+    row = re.search(r"^\| `train_eval_prompts` \| `DFLASH_TRAIN_EVAL_PROMPTS` \| `8` \| "
+                    r"`--eval-prompts` \(worker train\) \| (.*) \|$",
+                    load("references").settings_markdown(), re.M)
+    assert row is not None and row.group(1) == found.help
 
 
 def test_one_declaration_reaches_help_schema_and_the_record() -> None:

@@ -16,6 +16,7 @@ import click
 import jsonschema
 import pytest
 
+from common.declared import OPT
 from common.engine.sampling import Sampling
 from common.runs.json_schema import run_json_schema
 from common.runs.options import DRAFTER_LAYERS, RunOptions
@@ -112,7 +113,7 @@ def test_enqueue_takes_exactly_the_declared_options_in_order() -> None:
     by_name = {p.name: p for p in params}
     for f in fields(RunOptions):
         option = by_name[f.name]
-        assert option.help == f.metadata["help"]
+        assert option.help == f.metadata[OPT].help
         assert option.envvar == f"DFLASH_{f.name.upper()}"
         if f.default not in (None, False) and not option.required:
             assert option.default == f.default, f.name

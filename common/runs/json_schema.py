@@ -12,6 +12,7 @@ import typing
 from enum import Enum
 from typing import Any
 
+from common.declared import declared
 from common.runs.options import RunOptions
 from common.runs.records import RunConfig
 from common.runs.schema import RUN_SCHEMA
@@ -65,7 +66,8 @@ def record_schema(record: type, complete: bool = False) -> dict[str, Any]:
 def run_json_schema() -> dict[str, Any]:
     """run.json's schema: each field's type, and the help of the option that fills it."""
     schema = record_schema(RunConfig, complete=True)
-    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(RunOptions)}
+    helps = {f.name: found.help for f in dataclasses.fields(RunOptions)
+             if (found := declared(f)) is not None}
     for name, prop in schema["properties"].items():
         if name in helps:
             prop["description"] = f"--{name.replace('_', '-')}: {helps[name]}"

@@ -2,7 +2,7 @@
 whether run.json freezes it.
 
 ``enqueue``'s click options are made from these declarations
-(:func:`common.cli.run_click_options`), the
+(:func:`common.cli.options_for`), the
 settings reference and run.json's schema are generated from them, and the command hands one
 :class:`RunOptions` whole to enqueue, which resolves it against the target and freezes the
 :class:`common.runs.records.RunConfig` that every worker reads back. Adding an option is one field
@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import click
 
 from common.choices import EnumChoice, InputFormat, Layout, Mode
+from common.declared import opt
 from common.engine.sampling import MAX_NEW_TOKENS_CAP, Sampling
 from common.gates.judge import SKIPPABLE_GATES, GateConfig
 from common.runs.epochs import RECIPE_EPOCHS
@@ -49,11 +50,12 @@ class FiniteRange(click.FloatRange):
 
 
 def run_option(default: Any = _MISSING, *, help: str,  # noqa: A002
-               decls: tuple[str, ...] = (), **click_kw: Any) -> Any:
+               decls: tuple[str, ...] = (), commands: tuple[str, ...] = ("enqueue",),
+               at: Mapping[str, Mapping[str, Any]] | None = None, **click_kw: Any) -> Any:
     """A declared run option: ``default`` (none: a required option), its ``--help`` text, extra
-    flag names and click's own keywords; whether run.json freezes it as given is its class."""
-    meta = {"help": help, "decls": decls, "click": click_kw}
-    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+    flag names, click's own keywords, and the commands that take it (``enqueue``; ``at`` those
+    that read it otherwise); whether run.json freezes it as given is its class."""
+    return opt(default, help=help, decls=decls, commands=commands, env=True, at=at, **click_kw)
 
 
 def _template_kwargs(ctx: click.Context, param: click.Parameter,
@@ -88,13 +90,35 @@ def _unescape(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return None if value is None else value.replace("\\n", "\n").replace("\\t", "\t")
 
 
+_NEW_GATE = {"default": None, "envvar": None, "show_default": False}
+"""``resume`` takes a gate's threshold unset: the run's stays unless given (a new one lifts a
+pause too)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class FrozenOptions:
     """The run options run.json freezes as given, under their own names: the first fields of
     both :class:`RunOptions` and :class:`common.runs.records.RunConfig`."""
 
-    run: str = run_option(required=True,
-                          help="Run id (letters, digits, ._-).")
+    run: str = run_option(
+        required=True, help="Run id (letters, digits, ._-).",
+        commands=("enqueue", "resume", "status", "report", "export-dataset", "export-drafter",
+                  "eval-drafter"),
+        at={"bench": {"required": False,
+                      "help": "Bench the run's own prompts (their lengths, template, sampling "
+                              "and MTP) on the engine the generate worker would start, and "
+                              "project the run's hours."},
+            "plan-storage": {"required": False,
+                             "help": "Read samples, mean tokens and model size from this "
+                                     "run's storage."},
+            "plan-training": {"required": False,
+                              "help": "Plan for this run: its target, drafter and committed "
+                                      "rows."},
+            "doctor": {"required": False, "envvar": None,
+                       "help": "Also say whether this run's drafter training fits this host's "
+                               "GPUs (the memory plan: plan-training)."},
+            "demo": {"required": False, "envvar": None, "default": "mt-bench-demo",
+                     "show_default": True, "help": "Run id."}})
     format: InputFormat = run_option(InputFormat.AUTO, type=EnumChoice(InputFormat),
                                      help="Row layout; auto detects it per row.")
     prompt_field: str | None = run_option(
@@ -223,9 +247,10 @@ class RunOptions(FrozenOptions):
         help="Reject a sample with a turn of fewer generated tokens (2 x the DFlash block "
              "size).")
     max_reject_rate: float = run_option(
-        GateConfig.max_reject_rate, type=FiniteRange(0, 1),
+        GateConfig.max_reject_rate, type=FiniteRange(0, 1), at={"resume": _NEW_GATE},
         help="Pause the run when the rolling rejection rate exceeds this.")
     pause_after: int = run_option(GateConfig.pause_after, type=click.IntRange(min=1),
+                                  at={"resume": _NEW_GATE},
                                   help="Samples the rolling rejection rate is taken over.")
     min_answer_tokens: int = run_option(
         GateConfig.min_answer_tokens, type=click.IntRange(min=0),
@@ -259,7 +284,3 @@ def as_given(options: RunOptions) -> dict[str, Any]:
     """The options run.json freezes as given, by name."""
     return {f.name: getattr(options, f.name) for f in fields(FrozenOptions)}
 
-
-def run_option_fields() -> list[Field[Any]]:
-    """Every declared run option, in the order ``enqueue --help`` lists them."""
-    return list(fields(RunOptions))

@@ -1,8 +1,9 @@
-"""MkDocs hook: the settings reference, generated at build time from ``common/config.py``.
+"""MkDocs hook: the settings reference, generated at build time from the declarations.
 
 A page that holds ``<!-- settings-reference -->`` gets one table per settings section (the flat
-name, its ``DFLASH_*`` variable, its default, the CLI options that set it, and the comments the
-declaration carries), and one per section of per-command options (``common/cli/options.py``). The
+name, its ``DFLASH_*`` variable, its default, the option and commands its declaration names, and
+its help, else the comments beside it), and one per section of per-command options
+(``common/cli/options.py`` and the sections declared beside their commands). The
 command reference is mkdocs-click's, on the group of ``docs/hooks/cli_group.py``.
 """
 
@@ -17,13 +18,10 @@ from dataclasses import MISSING, Field
 from pathlib import Path
 from typing import Any
 
-import click
-
 HOOKS = Path(__file__).resolve().parent
 ROOT = HOOKS.parents[1]
 MARKER = "<!-- settings-reference -->"
 RUN_JSON_MARKER = "<!-- run-json-schema -->"
-HELP = "help"   # the key under which cli_options_by_envvar keeps an option's help text
 
 
 def on_config(config: Any) -> Any:
@@ -105,52 +103,33 @@ def shown_default(value: Any, secret: bool = False) -> str:
     return f"`{text}`"
 
 
-def cli_options_by_envvar() -> dict[str, dict[str, list[str]]]:
-    """Variable -> option -> the commands that take it (and its first help text, under
-    ``HELP``), from the whole click tree."""
-    from cli_group import cli
-
-    found: dict[str, dict[str, list[str]]] = {}
-
-    def walk(command: click.Command, path: str) -> None:
-        for param in command.params:
-            if isinstance(param, click.Option) and isinstance(param.envvar, str):
-                option = max(param.opts, key=len)
-                options = found.setdefault(param.envvar, {})
-                options.setdefault(option, []).append(path)
-                if param.help and HELP not in options:
-                    options[HELP] = [param.help]
-        for name, sub in getattr(command, "commands", {}).items():
-            walk(sub, f"{path} {name}".strip())
-
-    walk(cli, "")
-    return found
-
-
-def options_cell(options: dict[str, list[str]]) -> str:
-    if not set(options) - {HELP}:
+def option_cell(flat: str, found: Any) -> str:
+    """The flag a declaration makes and the commands that take it (``*``: every command that
+    touches a run)."""
+    if found is None or not found.commands and not found.at:
         return "-"
-    cells = []
-    for option, commands in sorted(options.items()):
-        if option == HELP:
-            continue
-        where = ", ".join(commands) if len(commands) <= 4 else f"{len(commands)} commands"
-        cells.append(f"`{option}` ({where})")
-    return "<br>".join(cells)
+    flags = [d for d in found.decls if d.startswith("-")] or [f"--{flat.replace('_', '-')}"]
+    commands = list(dict.fromkeys((*found.commands, *found.at)))
+    where = ", ".join("every command" if c == "*" else c for c in commands)
+    if len(commands) > 4:
+        where = f"{len(commands)} commands"
+    return f"`{max(flags, key=len).split('/')[0]}` ({where})"
 
 
-def table(section: type, env_name: Any, section_fields: Any, by_envvar: dict[str, Any]) -> str:
+def table(section: type, env_name: Any, section_fields: Any) -> str:
+    from common.declared import declared
+
     comments = field_comments(section)
     rows = ["| setting | variable | default | CLI option | notes |", "|---|---|---|---|---|"]
     for flat, f in section_fields(section):
         f: Field[Any]
-        variable = env_name(flat)
-        options = by_envvar.get(variable, {})
-        notes = " ".join(options.get(HELP, [])) or comments.get(f.name, "")
+        found = declared(f)
+        variable = f"`{env_name(flat)}`" if found is None or found.env else "-"
+        notes = (found.help if found is not None else "") or comments.get(f.name, "")
         notes = notes.replace("|", "\\|").replace("\n", " ")
-        rows.append(f"| `{flat}` | `{variable}` | "
+        rows.append(f"| `{flat}` | {variable} | "
                     f"{shown_default(f.default, f.metadata.get('secret', False))} | "
-                    f"{options_cell(options)} | {notes} |")
+                    f"{option_cell(flat, found)} | {notes} |")
     return "\n".join(rows)
 
 
@@ -162,17 +141,19 @@ def markdown_doc(obj: Any) -> str:
 
 def settings_markdown() -> str:
     """Every setting and every per-command option, by section, as the code declares them."""
+    from cli_group import cli  # noqa: F401 - loads every command, and its own options
+
+    from common.cli import command_sections
     from common.cli import options as command_options
     from common.config import SECTIONS, env_name, section_fields
 
-    by_envvar = cli_options_by_envvar()
-    parts = ["## Settings (`common/config.py`)", ""]
+    parts = ["## Settings (`common/config_sections.py`)", ""]
     for name, section in SECTIONS.items():
         parts += [f"### `{name}`", "", markdown_doc(section), "",
-                  table(section, env_name, section_fields, by_envvar), ""]
-    parts += ["## Per-command options (`common/cli/options.py`)", "",
+                  table(section, env_name, section_fields), ""]
+    parts += ["## Per-command options (`common/cli/options.py`, and beside each command)", "",
               markdown_doc(command_options), ""]
-    for section in command_options.SECTIONS:
+    for section in (*command_options.SECTIONS, *command_sections()):
         parts += [f"### {section.__name__}", "", markdown_doc(section), "",
-                  table(section, env_name, section_fields, by_envvar), ""]
+                  table(section, env_name, section_fields), ""]
     return "\n".join(parts)

@@ -25,14 +25,16 @@ import shlex
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from common.choices import EngineKind
-from common.cli import setting_option
+from common.cli import options_for
 from common.config import Settings
+from common.declared import opt
 from common.engine.preflight import (
     CheckResult,
     NoNvidiaDriver,
@@ -261,22 +263,25 @@ def _parse_gpus(ctx: click.Context, param: click.Parameter, value: str | None) -
     return gpus
 
 
+@dataclass(frozen=True, kw_only=True)
+class DoctorOptions:
+    """``doctor``'s own options."""
+
+    gpus: list[int] | None = opt(
+        None, commands=("doctor",), callback=_parse_gpus,
+        help="Comma-separated GPU indices to check [default: all visible].")
+    drafter: Path | None = opt(
+        None, commands=("doctor",), type=click.Path(path_type=Path),
+        help="Also check this drafter export (export-drafter --out) against the "
+             "target before SGLang serves it.")
+
+
 def doctor_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]
                    ) -> click.Command:
     """The ``doctor`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command()
-    @setting_option("model", help="Target model directory, or an embedded CPU model: tiny-qwen3 "
-                "(dense) or tiny-qwen3.5 (hybrid).")
-    @click.option("--gpus", callback=_parse_gpus, default=None,
-                  help="Comma-separated GPU indices to check [default: all visible].")
-    @click.option("--drafter", type=click.Path(path_type=Path), default=None,
-                  help="Also check this drafter export (export-drafter --out) against the "
-                       "target before SGLang serves it.")
-    @click.option("--run", default=None,
-                  help="Also say whether this run's drafter training fits this host's GPUs "
-                       "(the memory plan: plan-training).")
-    @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
+    @options_for("doctor", DoctorOptions)
     @common_options
     def doctor(settings: Settings, model: str | None, gpus: list[int] | None,
                drafter: Path | None, run: str | None, as_json: bool) -> None:

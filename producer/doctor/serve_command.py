@@ -17,13 +17,15 @@ import json
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from common.cli import setting_option
+from common.cli import options_for
 from common.config import Settings
+from common.declared import opt
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE
 
@@ -80,22 +82,30 @@ def build(settings: Settings, kind: str, drafter: Path | None, max_running_reque
             "engine_args": shell_line(engine_args), "warnings": warnings}
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServeCommandOptions:
+    """``serve-command``'s own options."""
+
+    drafter: Path | None = opt(
+        None, commands=("serve-command",), type=click.Path(path_type=Path, file_okay=False),
+        help="The export-drafter directory to serve (dflash).")
+    max_running_requests: int | None = opt(
+        None, commands=("serve-command",), type=click.IntRange(min=1),
+        help="Requests SGLang runs at once (a speculative server runs 48 "
+             "otherwise; SGLang sizes its pools for them) "
+             "[default: DFLASH_MAX_IN_FLIGHT].")
+    host: str = opt(
+        "127.0.0.1", commands=("serve-command",),
+        help="Address SGLang listens on (0.0.0.0 to serve other hosts).")
+
+
 def serve_command_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]]
                           ) -> click.Command:
     """The ``serve-command`` command, wrapped in the CLI's shared options."""
 
     @click.command("serve-command")
     @click.argument("kind", type=click.Choice(KINDS))
-    @setting_option("model", help="Target model directory (its config.json is read).")
-    @click.option("--drafter", type=click.Path(path_type=Path, file_okay=False), default=None,
-                  help="The export-drafter directory to serve (dflash).")
-    @click.option("--max-running-requests", type=click.IntRange(min=1), default=None,
-                  help="Requests SGLang runs at once (a speculative server runs 48 "
-                       "otherwise; SGLang sizes its pools for them) "
-                       "[default: DFLASH_MAX_IN_FLIGHT].")
-    @click.option("--host", default="127.0.0.1", show_default=True,
-                  help="Address SGLang listens on (0.0.0.0 to serve other hosts).")
-    @click.option("--json", "as_json", is_flag=True, help="Print the line as one JSON object.")
+    @options_for("serve-command", ServeCommandOptions)
     @common_options
     def serve_command(settings: Settings, kind: str, model: str | None, drafter: Path | None,
                       max_running_requests: int | None, host: str, as_json: bool) -> None:

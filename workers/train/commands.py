@@ -13,25 +13,39 @@ from typing import Any
 
 import click
 
-from common.cli import command_option, common_options
+from common.choices import EnumChoice, WeightsDtype
+from common.cli import common_options, options_for
 from common.config import Settings
+from common.declared import opt
 from common.errors import NotFound
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExportDrafterOptions:
+    """``export-drafter``'s own options."""
+
+    out_dir: str = opt(
+        required=True,
+        decls=("--out",),
+        commands=("export-drafter",),
+        type=click.Path(file_okay=False),
+        help="Directory to write config.json and model.safetensors to.")
+    step: int | None = opt(
+        None, commands=("export-drafter",), type=click.IntRange(min=1),
+        help="Checkpoint step to export [default: the best-evaluated one (highest "
+             "held-out tau measured while training), else the newest].")
+    dtype: WeightsDtype = opt(
+        WeightsDtype.AUTO,
+        commands=("export-drafter",),
+        type=EnumChoice(WeightsDtype),
+        help="Weights' dtype; auto: the target's (config.json), else the checkpoint's.")
+
+
 @click.command("export-drafter")
-@command_option("run", required=True, help="Run id whose drafter to export.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Directory to write config.json and model.safetensors to.")
-@click.option("--step", type=click.IntRange(min=1), default=None,
-              help="Checkpoint step to export [default: the best-evaluated one (highest "
-                   "held-out tau measured while training), else the newest].")
-@click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
-              default="auto", show_default=True,
-              help="Weights' dtype; auto: the target's (config.json), else the checkpoint's.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+@options_for("export-drafter", ExportDrafterOptions)
 @common_options
-def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None, dtype: str,
-                   as_json: bool) -> None:
+def export_drafter(settings: Settings, run: str, out_dir: str, step: int | None,
+                   dtype: WeightsDtype, as_json: bool) -> None:
     """Export a run's drafter checkpoint as an HF-style directory SGLang's DFLASH loads."""
     result = export_drafter_checkpoint(settings, run, out_dir, step, dtype)
     if as_json:
@@ -120,7 +134,7 @@ def load_run_target(settings: Settings, config: Any, device: Any = None) -> RunT
 
 
 def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: int | None,
-                              dtype: str = "auto") -> dict[str, Any]:
+                              dtype: WeightsDtype = WeightsDtype.AUTO) -> dict[str, Any]:
     """Load a drafter checkpoint on the run's target and write the HF-style export."""
     from common.drafter.origin import drafter_summary
     from common.engine.serving import dflash_engine_args, launch_argv, shell_line
@@ -128,7 +142,8 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
 
     step, chosen_by, tau = choose_step(settings, run, step)
     loaded = load_run_drafter(settings, run, step)
-    chosen = DTYPES[dtype] if dtype != "auto" else target_dtype(loaded.target.path)
+    chosen = (target_dtype(loaded.target.path) if dtype is WeightsDtype.AUTO
+              else DTYPES[dtype.value])
     out = export_drafter(loaded.trainer, out_dir, dtype=chosen)
     stored = json.loads((out / "config.json").read_text())["dtype"]
     # The serving line for this target, running the generate worker's concurrency (SGLang sizes
