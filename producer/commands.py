@@ -15,7 +15,7 @@ import redis
 from common import keys
 from common.config import Settings
 from common.drafter.layers import DEFAULT_K
-from common.drafter.origin import OriginKind, drafter_summary
+from common.drafter.origin import DrafterSummary, OriginKind, drafter_summary
 from common.engine.models import chat_template_of, resolve_model_path, template_sha
 from common.engine.sampling import Sampling
 from common.engine.sampling_rules import check_sampling
@@ -35,7 +35,7 @@ from producer.enqueue_drafter import enqueue_origin
 from producer.fit import ContextCheck, context_length
 from producer.pause_lines import pause_lines
 from producer.status import StatusReader
-from producer.status_record import RunStatus
+from producer.status_record import GateCounts, RunStatus
 from producer.status_rules import epoch_hours_line
 
 log = logging.getLogger(__name__)
@@ -122,12 +122,12 @@ def sampling_in_force(config: RunConfig) -> dict[str, Any]:
             for name, value in asdict(config.sampling).items()}
 
 
-def drafter_in_force(config: RunConfig) -> dict[str, Any] | None:
+def drafter_in_force(config: RunConfig) -> DrafterSummary | None:
     """The run's frozen drafter shape source and target layers (``--json``'s ``drafter``)."""
     return drafter_summary(config.drafter, config.target_layer_ids)
 
 
-def _turn_line(gates: dict[str, Any]) -> str:
+def _turn_line(gates: GateCounts) -> str:
     """Turns judged and rejected, and the thinking modes, when the monitor counted them."""
     turns, modes = gates.get("turns"), gates.get("thinking")
     line = f"; turns {turns['rejected']}/{turns['judged']} rejected" if turns else ""
@@ -198,7 +198,7 @@ def render_status(status: RunStatus) -> str:
                 f"  training epoch {train.get('epoch')}/{train.get('epochs')}, step "
                 f"{train['step']}/{_known(train.get('total_steps'))}, lr {lr}, " + (
                     f"finished ({down['finished']})" if down.get("finished") else
-                    f"ETA {_duration(train['eta_s']) if train.get('eta_s') else '?'}")
+                    f"ETA {_duration(eta_s) if (eta_s := train.get('eta_s')) else '?'}")
                 + ("; held-out tau by epoch " + ", ".join(
                     "-" if t is None else f"{t:.3f}" for t in train["tau_by_epoch"])
                    if train.get("tau_by_epoch") else ""))
@@ -224,9 +224,9 @@ def render_status(status: RunStatus) -> str:
                          "half the budget, activation checkpointing on)")
         if drafter := status.get("drafter"):
             lines.append(f"  drafter shape from {drafter['source']}")
-        if down.get("eval_error"):
-            lines.append(f"  drafter eval failed at step {down['eval_error']['step']} "
-                         f"(training went on): {down['eval_error']['message']}")
+        if error := down.get("eval_error"):
+            lines.append(f"  drafter eval failed at step {error['step']} "
+                         f"(training went on): {error['message']}")
     lines += [f"  parked {p['stage']} shard {p['shard']}: {p['reason']}"
               for p in status["parked"] or []]
     if pause := status.get("pause"):
@@ -243,7 +243,7 @@ def render_status(status: RunStatus) -> str:
     return "\n".join(lines)
 
 
-def _known(value: Any, spec: str = "") -> str:
+def _known(value: object, spec: str = "") -> str:
     """A live figure, or '?' where Redis could not say."""
     return "?" if value is None else format(value, spec)
 

@@ -28,7 +28,7 @@ from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.runs.records import RunState
 from producer.children import die_with_parent
 from producer.status import StatusReader
-from producer.status_record import RunStatus
+from producer.status_record import Downstream, RunStatus
 
 REFRESH_S = 1.0
 
@@ -100,7 +100,7 @@ def watch_demo(reader: StatusReader, online: bool, check: Callable[[], None],
             time.sleep(REFRESH_S)
 
 
-def trained(down: dict[str, Any]) -> bool:
+def trained(down: Downstream) -> bool:
     """The trainer finished (every epoch, or why not); a parked train shard ends the wait too."""
     if down.get("parked"):
         raise ConfigError(f"the trainer parked {down['parked']} shard(s); see `dflash-pipeline "
@@ -108,7 +108,7 @@ def trained(down: dict[str, Any]) -> bool:
     return bool(down.get("finished"))
 
 
-def train_detail(down: dict[str, Any]) -> str:
+def train_detail(down: Downstream) -> str:
     train = down.get("train") or {}
     if train.get("step") is None:
         return "waiting for the first committed shard"
@@ -119,7 +119,7 @@ def train_detail(down: dict[str, Any]) -> str:
     return f"epoch {train['epoch']}/{train['epochs']}{loss}{lr}{tau}"
 
 
-def tau_by_epoch_line(down: dict[str, Any]) -> str:
+def tau_by_epoch_line(down: Downstream) -> str:
     """The held-out tau measured at each epoch's end, as the demo prints it."""
     train = down.get("train") or {}
     taus = ", ".join("-" if t is None else f"{t:.3f}" for t in train.get("tau_by_epoch") or [])

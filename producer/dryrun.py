@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import Settings
+from common.drafter.origin import DrafterSummary
 from common.engine.models import render_chat, resolve_model_path
 from common.engine.target_sampling import sampling_line
 from common.runs.intake import Intake, RowCheck
@@ -36,7 +37,7 @@ class DryRunReport:
     shown: list[dict[str, Any]] = field(default_factory=list)
     dry_run: bool = True
     sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
-    drafter: dict[str, Any] | None = None   # the frozen drafter shape's source (enqueue options)
+    drafter: DrafterSummary | None = None   # the frozen drafter shape's source (enqueue options)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -70,7 +71,7 @@ class DryRunReport:
         return "\n".join(lines)
 
 
-def drafter_line(drafter: dict[str, Any]) -> str:
+def drafter_line(drafter: DrafterSummary) -> str:
     """The drafter's frozen shape source and the run's target layers, in one line."""
     return (f"drafter shape: {drafter['source']}, target layers "
             f"{drafter['target_layer_ids']}")

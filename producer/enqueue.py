@@ -17,6 +17,7 @@ import redis
 from celery import Celery
 
 from common import keys
+from common.drafter.origin import DrafterSummary
 from common.errors import BadRow
 from common.inputs.rows import IdRegistry
 from common.queue.celery_app import GENERATE
@@ -51,7 +52,7 @@ class EnqueueReport:
     unused: dict[str, dict[str, Any]] = field(default_factory=dict)
     wrote_inputs: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)   # each value and its source
-    drafter: dict[str, Any] | None = None   # the frozen drafter shape's source, if any
+    drafter: DrafterSummary | None = None   # the frozen drafter shape's source, if any
     dry_run: bool = False   # resume --dry-run: "queued" says what would have been
 
     def to_json(self) -> dict[str, Any]:

@@ -6,13 +6,14 @@ what honest writers write, and these lines read each field as far as the record 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 
-def pause_lines(pause: dict[str, Any], gates: dict[str, Any]) -> list[str]:
+def pause_lines(pause: Mapping[str, object], gates: Mapping[str, object]) -> list[str]:
     """Why the run paused: the window that tripped and examples, each field as far as the record
     holds it (an old or hand-written record lacks some: shown as '?', never a crash)."""
-    window = pause.get("window") if isinstance(pause.get("window"), dict) else {}
+    found = pause.get("window")
+    window = found if isinstance(found, dict) else {}
     lines = [f"  PAUSED  {pause.get('reason', '?')}"]
     if window:
         lines.append(f"    window that tripped: {window.get('rejected', '?')}/"
@@ -29,7 +30,7 @@ def pause_lines(pause: dict[str, Any], gates: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _share(value: Any, spec: str = ".0%") -> str:
+def _share(value: object, spec: str = ".0%") -> str:
     """A rate as a percentage, or '?' where the record holds no number."""
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     return format(value, spec) if ok else "?"

@@ -1,16 +1,16 @@
 """The rules ``status`` reads a run by, apart from the reading: a run's state, a shard's, the
-rates and ETA, and the trainer's progress."""
+rates and ETA, and the line of an epoch's hours (the trainer's progress:
+:mod:`producer.status_training`)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from common.choices import ShardState
-from common.queue.redis_values import field_key, number_of
 from common.queue.shard_registry import StageView
 from common.runs.records import RunState
+from producer.status_record import TrainFigures
 
 RATE_WINDOW_S = 120.0
 
@@ -62,11 +62,6 @@ def shard_state(shard: int, committed: set[int], view: StageView | None) -> Shar
     return ShardState.PENDING
 
 
-def _owned_anywhere(live: dict[str, Any]) -> bool:
-    """Whether any stage of the run has a live lease or a queued message behind a marker."""
-    return any(view.owned for view in live["stages"].values())
-
-
 def _state(enqueued: bool, total: int, committed: int, parked: int, running: int,
            progressed: int, owned: bool | None) -> RunState:
     """``stalled``: work left, yet no live lease and no queued message (no worker will move it
@@ -84,27 +79,7 @@ def _state(enqueued: bool, total: int, committed: int, parked: int, running: int
     return RunState.PENDING
 
 
-def training_progress(train: dict[str, Any], ledger: Any, epochs: int,
-                      key: str = "train metrics") -> dict[str, Any]:
-    """The trainer's epoch, schedule and learning rate as numbers: the ledger (storage) for
-    what it holds, the live metrics record (``key``: where it was read) for the rest
-    (``status --json`` contract); a value that is no finite number is noted and absent."""
-    def number(name: str, kind: type) -> Any:
-        value = number_of(field_key(key, name), train.get(name))
-        return kind(value) if value is not None else None
-
-    step = number("step", int)
-    return {"epoch": number("epoch", int) or min(ledger.epoch + 1, epochs), "epochs": epochs,
-            "step": step, "total_steps": number("total_steps", int) or ledger.total_steps or None,
-            "lr": number("lr", float), "eta_s": number("eta_s", float),
-            "tau_by_epoch": list(ledger.tau_by_epoch),
-            "finished": ledger.finished or None,
-            # An epoch's hours: the plan's (None on the CPU) and the measured steps' pace.
-            "epoch_hours_planned": number("epoch_hours_planned", float),
-            "epoch_hours_measured": number("epoch_hours_measured", float)}
-
-
-def epoch_hours_line(train: dict[str, Any]) -> str | None:
+def epoch_hours_line(train: TrainFigures) -> str | None:
     """The text status's line of an epoch's hours, planned beside measured (None: not yet)."""
     measured, planned = train.get("epoch_hours_measured"), train.get("epoch_hours_planned")
     if measured is None:

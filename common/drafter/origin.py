@@ -21,7 +21,9 @@ import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
+
+from typing_extensions import TypedDict  # pydantic reads it on Python 3.11
 
 from common.drafter.shape import (
     ARCHITECTURE,
@@ -145,8 +147,11 @@ def verify_weights(origin: DrafterOrigin) -> Path:
 def describe_origin(origin: DrafterOrigin | None) -> str | None:
     """One phrase naming the shape's source: ``file (sha256 1a2b3c4d5e6f, --drafter-config)``,
     or the target's with its depth; None for a run without a DFlash drafter (eagle3)."""
-    if origin is None:
-        return None
+    return None if origin is None else _source_phrase(origin)
+
+
+def _source_phrase(origin: DrafterOrigin) -> str:
+    """:func:`describe_origin` of an origin there is."""
     if origin.kind == OriginKind.DEFAULT:
         return (f"the target's shape, {origin.config['num_hidden_layers']} layers "
                 "(--drafter-layers)")
@@ -161,11 +166,30 @@ def origin_json(origin: DrafterOrigin | None) -> dict[str, Any] | None:
     return {k: v for k, v in origin.to_json().items() if k != "config"}
 
 
+class DrafterSummary(TypedDict):
+    """:func:`drafter_summary`'s record (``status --json``'s ``drafter``)."""
+
+    source: str
+    kind: OriginKind
+    name: str
+    sha256: str
+    path: NotRequired[str]
+    weights_sha256: NotRequired[str]
+    target_layer_ids: list[int] | None
+
+
 def drafter_summary(origin: DrafterOrigin | None,
-                    layer_ids: list[int] | None) -> dict[str, Any] | None:
+                    layer_ids: list[int] | None) -> DrafterSummary | None:
     """What ``status``, enqueue's report and the dashboard show of a run's frozen drafter shape:
-    its source in one phrase, name, path, digests and the run's target layers (None: none)."""
+    its source in one phrase, name, path, digests and the run's target layers (None: none);
+    :func:`origin_json`'s fields, the config's content left out."""
     if origin is None:
         return None
-    return {"source": describe_origin(origin), **(origin_json(origin) or {}),
-            "target_layer_ids": layer_ids}
+    summary: DrafterSummary = {"source": _source_phrase(origin), "kind": origin.kind,
+                               "name": origin.name, "sha256": origin.sha256,
+                               "target_layer_ids": layer_ids}
+    if origin.path is not None:
+        summary["path"] = origin.path
+    if origin.weights_sha256 is not None:
+        summary["weights_sha256"] = origin.weights_sha256
+    return summary

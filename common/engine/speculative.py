@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from typing_extensions import TypedDict  # pydantic reads it on Python 3.11
+
 from common.choices import MtpSource
 from common.errors import ForeignObject
+from common.queue.redis_values import count_of, field_key
 from common.reads import note, parse_json
 
 SPEC_PREFIX = "spec_"
@@ -62,26 +65,57 @@ def field(what: str, worker: str) -> str:
     return f"{what}:{worker}"
 
 
-def by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """A run's Redis hash of figures as ``{worker: {algorithm, accept_length, verify_steps,
-    output_tokens}}``."""
-    workers: dict[str, dict[str, Any]] = {}
+class SpeculativeFigures(TypedDict):
+    """One worker's speculative decoding on a run (``status``'s ``speculative``)."""
+
+    algorithm: str | None
+    verify_steps: int
+    output_tokens: int
+    accept_length: float | None
+
+
+class MtpRates(TypedDict):
+    on: float    # tok/s measured with the MTP head
+    off: float
+
+
+class MtpChoice(TypedDict):
+    """One worker's MTP choice on a run (``status``'s ``mtp``), as the worker recorded it."""
+
+    mtp: str
+    mode: str
+    reason: str
+    source: MtpSource | None   # None: a record of a worker before sources, or foreign
+    rates: MtpRates | None     # the measurement followed, if any
+
+
+def by_worker(raw: Mapping[str, str], key: str = "speculative figures"
+              ) -> dict[str, SpeculativeFigures]:
+    """A run's Redis hash of figures (``key``: where it was read) as ``{worker: {algorithm,
+    accept_length, verify_steps, output_tokens}}``; a count that is none is noted and 0."""
+    algorithms: dict[str, str] = {}
+    counts: dict[str, dict[str, int]] = {}
     for name, value in raw.items():
         what, _, worker = name.partition(":")
         if what not in (ALGORITHM, STEPS, TOKENS) or not worker:
             continue
-        entry = workers.setdefault(worker, {ALGORITHM: None, STEPS: 0, TOKENS: 0})
-        entry[what] = value if what == ALGORITHM else int(value)
-    for entry in workers.values():
-        entry["accept_length"] = accept_length(entry[TOKENS], entry[STEPS])
-    return dict(sorted(workers.items()))
+        entry = counts.setdefault(worker, {STEPS: 0, TOKENS: 0})
+        if what == ALGORITHM:
+            algorithms[worker] = value
+        else:
+            entry[what] = count_of(field_key(key, name), value)
+    return {worker: {"algorithm": algorithms.get(worker), "verify_steps": entry[STEPS],
+                     "output_tokens": entry[TOKENS],
+                     "accept_length": accept_length(entry[TOKENS], entry[STEPS])}
+            for worker, entry in sorted(counts.items())}
 
 
-def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def choices_by_worker(raw: Mapping[str, str]) -> dict[str, MtpChoice]:
     """A run's Redis hash of MTP choices (:attr:`common.queue.redis_keys.RunKeys.mtp`) as
     ``{worker: {mtp, mode, reason, source, rates}}`` (``rates``: ``{"on", "off"}`` tok/s of
     the measurement followed, else None); malformed entries left out."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, MtpChoice] = {}
+    sources = {source.value: source for source in MtpSource}
     for worker, value in sorted(raw.items()):
         try:
             entry = parse_json(f"dflash:generate:mtp:{worker}", value)
@@ -89,20 +123,25 @@ def choices_by_worker(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             note(exc)
             continue
         if isinstance(entry, dict):
-            found[worker] = {k: str(entry.get(k, "")) for k in ("mtp", "mode", "reason")}
             source = entry.get("source")   # a record of a worker before sources: null
-            found[worker]["source"] = source if source in set(MtpSource) else None
-            found[worker]["rates"] = _rates(entry.get("rates"))
+            found[worker] = {
+                "mtp": str(entry.get("mtp", "")), "mode": str(entry.get("mode", "")),
+                "reason": str(entry.get("reason", "")),
+                "source": sources.get(source) if isinstance(source, str) else None,
+                "rates": _rates(entry.get("rates"))}
     return found
 
 
-def _rates(value: Any) -> dict[str, float] | None:
+def _rates(value: object) -> MtpRates | None:
     """``{"on": tok/s, "off": tok/s}`` where both are numbers, else None."""
     if not isinstance(value, dict):
         return None
-    rates = {k: value.get(k) for k in ("on", "off")}
-    if not all(isinstance(r, int | float) and not isinstance(r, bool) and r >= 0
-               for r in rates.values()):
-        return None
-    return {k: float(r) for k, r in rates.items() if r is not None}
+    on, off = _rate(value.get("on")), _rate(value.get("off"))
+    return {"on": on, "off": off} if on is not None and off is not None else None
 
+
+def _rate(value: object) -> float | None:
+    """A rate that is a number of at least 0 (a bool is none), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None

@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.typing import EncodableT, FieldT
@@ -32,9 +32,9 @@ from common.gates.judge import GateConfig
 from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
 from common.queue import redis_keys
 from common.queue.redis_values import count_of, share_of
-from common.reads import note, parse_json, read_record
+from common.reads import note, parse_json, read_record, validated
 from common.runs.records import dumps
-from common.runs.schemas import PAUSE, RESUME
+from common.runs.schemas import GATE_EXAMPLE, PAUSE, RESUME, GateExample, PauseRecord
 from common.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,14 @@ class GateState:
         return Thresholds(share_of(f"{gates}:max_reject_rate", rate, self.gates.max_reject_rate),
                           count_of(f"{gates}:pause_after", after, self.gates.pause_after, 1))
 
-    def pause_state(self) -> tuple[int, dict[str, Any] | None]:
+    def pause_state(self) -> tuple[int, PauseRecord | None]:
         """The number of pause events in Redis and the pause in force (None: not paused)."""
         pipe = self.client.pipeline(transaction=False)
         redis_keys.read_pause(pipe, self.run)
         events, newest, lifted = pipe.execute()
         return int(events), redis_keys.pause_in(self.run, int(events), newest, lifted)
 
-    def paused(self) -> dict[str, Any] | None:
+    def paused(self) -> PauseRecord | None:
         return self.pause_state()[1]
 
     def ensure_ready(self) -> None:
@@ -100,20 +100,15 @@ class GateState:
             time.sleep(0.2)
 
 
-def examples_of(key: str, raw: list[Any]) -> list[dict[str, Any]]:
-    """The rejected examples a Redis list holds, each an object with an ``id``; a value that
-    is not one is noted and left out."""
+def examples_of(key: str, raw: list[Any]) -> list[GateExample]:
+    """The rejected examples a Redis list holds, each a valid example record; a value that
+    is not one is noted and left out (so it cannot make the pause that quotes it foreign)."""
     found = []
     for value in raw:
         try:
-            entry = parse_json(key, value)
+            found.append(validated(key, parse_json(key, value), GATE_EXAMPLE))
         except ForeignObject as exc:
             note(exc)
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-            found.append(entry)
-        else:
-            note(ForeignObject(key, "an example that is not an object with an id"))
     return found
 
 
@@ -172,10 +167,11 @@ def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-def pause_from_storage(storage: Storage, run: str) -> dict[str, Any] | None:
+def pause_from_storage(storage: Storage, run: str) -> PauseRecord | None:
     """The pause in force according to storage: the latest event, if it is a pause."""
     events = gate_events(storage, run)
-    return events[-1][1] if events and events[-1][0] == "pause" else None
+    # A pause event's record was read as PAUSE (or is the reason a foreign one was set aside).
+    return cast(PauseRecord, events[-1][1]) if events and events[-1][0] == "pause" else None
 
 
 def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,

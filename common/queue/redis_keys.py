@@ -16,7 +16,7 @@ import redis
 from common.errors import ForeignObject, MalformedName
 from common.keys import parse_shard_name, shard_name
 from common.reads import note, read_value, value_or_none
-from common.runs.schemas import ENGINE, PAUSE
+from common.runs.schemas import ENGINE, PAUSE, EngineRecord, PauseRecord
 
 
 def redis_runs() -> str:
@@ -205,7 +205,7 @@ def read_pause(pipe: Any, run: str) -> None:
 
 
 def pause_in(run: str, events: int, newest: str | bytes | None,
-             lifted: str | bytes | None) -> dict[str, Any] | None:
+             lifted: str | bytes | None) -> PauseRecord | None:
     """The pause in force (None: not paused) from :func:`read_pause`'s replies: a pause event
     the last lift did not count. A gate fails closed: an unreadable newest event or lift count,
     or a count past the list's end (the list was removed), is a pause too."""
@@ -221,7 +221,7 @@ def pause_in(run: str, events: int, newest: str | bytes | None,
     return pause_of(RunKeys(run).pauses, newest) or {"reason": "unreadable pause record (empty)"}
 
 
-def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
+def pause_of(key: str, raw: str | bytes | None) -> PauseRecord | None:
     """The pause a Redis value holds (None: no value); one that does not read as a pause
     record still counts as one (a gate fails closed), its reason saying why."""
     if not raw:
@@ -231,10 +231,10 @@ def pause_of(key: str, raw: str | bytes | None) -> dict[str, Any] | None:
     except ForeignObject as exc:
         note(exc)
         return {"reason": f"unreadable pause record ({exc.why})"}
-    return dict(pause)
+    return pause.copy()
 
 
-def push_pause(client: redis.Redis, run: str, record: dict[str, Any]) -> bool:
+def push_pause(client: redis.Redis, run: str, record: Mapping[str, object]) -> bool:
     """Add ``record`` to the run's pause events unless a pause is in force (the first caller
     wins: WATCH); the generate user may only add to them, never remove (only ``resume`` lifts)."""
     names = RunKeys(run).pauses, RunKeys(run).lifted
@@ -262,12 +262,12 @@ def redis_engines() -> str:
     return "dflash:engines"
 
 
-def engines_of(raw: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def engines_of(raw: Mapping[str, str]) -> dict[str, EngineRecord]:
     """The Redis hash of announced engine servers (:func:`redis_engines`)
     as ``{host:gpu: record}``; an entry that is no engine record is noted and left out."""
     found = {}
     for name, value in sorted(raw.items()):
         entry = value_or_none(f"{redis_engines()}:{name}", value, ENGINE)
         if entry is not None:
-            found[name] = dict(entry)
+            found[name] = entry.copy()
     return found

@@ -13,15 +13,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from common.gates.judge import GateConfig
-from common.gates.partstats import EXAMPLE_FIELDS
 from common.monitor.rebuild import shard_summaries, summary_index
 from common.monitor.run_monitor import resume_state
 from common.runs.index import ScanPlan, shard_total
+from common.runs.schemas import GateExample
 from common.runs.summary import RunSummary
 from common.storage import Storage
+from producer.status_record import GateWindow
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class StoredGates:
     """The monitor's figures as storage gives them."""
 
     histogram: Counter[int]
-    examples: dict[str, list[dict[str, Any]]]
-    window: dict[str, Any] | None
+    examples: dict[str, list[GateExample]]
+    window: GateWindow | None
 
 
 @dataclass
@@ -61,11 +61,12 @@ def stored_gates(storage: Storage, run: str, gates: GateConfig,
     total = RunSummary()
     for shard, summary, committed in shard_summaries(storage, run, plan=plan):
         total.add(shard, summary, committed)
-    examples = {reason: [{k: view[k] for k in EXAMPLE_FIELDS}
+    examples = {reason: [GateExample(id=view["id"], reasons=view["reasons"],   # EXAMPLE_FIELDS
+                                     details=view["details"], answer=view["answer"])
                          for view in total.newest_examples(reason)]
                 for reason in total.examples}
     recent = total.window(min(size, max(total.judged - accepted_at, 0)))
-    window = None
+    window: GateWindow | None = None
     if recent:
         window = {"size": len(recent), "rejected": sum(recent),
                   "rate": round(sum(recent) / len(recent), 4)}

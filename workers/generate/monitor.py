@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any, cast
+from typing import cast
 
 from common import keys
 from common.errors import RunPaused
@@ -30,6 +30,7 @@ from common.monitor.run_monitor import (
 from common.queue import redis_keys
 from common.queue.redis_values import count_of
 from common.runs.records import dumps
+from common.runs.schemas import GateExample, PauseRecord, PauseWindow
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def pause_reason(window: list[int], since: int, max_rate: float, size: int) -> s
     return None
 
 
-def window_stats(outcomes: list[int], limits: Thresholds) -> dict[str, Any]:
+def window_stats(outcomes: list[int], limits: Thresholds) -> PauseWindow:
     """The rolling window that a pause decision looked at (newest-first outcomes)."""
     recent = outcomes[:limits.pause_after]
     return {"size": len(recent), "rejected": sum(recent), "limit": limits.pause_after,
@@ -85,7 +86,7 @@ class RunMonitor(GateState):
             if owner is not None and owner != sample["id"]:
                 mark_duplicate(sample["quality"], owner)
 
-    def record(self, accepted: Samples, rejected: Samples) -> dict[str, Any] | None:
+    def record(self, accepted: Samples, rejected: Samples) -> PauseRecord | None:
         """Count a written part; pause the run if needed; returns the pause in force, if any."""
         samples = accepted + rejected
         if not samples:
@@ -106,24 +107,25 @@ class RunMonitor(GateState):
                               limits.max_reject_rate, limits.pause_after)
         return self.pause(reason, window_stats(outcomes, limits)) if reason else None
 
-    def pause(self, reason: str, window: dict[str, Any] | None = None) -> dict[str, Any]:
+    def pause(self, reason: str, window: PauseWindow | None = None) -> PauseRecord:
         """Pause the run (first caller wins) and record why, with examples, in storage."""
         gates = redis_keys.RunKeys(self.run).gates
         stats = cast(dict[str, str], self.client.hgetall(gates))
         reasons = {k.split(":", 1)[1]: count_of(f"{gates}:{k}", v, 0) for k, v in stats.items()
                    if k.startswith("reason:")}
         top = ", ".join(f"{r} {n}" for r, n in Counter(reasons).most_common(3))
-        examples: list[dict[str, Any]] = []
+        examples: list[GateExample] = []
         for name, _ in Counter(reasons).most_common():
             key = redis_keys.RunKeys(self.run).gate_examples(name)
             examples += [x for x in examples_of(key, self.client.lrange(key, 0, EXAMPLES - 1))
                          if x["id"] not in {e["id"] for e in examples}]
-        record = {"reason": f"{reason} (top reasons: {top})" if top else reason,
-                  "examples": examples[:EXAMPLES], "at": time.time(),
-                  "checked": count_of(f"{gates}:checked", stats.get("checked"), 0),
-                  "rejected": count_of(f"{gates}:rejected", stats.get("rejected"), 0),
-                  "reasons": reasons,
-                  "window": window}
+        record: PauseRecord = {
+            "reason": f"{reason} (top reasons: {top})" if top else reason,
+            "examples": examples[:EXAMPLES], "at": time.time(),
+            "checked": count_of(f"{gates}:checked", stats.get("checked"), 0),
+            "rejected": count_of(f"{gates}:rejected", stats.get("rejected"), 0),
+            "reasons": reasons,
+            "window": window}
         if redis_keys.push_pause(self.client, self.run, record):
             log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
             self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))

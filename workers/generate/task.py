@@ -24,7 +24,7 @@ from common.queue.celery_app import TASK_GENERATE, app
 from common.reads import limits_of, read_rows
 from common.row_caps import RowKind, row_caps
 from common.runs.records import RunConfig, ShardTask, TaskOutcome
-from common.runs.schemas import INPUT_ROW
+from common.runs.schemas import INPUT_ROW, PauseRecord
 from common.runs.store import RunStore
 from workers.context import WorkerContext
 from workers.generate import metrics, speculative
@@ -144,7 +144,7 @@ class Progress:
         self.engine = engine   # its speculative algorithm, once known, labels the figures
         self.counters = ShardCounters()
         self.reported_requests = 0
-        self.pause: dict[str, Any] | None = None
+        self.pause: PauseRecord | None = None
 
     def part_written(self, accepted: list[dict[str, Any]],
                      rejected: list[dict[str, Any]]) -> None:
