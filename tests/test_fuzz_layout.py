@@ -194,7 +194,7 @@ def check_readers(pipeline: Pipeline, s3: IamS3, run: str, truth: dict[str, Any]
         assert ui.json("/api/runs")["runs"], "the dashboard stopped answering"
 
 
-PANELS = ("status", "series", "series?live=1", "shards", "gates", "engines")
+PANELS = ("status", "series", "series?live=1", "shards", "gates", "engines", "evals")
 
 
 def check_alive(pipeline: Pipeline) -> None:

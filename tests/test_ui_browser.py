@@ -135,6 +135,7 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
             "four committed cells in the shard grid")
         wait_page(browser, lambda d: d.find_elements("css selector", "#chart-throughput canvas"),
                   ONE_REFRESH_S, "the throughput chart")
+        _shows_an_eval(browser, pipeline)
         _shot(browser, tmp_path, "done")
         assert console_errors(browser) == []
         _engines_fit(browser, tmp_path, pipeline)
@@ -148,6 +149,22 @@ def test_run_page_follows_a_live_run(pipeline: Pipeline, model_cache: Path, tmp_
                   ONE_REFRESH_S, "the runs page: the run is done")
         _shot(browser, tmp_path, "runs")
         assert console_errors(browser) == []
+
+
+def _shows_an_eval(driver: object, pipeline: Pipeline) -> None:
+    """An eval-drafter --dataset table stored under the run: the eval panel shows its rows."""
+    from common.runs.evals import write_eval
+    from common.storage import open_storage
+    from tests.test_report_eval import result
+
+    write_eval(open_storage(pipeline.env["DFLASH_STORAGE"]), "live", {**result(), "run": "live"},
+               4, None)
+    wait_page(driver, lambda d: [e.text.split()[0] for e in d.find_elements(
+        "css selector", "#eval-table tbody tr")] == ["gsm8k", "mt-bench"], ONE_REFRESH_S,
+        "the eval panel's table: gsm8k and mt-bench")
+    wait_page(driver, lambda d: "speedup 2x@1 1.2x@8" in _text(d, "eval-bars"), ONE_REFRESH_S,
+              "the eval panel's bars with the speedups")
+    assert not driver.find_element("id", "no-eval").is_displayed()
 
 
 # Whether the Engines panel shows every column without a horizontal scroll bar: its content is

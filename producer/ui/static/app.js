@@ -336,7 +336,8 @@ function renderEvals(data) {
   if (!record) { $("eval-bars").textContent = ""; return; }
   const num = (v) => (v === null || v === undefined ? "-" : Number(v).toFixed(3));
   for (const [name, row] of Object.entries(record.datasets)) {
-    const pos = ["0-1k", "1k-4k", "4k-16k", "16k+"].map((b) => el("td", {}, num(row.by_position[b])));
+    const pos = ["0-1k", "1k-4k", "4k-16k", "16k+"]
+      .map((b) => el("td", {}, num(row.by_position[b])));
     const lossless = row.lossless
       ? `${row.lossless.checked - row.lossless.mismatches.length}/${row.lossless.checked}` : "-";
     const levels = Object.entries(row.concurrency || {}).map(([c, f]) =>

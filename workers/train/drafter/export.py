@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from common.drafter.shape import SLIDING
 from common.engine.target import TargetShape
@@ -187,18 +187,20 @@ def fit_problems(config: DFlashConfig, target: PreTrainedModel) -> list[str]:
     return problems
 
 
-def load_drafter(path: str | Path, target: PreTrainedModel,
-                 dtype: torch.dtype | None = None) -> DFlashDraftModel:
-    """Rebuild an exported drafter on ``target``'s device, sharing its embedding and LM head."""
+def load_drafter(path: str | Path, target: PreTrainedModel, dtype: torch.dtype | None = None,
+                 tokenizer: Any = None) -> DFlashDraftModel:
+    """Rebuild a drafter directory (ours, z-lab's or SpecForge's layout:
+    :mod:`workers.train.drafter.published`) on ``target``'s device, sharing its embedding and
+    LM head; one line (DrafterMismatch, DrafterShapeError) where it cannot."""
+    from workers.train.drafter.origin import load_released
+    from workers.train.drafter.published import published_config
+
     path = check_export_dir(path)
-    try:
-        config = config_from_hf(json.loads((path / CONFIG_FILE).read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DrafterMismatch(f"{path / CONFIG_FILE}: not a DFlash drafter config ({exc})") from exc
+    config = published_config(path, target, tokenizer)
     problems = fit_problems(config, target)
     if problems:
         raise DrafterMismatch(f"drafter {path} does not fit the target: " + "; ".join(problems))
     embed = input_embedding(target)
     drafter = DFlashDraftModel(config, embed, output_head(target))
-    drafter.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
+    load_released(drafter, path, f"drafter {path}")
     return drafter.to(embed.weight.device, dtype) if dtype else drafter.to(embed.weight.device)

@@ -12,9 +12,11 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def check_export_dir(path: str | Path) -> Path:
-    """``path`` as a Path when it holds an export's config and weights; DrafterMismatch if not."""
+    """``path`` as a Path when it holds a drafter's config and safetensors weights (ours, or a
+    published layout's: ``model.safetensors`` or its shards); DrafterMismatch if not."""
     path = Path(path)
-    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+    if not (path / CONFIG_FILE).is_file() or not any(path.glob("*.safetensors")):
         raise DrafterMismatch(f"{path} is not a drafter export (needs {CONFIG_FILE} and "
-                              f"{WEIGHTS_FILE}; make one with export-drafter)")
+                              f"{WEIGHTS_FILE} or its .safetensors shards: export-drafter's, "
+                              "z-lab's or SpecForge's layout)")
     return path

@@ -69,27 +69,41 @@ def drafter_config(target: PreTrainedModel, mask_id: int, layer_ids: Sequence[in
     return config
 
 
-def load_released(drafter: DFlashDraftModel, path: Path) -> None:
-    """Load a released drafter's weights into ``drafter`` (built to its shape); every weight
-    the drafter has must be in the files, and nothing else but the target's own."""
+def released_weights(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a drafter directory's safetensors files (one file or shards), named as
+    the drafter names them: SGLang's ``model.`` prefix dropped, the target's own (embedding, LM
+    head) and the rotary cache left out."""
     from safetensors.torch import load_file
 
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise DrafterShapeError(f"--init-drafter {path}: no .safetensors weights in it")
+        raise DrafterShapeError(f"{what}: no .safetensors weights in it")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        weights.update(load_file(str(file)))
-    weights = {k: v for k, v in weights.items() if not k.startswith(TARGET_OWNED)}
+        try:
+            found = load_file(str(file))
+        except Exception as exc:   # a truncated or foreign file: one line naming it
+            raise DrafterShapeError(f"{what}: {file.name} does not read as safetensors "
+                                    f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        weights.update({k.removeprefix("model."): v for k, v in found.items()})
+    return {k: v for k, v in weights.items()
+            if not k.startswith(TARGET_OWNED) and not k.endswith("rotary_emb.inv_freq")}
+
+
+def load_released(drafter: DFlashDraftModel, path: Path, what: str = "") -> None:
+    """Load a released drafter's weights into ``drafter`` (built to its shape); every weight
+    the drafter has must be in the files, and nothing else but the target's own."""
+    what = what or f"--init-drafter {path}"
+    weights = released_weights(path, what)
     own = drafter.state_dict()
     missing = sorted(set(own) - set(weights))
     extra = sorted(set(weights) - set(own))
     if missing or extra:
-        raise DrafterShapeError(f"--init-drafter {path}: weights do not fit its config.json "
+        raise DrafterShapeError(f"{what}: weights do not fit its config.json "
                                 f"(missing {missing[:3]}, unexpected {extra[:3]})")
     for name, tensor in weights.items():
         if tensor.shape != own[name].shape:
-            raise DrafterShapeError(f"--init-drafter {path}: {name} is {list(tensor.shape)}, "
+            raise DrafterShapeError(f"{what}: {name} is {list(tensor.shape)}, "
                                     f"the config makes it {list(own[name].shape)}")
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()}, strict=True)
     log.info("drafter initialised from %s (%d tensors)", path, len(weights))
