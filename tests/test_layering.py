@@ -282,8 +282,9 @@ def test_the_launcher_names_no_stage() -> None:
 # folder imports the top and the folders before it, never one after it, so no two folders
 # depend on each other.
 COMMON_ROOT = {"choices", "config", "config_fields", "config_sections", "config_keywords",
-               "errors", "exit_codes", "entry_points", "storage", "json_parse", "row_caps",
-               "storage_api", "s3_storage", "reads", "keys", "key_layout", "lifeline", "faults"}
+               "declared", "errors", "exit_codes", "entry_points", "storage", "json_parse",
+               "row_caps", "storage_api", "s3_storage", "reads", "keys", "key_layout",
+               "lifeline", "faults"}
 COMMON_ORDER = ("engine", "gates", "inputs", "drafter", "runs", "queue", "monitor", "hidden",
                 "plan", "cli")
 
