@@ -118,6 +118,60 @@ class Parallel(StrEnum):
     FSDP = "fsdp"   # FSDP2: both sharded over the ranks
 
 
+class Attention(StrEnum):
+    """The drafter's attention kernel in training (``TrainConfig.attention``)."""
+
+    AUTO = "auto"   # flex on CUDA where it is available, else dense SDPA
+    FLEX = "flex"   # flex attention over a block mask (no dense mask kept)
+    SDPA = "sdpa"   # dense masks through scaled_dot_product_attention
+
+
+class MambaStrategy(StrEnum):
+    """SGLang's ``--mamba-radix-cache-strategy`` (its choices, ``arg_groups/fields/exec_.py``)."""
+
+    AUTO = "auto"
+    NO_BUFFER = "no_buffer"
+    EXTRA_BUFFER = "extra_buffer"
+    EXTRA_BUFFER_LAZY = "extra_buffer_lazy"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> MambaStrategy | None:
+        """A flag's value as given; None for none (or one SGLang would refuse)."""
+        try:
+            return cls(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+
+class RankOrder(StrEnum):
+    """What rank 0 of a training group tells the other ranks (the first item of a message)."""
+
+    SESSION = "session"   # build the run's session at this step
+    STATE = "state"       # gather the trainer's state (a checkpoint)
+    WEIGHTS = "weights"   # gather the drafter's weights (an eval)
+    TRAIN = "train"       # train this share of a step
+    SELF = "self"         # rank 0's own share: it trains it in place
+    STOP = "stop"         # rank 0 is leaving: so do the others
+
+
+class ExportFormat(StrEnum):
+    """``export-dataset --format``: the files' layout."""
+
+    PARQUET = "parquet"           # Hugging Face datasets
+    SPECFORGE = "specforge"       # SpecForge's conversations JSONL
+    MESSAGES = "messages"         # OpenAI-style messages JSONL
+    SPECULATORS = "speculators"   # input_ids + loss_mask per assistant turn
+
+
+class WeightsDtype(StrEnum):
+    """``export-drafter --dtype``: the exported weights' dtype; auto: the target's."""
+
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
 class RowLayout(StrEnum):
     """The layout one input row was read in (:mod:`common.inputs.layouts`)."""
 

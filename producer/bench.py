@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from common.choices import MtpMode
 from common.engine.speculative import VERIFY_CT, accept_length
 from common.errors import DflashError
 
@@ -49,7 +50,7 @@ class BenchRow:
     p99_s: float
     verify_steps: int = 0       # the engine's verify steps (0: no speculative decoding)
     verified_tokens: int = 0    # output tokens of the requests that had verify steps
-    mtp: str | None = None      # bench --run: the configuration measured (off, on)
+    mtp: MtpMode | None = None  # bench --run: the configuration measured (off, on)
     p90_s: float = 0.0
     window: tuple[float, float] = (0.0, 0.0)   # seconds since the first request was sent
     steady: bool = True         # False: too few requests for a steady window (the whole span)
@@ -155,7 +156,7 @@ def _rate(sent: list[Sent], lo: float, hi: float) -> float:
     return sum(s.tokens * _share(s, lo, hi) for s in sent) / max(hi - lo, 1e-9)
 
 
-def steady_row(sent: list[Sent], concurrency: int, mtp: str | None = None,
+def steady_row(sent: list[Sent], concurrency: int, mtp: MtpMode | None = None,
                conversations: int = 0) -> BenchRow:
     """The row of a closed loop's requests, its rate taken over the steady window."""
     if not sent:
@@ -198,7 +199,7 @@ def synthetic_bodies(num: int, prompt_len: int, max_new_tokens: int,
 
 
 async def measure(url: str, concurrency: int, bodies: list[dict[str, Any]],
-                  mtp: str | None = None) -> BenchRow:
+                  mtp: MtpMode | None = None) -> BenchRow:
     """Every body sent with ``concurrency`` in flight; the row of what came back."""
     slots = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=3600)

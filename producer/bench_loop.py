@@ -1,6 +1,6 @@
 """``bench --run``'s closed loop: the run's conversations, every turn, as the worker runs them.
 
-    row = asyncio.run(run_loop(url, 128, conversations, mtp="on"))
+    row = asyncio.run(run_loop(url, 128, conversations, mtp=MtpMode.ON))
 
 Every drawn conversation starts at once; each request waits for one of ``concurrency`` slots
 (the worker's in-flight cap does the same), so that many requests stay in flight while any are
@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from common.choices import MtpMode
 from common.engine.serving import sampling_params
 from common.errors import DflashError
 from common.gates.judge import TokenInfo, inspect_turn, judge
@@ -44,7 +45,7 @@ class Conversations:
 
 
 async def run_loop(url: str, concurrency: int, work: Conversations,
-                   mtp: str | None = None) -> BenchRow:
+                   mtp: MtpMode | None = None) -> BenchRow:
     """Every conversation of ``work`` with ``concurrency`` requests in flight; the row."""
     slots, sent = asyncio.Semaphore(concurrency), []
     tokens = work.tokens

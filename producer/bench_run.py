@@ -235,7 +235,7 @@ def store_verdict(storage: Storage, settings: Settings, run: str, rows: list[Ben
     engine the bench started; (its key, or None and why not)."""
     if settings.generate.engine_url:
         return None, "not stored: a server at --engine-url is measured as it runs"
-    if {r.mtp for r in rows} != {"off", "on"}:
+    if {r.mtp for r in rows} != {MtpMode.OFF, MtpMode.ON}:
         return None, "not stored: MTP on and off were not both measured"
     decider = Decider.of(settings, gpu, dict(os.environ))
     margin = settings.generate.mtp_margin

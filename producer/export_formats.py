@@ -30,26 +30,27 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from common.choices import ExportFormat
 from common.runs.trainrows import has_token_ids, training_rows, turns_of
 
-FORMATS = ("parquet", "specforge", "messages", "speculators")
-EXTENSIONS = {"parquet": "parquet", "specforge": "jsonl", "messages": "jsonl",
-              "speculators": "jsonl"}
+FORMATS = tuple(member.value for member in ExportFormat)
+EXTENSIONS = {ExportFormat.PARQUET: "parquet", ExportFormat.SPECFORGE: "jsonl",
+              ExportFormat.MESSAGES: "jsonl", ExportFormat.SPECULATORS: "jsonl"}
 PARQUET_ROW_GROUP = 1000
 
 
-def unexportable(sample: Mapping[str, Any], fmt: str) -> str | None:
+def unexportable(sample: Mapping[str, Any], fmt: ExportFormat) -> str | None:
     """Why a (schema-valid) sample has no row in ``fmt``; None where it has: a part's schema
     lets a sample leave out what one format or another is made of."""
-    if fmt in ("parquet", "speculators") and not has_token_ids(sample):
+    if fmt in (ExportFormat.PARQUET, ExportFormat.SPECULATORS) and not has_token_ids(sample):
         return "no token ids"
-    if fmt == "speculators":   # token ids only
+    if fmt is ExportFormat.SPECULATORS:   # token ids only
         return None
     messages = sample.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m.get("role"), str)
                                                  for m in messages):
         return "no messages, or one with no role"
-    if fmt == "parquet":
+    if fmt is ExportFormat.PARQUET:
         if any(not isinstance(m.get(f), str | None) for m in messages
                for f in ("content", "reasoning_content")):
             return "a message's text that is no text"
@@ -94,11 +95,11 @@ def _quality(sample: Mapping[str, Any], include_rejected: bool) -> dict[str, Any
             "quality_reasons": list(quality.get("reasons", []))}
 
 
-def rows_of(sample: Mapping[str, Any], fmt: str,
+def rows_of(sample: Mapping[str, Any], fmt: ExportFormat,
             include_rejected: bool) -> Iterator[dict[str, Any]]:
     """The export rows of one sample (one per assistant turn for ``speculators``)."""
     extra = _quality(sample, include_rejected)
-    if fmt == "parquet":
+    if fmt is ExportFormat.PARQUET:
         turns = turns_of(sample)
         yield {"id": sample["id"],
                "messages": [{"role": m["role"], "content": m["content"],
@@ -112,10 +113,10 @@ def rows_of(sample: Mapping[str, Any], fmt: str,
                "finish_reason": [t.get("finish_reason", "stop") for t in turns],
                "source": json.dumps(sample.get("source", {}), ensure_ascii=False,
                                     sort_keys=True), **extra}
-    elif fmt == "specforge":
+    elif fmt is ExportFormat.SPECFORGE:
         yield {"id": sample["id"], "conversations": messages_of(sample), **_context(sample),
                **extra}
-    elif fmt == "messages":
+    elif fmt is ExportFormat.MESSAGES:
         yield {"id": sample["id"], "messages": messages_of(sample), **_context(sample), **extra}
     else:
         turns = turns_of(sample)
@@ -147,10 +148,10 @@ def parquet_schema(include_rejected: bool) -> Any:
 class FileWriter:
     """Writes one export file to a local temporary path, streaming (row groups or lines)."""
 
-    def __init__(self, path: Path, fmt: str, include_rejected: bool) -> None:
+    def __init__(self, path: Path, fmt: ExportFormat, include_rejected: bool) -> None:
         self.path, self.fmt, self.rows = path, fmt, 0
         self._pending: list[dict[str, Any]] = []
-        if fmt == "parquet":
+        if fmt is ExportFormat.PARQUET:
             import pyarrow.parquet as pq
 
             self._schema = parquet_schema(include_rejected)
@@ -160,7 +161,7 @@ class FileWriter:
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows += 1
-        if self.fmt != "parquet":
+        if self.fmt is not ExportFormat.PARQUET:
             text = json.dumps(row, ensure_ascii=False)
             try:
                 line = text.encode()
@@ -180,7 +181,7 @@ class FileWriter:
             self._pending = []
 
     def close(self) -> None:
-        if self.fmt == "parquet":
+        if self.fmt is ExportFormat.PARQUET:
             self._flush()
             self._parquet.close()
         else:

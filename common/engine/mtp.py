@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from common.choices import EngineKind, MtpMode, MtpSource, SpecAlgorithm
+from common.choices import EngineKind, MambaStrategy, MtpMode, MtpSource, SpecAlgorithm
 from common.config import Settings
 from common.engine.lossless import (
     ARGMAX_PLATFORMS,
@@ -76,7 +76,7 @@ class Verdict(Protocol):
 # SGLang resolves the hybrid's mamba radix cache "auto" to extra_buffer on a GPU with the overlap
 # scheduler (srt/arg_groups/overrides.py _mamba_radix_cache_resolution); stated here, so the
 # slots this project computes (common.engine.serving.mamba_slots_per_request) are SGLang's.
-MAMBA_STRATEGY = "extra_buffer"
+MAMBA_STRATEGY = MambaStrategy.EXTRA_BUFFER
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,11 @@ def engine_device(settings: Settings, env: Mapping[str, str] | None = None) -> s
     return engine_platform(settings.generate.engine_args, os.environ if env is None else env)
 
 
+# The strategies that keep an extra buffer on a GPU (auto resolves to one with the overlap
+# scheduler, which MTP's verify runs under).
+_EXTRA_BUFFERS = (MambaStrategy.AUTO, MambaStrategy.EXTRA_BUFFER, MambaStrategy.EXTRA_BUFFER_LAZY)
+
+
 def hybrid_spec_args(shape: TargetShape, engine_args: str | Sequence[str],
                      draft_tokens: int = MTP_DRAFT_TOKENS) -> list[str]:
     """What the pinned SGLang needs beyond the NEXTN flags to verify drafts on a hybrid: the
@@ -142,12 +147,12 @@ def hybrid_spec_args(shape: TargetShape, engine_args: str | Sequence[str],
         return []
     strategy = flag_value(argv, "--mamba-radix-cache-strategy")
     interval = flag_value(argv, "--mamba-track-interval")
-    if (strategy in (None, "auto", "extra_buffer", "extra_buffer_lazy") and interval
-            and interval.isdigit() and int(interval) < draft_tokens):
+    extra = strategy is None or MambaStrategy.parse(strategy) in _EXTRA_BUFFERS
+    if extra and interval and interval.isdigit() and int(interval) < draft_tokens:
         raise OptionRefused(f"--mamba-track-interval {interval} is below the {draft_tokens} "
                             "draft tokens MTP verifies; SGLang refuses that with the "
                             "extra_buffer mamba cache (mamba_hook.py validate_mamba_extra_buffer)")
-    return [] if strategy else ["--mamba-radix-cache-strategy", MAMBA_STRATEGY]
+    return [] if strategy else ["--mamba-radix-cache-strategy", MAMBA_STRATEGY.value]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.choices import SpecAlgorithm
+from common.choices import MambaStrategy, SpecAlgorithm
 from common.config import Settings
 from common.engine.sampling import Sampling
 from common.engine.target import NO_MTP_HEAD, TargetShape
@@ -171,14 +171,15 @@ def mamba_slots_per_request(engine_args: str | Sequence[str]) -> int:
     argv = shlex.split(engine_args) if isinstance(engine_args, str) else list(engine_args)
     if "--disable-radix-cache" in argv:
         return 1
-    strategy = next((v for n, v in reversed(_flag_values(argv))
-                     if n == "--mamba-radix-cache-strategy"), "auto")
+    strategy = MambaStrategy.parse(next((v for n, v in reversed(_flag_values(argv))
+                                         if n == "--mamba-radix-cache-strategy"), "auto"))
     overlap = "--disable-overlap-schedule" not in argv
-    if strategy == "auto":   # SGLang on a GPU: extra_buffer with the overlap scheduler
-        strategy = "extra_buffer" if overlap else "no_buffer"   # (overrides.py, line 477)
-    if not strategy.startswith("extra_buffer"):
+    if strategy is MambaStrategy.AUTO:   # SGLang on a GPU: extra_buffer with the overlap
+        strategy = (MambaStrategy.EXTRA_BUFFER if overlap   # scheduler (overrides.py, line 477)
+                    else MambaStrategy.NO_BUFFER)
+    if strategy not in (MambaStrategy.EXTRA_BUFFER, MambaStrategy.EXTRA_BUFFER_LAZY):
         return MAMBA_SLOTS_PER_REQUEST
-    lazy = strategy == "extra_buffer_lazy"
+    lazy = strategy is MambaStrategy.EXTRA_BUFFER_LAZY
     return MAMBA_SLOTS_PER_REQUEST + (1 if lazy or not overlap else MAMBA_EXTRA_BUFFER_SLOTS)
 
 

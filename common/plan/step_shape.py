@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common.choices import Attention
+
 GiB = 2**30
 FP32 = 4
 
@@ -19,7 +21,10 @@ class Device:
     cuda: bool = True
     ranks: int = 1
     fsdp: bool = False
-    attention: str = "auto"
+    attention: Attention = Attention.AUTO
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention", Attention(self.attention))   # a caller's text too
 
     @property
     def act_bytes(self) -> int:
@@ -29,7 +34,8 @@ class Device:
     @property
     def flex(self) -> bool:
         """Whether the drafter attends through flex attention (no dense mask is kept)."""
-        return self.attention == "flex" or (self.attention == "auto" and self.cuda)
+        return self.attention is Attention.FLEX or (self.attention is Attention.AUTO
+                                                    and self.cuda)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from common import keys
+from common.choices import MtpMode
 from common.config import Settings
 from common.engine.engine_identity import EngineIdentity
 from common.engine.lossless import engine_platform
@@ -129,12 +130,12 @@ class Pick:
                                         f"repeated windows), the running configuration stays")
 
 
-def winner(on: dict[str, Any], off: dict[str, Any], margin: float) -> str | None:
+def winner(on: dict[str, Any], off: dict[str, Any], margin: float) -> MtpMode | None:
     """``on`` or ``off`` where its rate beats the other's by ``margin`` and each of its window
     parts beats each of the other's; None: no clear winner."""
-    rate = {"on": on["output_tokens_per_s"], "off": off["output_tokens_per_s"]}
-    parts = {"on": on["window_rates"], "off": off["window_rates"]}
-    for mode, other in (("on", "off"), ("off", "on")):
+    rate = {MtpMode.ON: on["output_tokens_per_s"], MtpMode.OFF: off["output_tokens_per_s"]}
+    parts = {MtpMode.ON: on["window_rates"], MtpMode.OFF: off["window_rates"]}
+    for mode, other in ((MtpMode.ON, MtpMode.OFF), (MtpMode.OFF, MtpMode.ON)):
         if rate[mode] > rate[other] * (1 + margin) and min(parts[mode]) > max(parts[other]):
             return mode
     return None
@@ -178,7 +179,7 @@ class Verdict:
         rows = steady[nearest]
         rates = {m: r["output_tokens_per_s"] for m, r in rows.items()}
         won = winner(rows["on"], rows["off"], self.margin)
-        return Pick(nearest, won == "on" if won else rates["on"] > rates["off"], rates,
+        return Pick(nearest, won is MtpMode.ON if won else rates["on"] > rates["off"], rates,
                     self.stamp, won is not None, self.margin)
 
     def to_json(self) -> dict[str, Any]:

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
 
 @dataclass(frozen=True)
 class ExtractorConfig:
@@ -51,7 +49,7 @@ class ExtractorConfig:
     layout: str = Layout.DFLASH.value
     k: int = 5
     device: str = "auto"
-    dtype: str = "auto"
+    dtype: torch.dtype | None = None   # None: bf16 on CUDA, float32 on CPU
     layer_ids: tuple[int, ...] | None = None   # the run's frozen dflash layers (else: by k)
 
     def resolved_device(self) -> torch.device:
@@ -59,13 +57,11 @@ class ExtractorConfig:
         return resolve_device(self.device)
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
-        """``auto`` is bf16 on CUDA (what the drafter trains on) and float32 on CPU."""
-        if self.dtype == "auto":
+        """The dtype asked for; none: bf16 on CUDA (what the drafter trains on), float32 on
+        CPU."""
+        if self.dtype is None:
             return torch.bfloat16 if device.type == "cuda" else torch.float32
-        if self.dtype not in _DTYPES:
-            raise HiddenStateError(f"unknown dtype {self.dtype!r}; choose auto, "
-                                   f"{', '.join(_DTYPES)}")
-        return _DTYPES[self.dtype]
+        return self.dtype
 
 
 def check_finite(features: torch.Tensor, attention_mask: torch.Tensor,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.choices import RankOrder
 from common.errors import GroupLost, NothingToTrain, RankFailed
 from common.faults import inject
 from workers.train.agreement import Failure, failed_part
@@ -51,7 +52,7 @@ def distribute(trainer: DrafterTrainer, run: str) -> DrafterTrainer | DataParall
         return trainer
     with group.in_step(f"run {run}: starting the data-parallel trainer"):
         if group.rank == 0:   # the others build the same session from storage, then join us
-            group.send([("session", run, trainer.steps)] * group.world)
+            group.send([(RankOrder.SESSION, run, trainer.steps)] * group.world)
         return DataParallelTrainer(trainer, group, run)
 
 
@@ -113,7 +114,7 @@ class DataParallelTrainer:
 
         with self.group.in_step(f"run {self.run}: gathering the checkpoint"):
             if self.group.rank == 0:
-                self.group.send([("state", self.run)] * self.group.world)
+                self.group.send([(RankOrder.STATE, self.run)] * self.group.world)
             return full_state(self.trainer, keep=self.group.rank == 0)
 
     def eval_drafter(self) -> Any:
@@ -125,7 +126,7 @@ class DataParallelTrainer:
 
         with self.group.in_step(f"run {self.run}: gathering the drafter for the eval"):
             if self.group.rank == 0:
-                self.group.send([("weights", self.run)] * self.group.world)
+                self.group.send([(RankOrder.WEIGHTS, self.run)] * self.group.world)
             return gathered_drafter(self.trainer, keep=self.group.rank == 0)
 
     def step(self, rows: Sequence[Any]) -> StepMetrics:
@@ -168,9 +169,9 @@ class DataParallelTrainer:
                      [1.0] * n + [0.0] * (len(mine) - n)) for mine, n in zip(parts, real,
                                                                              strict=True)]
         with self.group.in_step(f"run {self.run}: data-parallel step {t.steps + 1}"):
-            self.group.send([("self",), *[("step", self.run, part, shares, skipped, total,
-                                           t.schedule.to_json(), t.oom.recompute)
-                                          for part, shares in messages[1:]]])
+            self.group.send([(RankOrder.SELF,), *[
+                (RankOrder.TRAIN, self.run, part, shares, skipped, total, t.schedule.to_json(),
+                 t.oom.recompute) for part, shares in messages[1:]]])
             return self.train_part(*messages[0], skipped, total, started=started)
 
     def _prepare(self, part: Part) -> Any:
@@ -288,17 +289,17 @@ def follow(group: Group, new_session: Callable[[str], Any]) -> None:
     trainers: dict[str, DataParallelTrainer] = {}
     while True:
         kind, run, *args = group.receive()
-        if kind == "stop":
+        if kind is RankOrder.STOP:
             return
-        if kind == "session":
+        if kind is RankOrder.SESSION:
             session = new_session(run)
             if session.steps != args[0]:
                 raise GroupLost(f"rank {group.rank} resumed run {run} at step {session.steps}, "
                                 f"rank 0 at {args[0]}")
             trainers[run] = session.trainer
-        elif kind == "state":
+        elif kind is RankOrder.STATE:
             trainers[run].state_dict()
-        elif kind == "weights":
+        elif kind is RankOrder.WEIGHTS:
             trainers[run].eval_drafter()
         else:
             try:

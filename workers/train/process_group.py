@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from common.choices import Parallel
+from common.choices import Parallel, RankOrder
 from common.config import load_settings
 from common.errors import GroupLost, RankFailed
 
@@ -88,7 +88,7 @@ class Group:
         if self.broken:
             return
         try:
-            self.send([("stop", "")] * self.world)
+            self.send([(RankOrder.STOP, "")] * self.world)
         except (dist.DistError, RuntimeError) as err:
             self.broken = True
             log.warning("the other ranks are gone already: %s", err)

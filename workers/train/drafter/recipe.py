@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.choices import Attention
 from workers.train.drafter.blocks import acceptance_length
 from workers.train.drafter.schedule import Schedule
 
@@ -25,7 +26,7 @@ class TrainConfig:
     max_anchors: int = 512
     loss_gamma: float = 7.0
     seed: int = 0
-    attention: str = "auto"          # auto (flex on CUDA, else dense SDPA) | flex | sdpa
+    attention: Attention = Attention.AUTO   # auto: flex on CUDA, else dense SDPA
     # Labels whose vocab logits exist at once (the rest recomputed); 0: 1 GiB of float32 logits
     # (common.plan.memory.logits_chunk_for), 1,081 labels for a 248K vocabulary.
     logits_chunk: int = 0
@@ -38,8 +39,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.total_steps < 1:
             raise ValueError(f"total_steps must be positive, not {self.total_steps}")
-        if self.attention not in ("auto", "flex", "sdpa"):
-            raise ValueError(f"attention must be auto, flex or sdpa, not {self.attention!r}")
+        try:   # a member however it came (a checkpoint's JSON, a caller's text)
+            object.__setattr__(self, "attention", Attention(self.attention))
+        except ValueError:
+            raise ValueError(f"attention must be auto, flex or sdpa, not {self.attention!r}") \
+                from None
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:

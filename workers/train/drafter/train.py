@@ -35,6 +35,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from common.choices import Attention
 from common.errors import NothingToTrain
 from common.faults import inject
 from common.plan.memory import logits_chunk_for
@@ -104,9 +105,9 @@ class DrafterTrainer:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.steps = 0
         self.weights = slot_weights(self.block_size, config.loss_gamma).to(self.device)
-        use_flex = config.attention == "flex" or (
-            config.attention == "auto" and flex_available(self.device))
-        self.attention = "flex" if use_flex else "sdpa"
+        use_flex = config.attention is Attention.FLEX or (
+            config.attention is Attention.AUTO and flex_available(self.device))
+        self.attention = Attention.FLEX if use_flex else Attention.SDPA
         # A block needs an anchor and one supervised token after it.
         self.min_supervised = max(2, config.min_supervised_tokens or 2 * self.block_size)
 
@@ -159,7 +160,8 @@ class DrafterTrainer:
 
     def masks(self, batch: PackedBatch) -> Any:
         """The micro-batch's attention masks (flex's build evaluates the whole grid once)."""
-        return batch_masks(self.drafter.config, batch, self.device, self.attention == "flex")
+        return batch_masks(self.drafter.config, batch, self.device,
+                           self.attention is Attention.FLEX)
 
     def forward_sum(self, batch: PackedBatch,
                     masks: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
