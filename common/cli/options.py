@@ -10,6 +10,7 @@ are declared in :mod:`common.runs.options`, a command's own beside it (``BenchOp
 from __future__ import annotations
 
 from dataclasses import Field, dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import click
@@ -39,9 +40,15 @@ class ReportOptions:
     """``report``: how it prints and where its figure goes."""
 
     PREFIX: ClassVar[str] = "report_"
-    json: bool = False
-    png: str | None = None
-    no_png: bool = False
+    json: bool = opt(False, decls=("--json", "as_json"), commands=("report",), env=True,
+                     is_flag=True, help="Print the report as one JSON object.")
+    png: Path | None = opt(
+        None, decls=("--png", "png_path"), commands=("report",), env=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Also write the PNG figure to this local file (its only copy when the storage "
+             "refuses the write, as for a read-only key).")
+    no_png: bool = opt(False, decls=("--no-png", "no_png"), commands=("report",), env=True,
+                       is_flag=True, help="Do not render or store the PNG figure.")
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,10 @@ class UiOptions:
     """``ui``: where the dashboard listens (its auth is the ``ui_auth`` setting)."""
 
     PREFIX: ClassVar[str] = "ui_"
-    host: str = "127.0.0.1"
-    port: int = 8700
+    host: str = opt("127.0.0.1", decls=("--host", "host"), commands=("ui",), env=True,
+                    help="Address to listen on; anything but loopback needs DFLASH_UI_AUTH.")
+    port: int = opt(8700, decls=("--port", "port"), commands=("ui",), env=True,
+                    type=click.IntRange(1, 65535), help="Port to listen on.")
 
 
 @dataclass(frozen=True)
