@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_shutting_down
+from celery import bootsteps
 
 from common.queue.celery_app import app
 from workers import reconciler  # noqa: F401 - starts with the worker
@@ -20,11 +20,17 @@ from workers.train import task as train_task  # noqa: F401 - registers the task
 log = logging.getLogger(__name__)
 
 
-@worker_shutting_down.connect
-def _stop_shards(**_: object) -> None:
-    """The shard in flight stops at its next batch or step and goes back to the queue."""
-    log.info("worker shutting down: the shard in flight is requeued")
-    get_context().stopping.set()
+class StopShards(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: untyped
+    """As the worker begins to stop (before its consumer and pool do), the shard in flight
+    stops at its next batch or step and goes back to the queue."""
+
+    requires = ("celery.worker.components:Pool",)
+
+    def close(self, worker: object) -> None:
+        log.info("worker shutting down: the shard in flight is requeued")
+        get_context().stopping.set()
 
 
-__all__ = ["app"]
+app.steps["worker"].add(StopShards)
+
+__all__ = ["StopShards", "app"]

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import redis
-from celery import Celery
-from celery.signals import worker_ready
+from celery import Celery, bootsteps
 from kombu.exceptions import OperationalError
 
 from common.errors import DflashError
@@ -49,11 +47,22 @@ class Reconciler(threading.Thread):
                               "%.0f s", self.lease_ttl / 2)
 
 
-@worker_ready.connect
-def start_reconciler(**_: Any) -> Reconciler:
-    """Start this worker process's reconciler thread once Celery says ready (every stage)."""
+class ReconcilerStep(bootsteps.StartStopStep):  # type: ignore[misc]  # celery: untyped
+    """Starts this worker process's reconciler thread as the worker starts (every stage); the
+    thread ends when the worker's ``stopping`` is set."""
+
+    requires = ("celery.worker.components:Pool",)
+
+    def start(self, worker: object) -> None:
+        start_reconciler()
+
+
+def start_reconciler() -> Reconciler:
     context = get_context()
     thread = Reconciler(context.storage, context.redis, celery_app,
                         context.settings.worker.lease_ttl, context.stopping)
     thread.start()
     return thread
+
+
+celery_app.steps["worker"].add(ReconcilerStep)
