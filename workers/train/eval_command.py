@@ -26,7 +26,7 @@ import click
 from common.choices import EnumChoice
 from common.cli import command_option, common_options
 from common.config import Settings, env_name
-from common.errors import ConfigError, DflashError, StorageRefused
+from common.errors import ConfigError, DflashError, StorageError, StorageRefused
 from common.exit_codes import EXIT_FAILURE
 from workers.train.eval_datasets import DatasetRequest, EvalEngine
 from workers.train.eval_serving import parse_levels
@@ -167,7 +167,9 @@ def _store(settings: Settings, run: str, result: dict[str, Any], step: int | Non
         click.echo(f"eval not stored in the run's storage ({str(exc).split(': ', 1)[-1]}): "
                    "run eval-drafter with the train worker's key to keep it for report and "
                    "the dashboard", err=True)
-        return None
+    except (StorageError, ValueError) as exc:   # the table is printed all the same
+        log.warning("run %s: eval not stored: %s: %s", run, type(exc).__name__, exc)
+    return None
 
 
 def _open(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
