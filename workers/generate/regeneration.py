@@ -32,7 +32,13 @@ from common.gates.judge import (
 )
 from common.gates.turns import answer_message, decode, render_prompt
 from common.runs.records import RunConfig
-from workers.generate.engines.base import Engine, EngineLoop, GenRequest, GenResult
+from workers.generate.engines.base import (
+    Engine,
+    EngineInfo,
+    EngineLoop,
+    GenRequest,
+    GenResult,
+)
 
 # A shard parks (instead of storing every sample as rejected) when this many of its first
 # requests, or all of a smaller shard's, are refused by the engine with none answered.
@@ -62,7 +68,7 @@ def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
 
 
 def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
-            turns: list[dict[str, Any]], engine_info: dict[str, Any], quality: dict[str, Any],
+            turns: list[dict[str, Any]], engine_info: EngineInfo, quality: dict[str, Any],
             thinking: bool, spent: list[dict[str, Any]]) -> dict[str, Any]:
     last = turns[-1]
     record = {
@@ -220,7 +226,7 @@ def _refused_by_engine(sample: dict[str, Any]) -> bool:
 def regenerate(loop: EngineLoop, job: Job,
                rows: Sequence[dict[str, Any]]) -> Generator[dict[str, Any], None, None]:
     """Yield finished samples in completion order; closing the iterator cancels the rest."""
-    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    done: queue.SimpleQueue[dict[str, Any] | _Failed] = queue.SimpleQueue()
 
     async def one(row: dict[str, Any]) -> None:
         try:

@@ -23,6 +23,7 @@ from common.engine.speculative import ALGORITHM, STEPS, TOKENS, field, sample_to
 from common.errors import ConfigError
 from common.queue import redis_keys
 from workers.generate import metrics
+from workers.generate.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ _totals: dict[str, list[int]] = {}   # run -> [verify steps, tokens] written by 
 _lock = threading.Lock()
 
 
-def check_lossless(engine: Any, sampling: Sampling, run: str) -> None:
+def check_lossless(engine: Engine, sampling: Sampling, run: str) -> None:
     """Refuse (park the shard) where the engine's speculative verify would change ``sampling``."""
     mtp = engine.mtp
     if mtp is None:

@@ -33,6 +33,7 @@ from workers.generate.engines.base import Engine
 from workers.generate.monitor import RunMonitor
 from workers.generate.parts import PartBuffer, ShardParts
 from workers.generate.regeneration import Job, ShardCounters, regenerate
+from workers.lease import Lease
 from workers.stage import GENERATE, HIDDEN, TRAIN, Delivery, publish_downstream, run_delivery
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def process_shard(delivery: Delivery) -> TaskOutcome:
     return TaskOutcome.COMMITTED
 
 
-def generate_rows(delivery: Delivery, lease: Any, gen: GenerateContext, engine: Engine,
+def generate_rows(delivery: Delivery, lease: Lease, gen: GenerateContext, engine: Engine,
                   config: RunConfig, monitor: RunMonitor) -> None:
     """Generate the shard's missing rows on ``engine``, write their parts and commit."""
     ctx, task, worker = delivery.ctx, delivery.task, delivery.worker
@@ -139,7 +140,7 @@ class Progress:
     """Advisory counters for status (tokens/s, ETA, requests); losing them loses no data."""
 
     def __init__(self, ctx: WorkerContext, task: ShardTask, worker: str,
-                 monitor: RunMonitor, engine: Any = None) -> None:
+                 monitor: RunMonitor, engine: Engine) -> None:
         self.ctx, self.task, self.worker, self.monitor = ctx, task, worker, monitor
         self.engine = engine   # its speculative algorithm, once known, labels the figures
         self.counters = ShardCounters()

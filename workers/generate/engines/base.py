@@ -11,13 +11,15 @@ import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict, TypeVar
 
-from common.choices import FinishReason
+from common.choices import EngineKind, FinishReason
 from common.engine.sampling import Sampling
 from common.errors import RequestRefused
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from common.engine.mtp import MtpChoice
     from workers.generate.engines.server import EngineServer
 from common.gates.judge import Reason
@@ -77,6 +79,15 @@ class GenResult:
     speculative: dict[str, Any] | None = None
 
 
+class EngineInfo(TypedDict):
+    """What an engine reports of itself, recorded with every sample (its ``engine`` field)."""
+
+    engine: EngineKind
+    model: NotRequired[str]     # cpu: the model's directory
+    url: NotRequired[str | None]   # sglang: its server's base URL
+    speculative_algorithm: NotRequired[str]   # sglang: the algorithm it runs, if any
+
+
 class Engine(Protocol):
     """What a generate worker needs from an engine; ``generate`` runs on the worker's event loop.
 
@@ -84,7 +95,7 @@ class Engine(Protocol):
     ``server`` None), no MTP configuration and no speculative algorithm.
     """
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase   # the target's, loaded by transformers
     mtp: MtpChoice | None   # the MTP configuration it was started in (None: never speculative)
     algorithm: str | None   # the speculative algorithm it runs (SGLang's name), if any
     url: str | None         # its server's base URL (None: in process)
@@ -94,8 +105,8 @@ class Engine(Protocol):
     async def generate(self, request: GenRequest) -> GenResult:
         """One completion; concurrent calls are how an engine's batch is kept full."""
 
-    def info(self) -> dict[str, Any]:
-        """A small description recorded with every sample (engine kind, model, version)."""
+    def info(self) -> EngineInfo:
+        """A small description recorded with every sample (engine kind, model or server)."""
 
     def close(self) -> None:
         """Release the engine's resources (stop its server, if it owns one)."""

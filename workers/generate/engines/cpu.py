@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.choices import FinishReason
+from common.choices import EngineKind, FinishReason
 from common.errors import EngineError
-from workers.generate.engines.base import GenRequest, GenResult
+from workers.generate.engines.base import EngineInfo, GenRequest, GenResult
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from common.engine.mtp import MtpChoice
     from workers.generate.engines.server import EngineServer
 
@@ -34,7 +36,8 @@ class CpuEngine:
         self.url: str | None = None
         self.server: EngineServer | None = None
         self.in_flight = 0
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(model_path)
+        # transformers' generate() is untyped at its call site (pyproject: untyped calls).
         self.model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model.eval()
         self.batch_size = batch_size
@@ -48,8 +51,8 @@ class CpuEngine:
         torch.manual_seed(seed)
         log.info("cpu engine loaded %s (stop ids %s)", model_path, self.stop_ids)
 
-    def info(self) -> dict[str, Any]:
-        return {"engine": "cpu", "model": str(self.model_path)}
+    def info(self) -> EngineInfo:
+        return {"engine": EngineKind.CPU, "model": str(self.model_path)}
 
     def close(self) -> None:
         self.model = None   # the weights go; the engine is done
@@ -140,7 +143,7 @@ class CpuEngine:
         )
 
 
-def _stop_ids(tokenizer: Any, model: Any) -> list[int]:
+def _stop_ids(tokenizer: PreTrainedTokenizerBase, model: Any) -> list[int]:
     """End-of-turn tokens: the generation config's eos ids, else the tokenizer's eos."""
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:

@@ -19,15 +19,23 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
-from common.choices import FinishReason
+from common.choices import EngineKind, FinishReason
 from common.engine.mtp import MtpChoice
 from common.engine.serving import sampling_params
 from common.engine.speculative import server_algorithm, spec_figures
 from common.errors import EngineError, RequestRefused
 from common.gates.judge import Reason
-from workers.generate.engines.base import GenRequest, GenResult, ServerLimits, fit_request
+from workers.generate.engines.base import (
+    EngineInfo,
+    GenRequest,
+    GenResult,
+    ServerLimits,
+    fit_request,
+)
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from workers.generate.engines.server import EngineServer
 
 log = logging.getLogger(__name__)
@@ -122,9 +130,9 @@ def error_message(text: str) -> str:
 class SglangEngine:
     """An SGLang-protocol server (real or the simulator) behind the engine interface."""
 
-    def __init__(self, url: str, tokenizer: Any, max_in_flight: int, request_timeout: float,
-                 retry_window: float, stop_ids: list[int], server: EngineServer | None = None,
-                 mtp: MtpChoice | None = None) -> None:
+    def __init__(self, url: str, tokenizer: PreTrainedTokenizerBase, max_in_flight: int,
+                 request_timeout: float, retry_window: float, stop_ids: list[int],
+                 server: EngineServer | None = None, mtp: MtpChoice | None = None) -> None:
         self.url: str | None = url.rstrip("/")
         self.mtp = mtp
         # The speculative algorithm it runs: the launch's, else what the server reports.
@@ -142,8 +150,8 @@ class SglangEngine:
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def info(self) -> dict[str, Any]:
-        info = {"engine": "sglang", "url": self.url}
+    def info(self) -> EngineInfo:
+        info: EngineInfo = {"engine": EngineKind.SGLANG, "url": self.url}
         if self.algorithm:
             info["speculative_algorithm"] = self.algorithm
         return info
