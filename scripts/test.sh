@@ -10,6 +10,9 @@
 # CPU-bound loop per core. Prints the 10 slowest tests, the wall time by test file and of the whole
 # script (with the set-up's share and the load average). Extra arguments go to pytest.
 #
+# Both print the explicit Any count of common/, workers/, producer/ (scripts/any_count.py) and
+# fail above scripts/any_ceiling.txt: it can only go down.
+#
 # --quick: the edit loop (a few minutes): ruff, mypy and the tests not marked e2e (no real
 # workers, engines or compose stack), without the browser, SGLang venv or docs site set-up.
 set -euo pipefail
@@ -20,6 +23,7 @@ if [ "${1:-}" = "--quick" ]; then
   bash scripts/setup.sh
   .venv/bin/ruff check .
   .venv/bin/mypy
+  .venv/bin/python scripts/any_count.py   # the explicit Any: printed, never above its ceiling
   exec .venv/bin/python -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadgroup \
     -m 'not e2e' "$@"
 fi
@@ -36,6 +40,7 @@ docs_site=$(mktemp -d)
 trap 'rm -rf "$docs_site"; for pid in ${load_pids[@]+"${load_pids[@]}"}; do kill "$pid" 2>/dev/null || true; done' EXIT
 .venv/bin/ruff check .
 .venv/bin/mypy   # strict on common/, workers/ and producer/ (pyproject.toml's [tool.mypy])
+.venv/bin/python scripts/any_count.py   # the explicit Any: printed, never above its ceiling
 # The docs site, strictly (a broken link, a missing page or a failing generated reference fails
 # the script), before pytest so that pytest's summary stays the last line of note.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$docs_site"
