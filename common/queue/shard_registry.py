@@ -80,10 +80,6 @@ class ShardRegistry:
     client: redis.Redis
     keys: StageKeys
 
-    @classmethod
-    def of(cls, client: redis.Redis, run: str, stage: str) -> ShardRegistry:
-        return cls(client, StageKeys(run, stage))
-
     # -- queueing ------------------------------------------------------------------------------
     def hand_over(self, shard: int, *, fresh: bool = False) -> None:
         """Mark ``shard`` queued (its message is sent next) and the run watched; ``fresh``

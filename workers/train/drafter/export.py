@@ -109,31 +109,6 @@ def _causality(config: DFlashConfig) -> dict[str, Any]:
     return {} if SLIDING in (config.layer_types or ()) else {"is_causal": False}
 
 
-def config_from_hf(data: dict[str, Any]) -> DFlashConfig:
-    """The :class:`DFlashConfig` of an exported ``config.json``."""
-    if ARCHITECTURE not in data.get("architectures", []):
-        raise ValueError(f"not a DFlash drafter config: architectures={data.get('architectures')}")
-    dflash = data["dflash_config"]
-    rope = data.get("rope_parameters") or {}
-    return DFlashConfig(
-        hidden_size=data["hidden_size"], num_attention_heads=data["num_attention_heads"],
-        num_key_value_heads=data["num_key_value_heads"], head_dim=data["head_dim"],
-        intermediate_size=data["intermediate_size"], vocab_size=data["vocab_size"],
-        num_target_layers=dflash.get("num_target_layers", data["num_target_layers"]),
-        target_layer_ids=tuple(dflash["target_layer_ids"]),
-        mask_token_id=dflash["mask_token_id"], num_hidden_layers=data["num_hidden_layers"],
-        block_size=dflash.get("block_size", data["block_size"]),
-        rms_norm_eps=data["rms_norm_eps"],
-        rope_theta=float(rope.get("rope_theta", data.get("rope_theta", 0.0))),
-        max_position_embeddings=data["max_position_embeddings"],
-        hidden_act=data.get("hidden_act", "silu"),
-        attention_bias=data.get("attention_bias", False),
-        initializer_range=data.get("initializer_range", 0.02),
-        mask_token=dflash.get("mask_token", DFlashConfig.mask_token),
-        **layer_shape(data),
-    )
-
-
 def layer_shape(data: dict[str, Any]) -> dict[str, Any]:
     """``layer_types``, ``sliding_window`` and ``is_causal`` of a drafter ``config.json``."""
     types = data.get("layer_types")
