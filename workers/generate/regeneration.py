@@ -17,7 +17,7 @@ import asyncio
 import queue
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from common.choices import FinishReason
 from common.errors import EngineRefusesAll, RequestRefused
@@ -53,8 +53,37 @@ class ShardCounters:
     answered: int = 0   # requests the engine answered (2xx)
 
 
-def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
-    turn = {
+class Refusal(TypedDict):
+    """Why the engine never generated a turn: its reason and words."""
+
+    reason: str
+    message: str
+
+
+class GeneratedTurn(TypedDict):
+    """One turn as a sample stores it (``turns[i]``): its ids, counts and time."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    speculative: NotRequired[dict[str, Any]]   # the engine's spec_* figures, as it gave them
+    refused: NotRequired[Refusal]              # never generated (no output)
+
+
+class StoppedTurn(GeneratedTurn):
+    """The first rejected turn of a conversation: its number, answer (None: never generated)
+    and verdict."""
+
+    turn: int
+    answer: dict[str, Any] | None
+    verdict: dict[str, Any]
+
+
+def _turn(request: GenRequest, result: GenResult) -> GeneratedTurn:
+    turn: GeneratedTurn = {
         "prompt_ids": request.input_ids,
         "output_ids": result.output_ids,
         "finish_reason": result.finish_reason,
@@ -68,8 +97,8 @@ def _turn(request: GenRequest, result: GenResult) -> dict[str, Any]:
 
 
 def _record(row: dict[str, Any], shard: int, messages: list[dict[str, Any]],
-            turns: list[dict[str, Any]], engine_info: EngineInfo, quality: dict[str, Any],
-            thinking: bool, spent: list[dict[str, Any]]) -> dict[str, Any]:
+            turns: list[GeneratedTurn], engine_info: EngineInfo, quality: dict[str, Any],
+            thinking: bool, spent: list[GeneratedTurn]) -> dict[str, Any]:
     last = turns[-1]
     record = {
         "id": row["id"],
@@ -111,12 +140,12 @@ class _Conversation:
     """A conversation as it is regenerated: the turns that passed, and the one that did not."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
-    turns: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[GeneratedTurn] = field(default_factory=list)
     facts: list[TurnFacts] = field(default_factory=list)
-    stopped: dict[str, Any] | None = None   # the first rejected turn: its verdict and tokens
+    stopped: StoppedTurn | None = None   # the first rejected turn: its verdict and tokens
     kept_messages: int = 0   # the history up to the last kept answer (its next turn's input out)
 
-    def keep(self, answer: dict[str, Any], turn: dict[str, Any], facts: TurnFacts) -> None:
+    def keep(self, answer: dict[str, Any], turn: GeneratedTurn, facts: TurnFacts) -> None:
         self.messages.append(answer)
         self.turns.append(turn)
         self.facts.append(facts)
@@ -143,7 +172,7 @@ async def regenerate_one(job: Job, row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _turn_of(job: Job, request: GenRequest, convo: _Conversation, number: int,
-                   thinking: bool) -> dict[str, Any] | None:
+                   thinking: bool) -> StoppedTurn | None:
     """Generate and judge one turn; keep it if it passes, else return what stopped it."""
     job.counters.requests += 1
     try:
@@ -173,7 +202,7 @@ def refused_verdict(refused: RequestRefused, number: int) -> dict[str, Any]:
             "thinking_tokens": [0]}
 
 
-def _kept(convo: _Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _kept(convo: _Conversation) -> tuple[list[dict[str, Any]], list[GeneratedTurn]]:
     """Messages and turns the record holds: those that passed, or the rejected first turn."""
     if convo.stopped is None:
         return convo.messages, convo.turns
@@ -181,11 +210,23 @@ def _kept(convo: _Conversation) -> tuple[list[dict[str, Any]], list[dict[str, An
         return convo.messages[:convo.kept_messages], convo.turns
     stopped = convo.stopped
     answer = [stopped["answer"]] if stopped["answer"] is not None else []
-    turn = {k: v for k, v in stopped.items() if k not in ("turn", "answer", "verdict")}
-    return convo.messages + answer, [turn]
+    return convo.messages + answer, [_generated(stopped)]
 
 
-def _spent(convo: _Conversation) -> list[dict[str, Any]]:
+def _generated(stopped: StoppedTurn) -> GeneratedTurn:
+    """The stopped turn as a sample's turn (its number, answer and verdict left out)."""
+    turn: GeneratedTurn = {
+        "prompt_ids": stopped["prompt_ids"], "output_ids": stopped["output_ids"],
+        "finish_reason": stopped["finish_reason"], "prompt_tokens": stopped["prompt_tokens"],
+        "completion_tokens": stopped["completion_tokens"], "latency_s": stopped["latency_s"]}
+    if "speculative" in stopped:
+        turn["speculative"] = stopped["speculative"]
+    if "refused" in stopped:
+        turn["refused"] = stopped["refused"]
+    return turn
+
+
+def _spent(convo: _Conversation) -> list[GeneratedTurn]:
     return convo.turns + ([convo.stopped] if convo.stopped is not None else [])
 
 
@@ -212,7 +253,7 @@ def _quality(convo: _Conversation, gates: GateConfig, thinking: bool) -> dict[st
     return quality
 
 
-def _refused_turn(request: GenRequest, refused: RequestRefused) -> dict[str, Any]:
+def _refused_turn(request: GenRequest, refused: RequestRefused) -> GeneratedTurn:
     """A turn the engine never generated: its prompt, no output, and why."""
     return {"prompt_ids": request.input_ids, "output_ids": [], "finish_reason": FinishReason.ABORT,
             "prompt_tokens": len(request.input_ids), "completion_tokens": 0, "latency_s": 0.0,
