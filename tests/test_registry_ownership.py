@@ -68,3 +68,25 @@ def test_the_scan_sees_the_registry() -> None:
     calls = {n.func.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
              and isinstance(n.func, ast.Attribute)}
     assert {"hset", "hdel", "hincrby", "sadd"} <= calls & HASH_AND_SET
+
+
+def test_the_registries_keys_are_the_strings_redis_acls_and_stored_state_name() -> None:
+    """docker/redis/redis.conf's selectors and every Redis already running name these keys."""
+    from common.queue.redis_keys import RunKeys, StageKeys
+
+    run = RunKeys("r1")
+    assert [run.partial, run.rate, run.requests, run.speculative, run.gates, run.gate_window,
+            run.gate_hist, run.gate_examples("empty"), run.gate_rebuild, run.answers,
+            run.answers_order, run.pauses, run.lifted, run.mtp] == [
+        "dflash:r1:partial", "dflash:r1:rate", "dflash:r1:requests", "dflash:r1:speculative",
+        "dflash:r1:gates", "dflash:r1:gates:window", "dflash:r1:gates:hist",
+        "dflash:r1:gates:examples:empty", "dflash:r1:gates:rebuild", "dflash:r1:answers",
+        "dflash:r1:answers:order", "dflash:r1:pauses", "dflash:r1:lifted",
+        "dflash:r1:generate:mtp"]
+    stage = StageKeys("r1", "hidden")
+    assert [stage.queued, stage.running, stage.attempts, stage.parked, stage.metrics,
+            stage.lease(3), stage.lease(None), stage.lease_pattern] == [
+        "dflash:r1:hidden:queued", "dflash:r1:hidden:running", "dflash:r1:hidden:attempts",
+        "dflash:r1:hidden:parked", "dflash:r1:hidden:metrics",
+        "dflash:r1:hidden:lease:shard-000003", "dflash:r1:hidden:lease:run",
+        "dflash:r1:hidden:lease:*"]

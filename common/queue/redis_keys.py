@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -62,6 +62,23 @@ def lease_is_live(token: str | None, pttl_ms: int) -> bool:
         return True
 
 
+class _Key:
+    """A registry's key named by its suffix: ``keys.partial`` reads ``dflash:<run>:partial``
+    (``<run>:<stage>:`` for a stage's), the template in one place."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __get__(self, keys: _Keyed, owner: object = None) -> str:
+        return keys._key(self.what)
+
+
+class _Keyed(Protocol):
+    """A registry that builds its keys from a suffix."""
+
+    def _key(self, what: str) -> str: ...
+
+
 @dataclass(frozen=True)
 class StageKeys:
     """One stage's registries for one run, as rq keeps one key per registry.
@@ -79,34 +96,18 @@ class StageKeys:
     def _key(self, what: str) -> str:
         return f"dflash:{self.run}:{self.stage}:{what}"
 
-    @property
-    def queued(self) -> str:
-        return self._key("queued")
-
-    @property
-    def running(self) -> str:
-        return self._key("running")
-
-    @property
-    def attempts(self) -> str:
-        return self._key("attempts")
-
-    @property
-    def parked(self) -> str:
-        return self._key("parked")
-
-    @property
-    def metrics(self) -> str:
-        """Hash of the stage's latest metrics (the trainer's loss, accuracy, tokens/s)."""
-        return self._key("metrics")
+    queued = _Key("queued")
+    running = _Key("running")
+    attempts = _Key("attempts")
+    parked = _Key("parked")
+    metrics = _Key("metrics")
+    """Hash of the stage's latest metrics (the trainer's loss, accuracy, tokens/s)."""
 
     def lease(self, shard: int | None) -> str:
         """The shard's lease, or with ``None`` the stage's one lease per run."""
         return self._key(f"lease:{'run' if shard is None else shard_name(shard)}")
 
-    @property
-    def lease_pattern(self) -> str:
-        return self._key("lease:*")
+    lease_pattern = _Key("lease:*")
 
 
 @dataclass(frozen=True)
@@ -119,78 +120,52 @@ class RunKeys:
     def _key(self, what: str) -> str:
         return f"dflash:{self.run}:{what}"
 
-    @property
-    def partial(self) -> str:
-        """Hash shard -> samples already in parts of a not yet committed shard."""
-        return self._key("partial")
+    partial = _Key("partial")
+    """Hash shard -> samples already in parts of a not yet committed shard."""
 
-    @property
-    def rate(self) -> str:
-        """List of recent "timestamp tokens samples" entries, for tokens/s and ETA."""
-        return self._key("rate")
+    rate = _Key("rate")
+    """List of recent "timestamp tokens samples" entries, for tokens/s and ETA."""
 
-    @property
-    def requests(self) -> str:
-        """Hash worker name -> engine requests sent for this run."""
-        return self._key("requests")
+    requests = _Key("requests")
+    """Hash worker name -> engine requests sent for this run."""
 
-    @property
-    def speculative(self) -> str:
-        """Hash ``algorithm|verify_steps|output_tokens:<worker>`` -> that worker's speculative
-        figures for this run (:mod:`common.engine.speculative`)."""
-        return self._key("speculative")
+    speculative = _Key("speculative")
+    """Hash ``algorithm|verify_steps|output_tokens:<worker>`` -> that worker's speculative
+    figures for this run (:mod:`common.engine.speculative`)."""
 
-    @property
-    def gates(self) -> str:
-        """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
-        return self._key("gates")
+    gates = _Key("gates")
+    """Hash of the run monitor's counters (checked, rejected, reason:*, since, thresholds)."""
 
-    @property
-    def gate_window(self) -> str:
-        """List of the latest outcomes ("1" rejected, "0" accepted), newest first."""
-        return self._key("gates:window")
+    gate_window = _Key("gates:window")
+    """List of the latest outcomes ("1" rejected, "0" accepted), newest first."""
 
-    @property
-    def gate_hist(self) -> str:
-        """Hash supervised-token count -> turns with that count."""
-        return self._key("gates:hist")
+    gate_hist = _Key("gates:hist")
+    """Hash supervised-token count -> turns with that count."""
 
     def gate_examples(self, reason: str) -> str:
         return self._key(f"gates:examples:{reason}")
 
-    @property
-    def gate_rebuild(self) -> str:
-        """Lock held while one worker rebuilds the monitor from storage."""
-        return self._key("gates:rebuild")
+    gate_rebuild = _Key("gates:rebuild")
+    """Lock held while one worker rebuilds the monitor from storage."""
 
-    @property
-    def answers(self) -> str:
-        """Hash answer hash -> the first sample id that gave that answer (duplicate gate)."""
-        return self._key("answers")
+    answers = _Key("answers")
+    """Hash answer hash -> the first sample id that gave that answer (duplicate gate)."""
 
-    @property
-    def answers_order(self) -> str:
-        """Hash answer hash -> its owner's judgement order, only while the monitor is rebuilt."""
-        return self._key("answers:order")
+    answers_order = _Key("answers:order")
+    """Hash answer hash -> its owner's judgement order, only while the monitor is rebuilt."""
 
-    @property
-    def pauses(self) -> str:
-        """List of the quality gates' JSON pause records {reason, examples, at}, newest first:
-        the generate user may only LPUSH to it (docker/redis/redis.conf), so its length never
-        falls."""
-        return self._key("pauses")
+    pauses = _Key("pauses")
+    """List of the quality gates' JSON pause records {reason, examples, at}, newest first:
+    the generate user may only LPUSH to it (docker/redis/redis.conf), so its length never
+    falls."""
 
-    @property
-    def lifted(self) -> str:
-        """The length of :attr:`pauses` when ``resume`` last lifted a pause (producer only):
-        the run is paused while the list holds more events than this."""
-        return self._key("lifted")
+    lifted = _Key("lifted")
+    """The length of :attr:`pauses` when ``resume`` last lifted a pause (producer only):
+    the run is paused while the list holds more events than this."""
 
-    @property
-    def mtp(self) -> str:
-        """Hash worker -> JSON {mtp, mode, reason}: whether that worker generates the run
-        through the target's MTP head, and why (:mod:`workers.generate.mtp_run`)."""
-        return self._key("generate:mtp")
+    mtp = _Key("generate:mtp")
+    """Hash worker -> JSON {mtp, mode, reason}: whether that worker generates the run
+    through the target's MTP head, and why (:mod:`workers.generate.mtp_run`)."""
 
 
 PUSH_TRIES = 5   # optimistic tries at adding a pause event before it is added regardless
