@@ -20,7 +20,6 @@ from typing_extensions import TypedDict  # pydantic reads it on Python 3.11
 
 from common.choices import MtpSource
 from common.errors import ForeignObject
-from common.queue.redis_values import count_of, field_key
 from common.reads import note, parse_json
 
 SPEC_PREFIX = "spec_"
@@ -103,11 +102,19 @@ def by_worker(raw: Mapping[str, str], key: str = "speculative figures"
         if what == ALGORITHM:
             algorithms[worker] = value
         else:
-            entry[what] = count_of(field_key(key, name), value)
+            entry[what] = _count(f"{key}[{name[:80]}]", value)
     return {worker: {"algorithm": algorithms.get(worker), "verify_steps": entry[STEPS],
                      "output_tokens": entry[TOKENS],
                      "accept_length": accept_length(entry[TOKENS], entry[STEPS])}
             for worker, entry in sorted(counts.items())}
+
+
+def _count(where: str, value: str) -> int:
+    """A figure's count (Redis text); 0 where it is none, noted (``where``: its hash field)."""
+    if value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    note(ForeignObject(where, f"not a count: {value[:40]!r}"))
+    return 0
 
 
 def choices_by_worker(raw: Mapping[str, str]) -> dict[str, MtpChoice]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from collections.abc import Mapping
 
 from common import keys
 from common.errors import ForeignObject, MalformedName
@@ -24,7 +24,7 @@ _COUNT = re.compile(r"\d{1,18}", re.ASCII)
 _NUMBER = re.compile(r"-?\d{1,18}(?:\.\d{1,18})?(?:[eE][-+]?\d{1,3})?", re.ASCII)
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if value is None or value == "" or value == b"":
         return None
     if isinstance(value, bytes):
@@ -32,7 +32,7 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def count_of(key: str, value: Any, default: int = 0, low: int = 0) -> int:
+def count_of(key: str, value: object, default: int = 0, low: int = 0) -> int:
     """An integer counter of at least ``low`` (0); ``default`` where absent or foreign
     (noted)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= low:
@@ -46,7 +46,7 @@ def count_of(key: str, value: Any, default: int = 0, low: int = 0) -> int:
     return default
 
 
-def share_of(key: str, value: Any, default: float) -> float:
+def share_of(key: str, value: object, default: float) -> float:
     """A rate within [0, 1]; ``default`` where absent or foreign (noted)."""
     found = number_of(key, value)
     if found is None:
@@ -57,7 +57,7 @@ def share_of(key: str, value: Any, default: float) -> float:
     return default
 
 
-def number_of(key: str, value: Any) -> float | None:
+def number_of(key: str, value: object) -> float | None:
     """A finite number; None where absent or foreign (noted)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) \
             and math.isfinite(value):
@@ -76,7 +76,7 @@ def field_key(key: str, field: str) -> str:
     return f"{key}[{field[:80]}]"
 
 
-def shard_counts(key: str, found: dict[Any, Any]) -> dict[int, int]:
+def shard_counts(key: str, found: Mapping[object, object]) -> dict[int, int]:
     """A Redis hash of counts by shard name (samples in progress): a field that names no
     shard, or a value that is no count, is noted and left out."""
     counts = {}
