@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,16 @@ def example(sample: Mapping[str, Any]) -> dict[str, Any]:
             "details": list(quality.get("details", []))[:3], "answer": str(last)[:200]}
 
 
-def written_stamp(worker: str, at: float, wall_s: float) -> dict[str, Any]:
+class WrittenStamp(TypedDict):
+    """Who wrote a part and when (``at``: when its samples were judged; ``wall_s``: since the
+    worker began the shard)."""
+
+    worker: str
+    at: float
+    wall_s: float
+
+
+def written_stamp(worker: str, at: float, wall_s: float) -> WrittenStamp:
     """The ``written`` field of every sample of a part."""
     return {"worker": worker, "at": at, "wall_s": round(wall_s, 3)}
 
