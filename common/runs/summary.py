@@ -20,11 +20,12 @@ from common.gates.partstats import Judgement, SampleStat
 
 SUMMARY_VERSION = 1
 EXAMPLES = 3
+Judged = tuple[tuple[float, bool, int], str, Judgement]   # (order, sample id, verdict)
 
 
 def shard_summary(known: Mapping[str, Sequence[SampleStat]]) -> dict[str, Any]:
     """The summary of one shard's parts (every part of the shard, canonical or not)."""
-    judged: list[tuple[tuple[float, bool, int], str, Judgement]] = []
+    judged: list[Judged] = []
     for key in sorted(known):
         for stat in known[key]:
             if stat.judgement is not None:
@@ -62,8 +63,7 @@ def shard_summary(known: Mapping[str, Sequence[SampleStat]]) -> dict[str, Any]:
             "groups": groups, "examples": examples, "answers": list(answers.values())}
 
 
-def _first(judged: Iterable[tuple[Any, str, Judgement]],
-           seen: set[str]) -> Iterable[tuple[Any, str, Judgement]]:
+def _first(judged: Iterable[Judged], seen: set[str]) -> Iterable[Judged]:
     """Each sample's first judgement, in order; ``seen`` collects the ids."""
     for entry in judged:
         if entry[1] not in seen:
