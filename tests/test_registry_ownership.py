@@ -1,6 +1,7 @@
 """Redis's hash and set commands are sent only by the registries in common/queue/: a caller
-asks a registry for an operation (:class:`common.queue.shard_registry.ShardRegistry`), it does
-not edit a registry's keys itself (issue 68, point 4)."""
+asks a registry for an operation (:class:`common.queue.shard_registry.ShardRegistry`,
+:class:`common.queue.run_records.RunRecords`), it does not edit a registry's keys itself
+(issue 68, point 4)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,6 @@ ALLOWED = {
     "common/monitor/run_monitor.py": "the run monitor's counters: its own registry",
     "common/monitor/rebuild.py": "the run monitor's rebuild: one MULTI over its own counters",
     "workers/generate/monitor.py": "the run monitor's worker side: its counters and answers",
-    # One writer each, a per-worker counter or record the status readers only read.
-    "workers/generate/task.py": "the run's partial-sample and request counters (one writer)",
-    "workers/generate/speculative.py": "the worker's speculative figures (one writer)",
-    "workers/generate/mtp_run.py": "the worker's MTP choice record (one writer)",
-    "workers/generate/context.py": "the engine announcement record (one writer)",
     # Readers that fetch many registries' keys in one pipeline round trip.
     "producer/status_live.py": "status reads every registry in one pipeline",
     "producer/ui/views.py": "the dashboard reads the monitor's histogram",

@@ -16,7 +16,6 @@ of on and off (:meth:`GenerateContext.produced`), whose standing is the choice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -36,7 +35,7 @@ from common.engine.models import resolve_model_path, stop_token_ids
 from common.engine.mtp import MtpChoice, MtpWorker, decide_mtp, target_shape
 from common.engine.mtp_measure import Measurement
 from common.gates.judge import TokenInfo
-from common.queue import redis_keys
+from common.queue.run_records import publish_engine
 from common.runs.bench_verdict import Decider
 from common.runs.records import RunConfig
 from workers.context import WorkerContext, get_context
@@ -285,9 +284,8 @@ def announce_engine(context: WorkerContext, engine: Engine, worker: str | None =
                   algorithm=engine.algorithm)
     _announced["worker"] = record["worker"]
     try:
-        context.redis.hset(redis_keys.redis_engines(),
-                           f"{socket.gethostname()}:gpu{context.settings.worker.gpu}",
-                           json.dumps(record))
+        publish_engine(context.redis, f"{socket.gethostname()}:gpu{context.settings.worker.gpu}",
+                       record)
     except redis.RedisError as err:
         log.warning("engine location not published: %s", err)
 

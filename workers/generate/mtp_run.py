@@ -22,7 +22,6 @@ The choice's line is logged when it changes and stored for ``status`` (:func:`re
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -30,7 +29,7 @@ import redis
 
 from common import keys
 from common.engine.mtp import MtpChoice
-from common.queue import redis_keys
+from common.queue.run_records import RunRecords
 from common.runs.bench_verdict import Decider, Verdict, read_verdict
 from common.storage import Storage
 
@@ -42,10 +41,10 @@ LISTING_TTL = 60.0   # seconds a listing of a run's verdicts is kept
 def record_choice(client: redis.Redis, run: str, worker: str, choice: MtpChoice) -> None:
     """The run's choice on this worker, for ``status`` (advisory: Redis may fail)."""
     try:
-        client.hset(redis_keys.RunKeys(run).mtp, worker,
-                    json.dumps({"mtp": "on" if choice.on else "off", "mode": choice.mode,
-                                "reason": choice.reason, "source": choice.source,
-                                "rates": dict(choice.rates) if choice.rates else None}))
+        RunRecords(client, run).record_mtp(
+            worker, {"mtp": "on" if choice.on else "off", "mode": choice.mode,
+                     "reason": choice.reason, "source": choice.source,
+                     "rates": dict(choice.rates) if choice.rates else None})
     except redis.RedisError as err:
         log.warning("run %s: the MTP choice was not recorded: %s", run, err)
 

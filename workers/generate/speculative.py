@@ -19,9 +19,9 @@ import redis
 
 from common.engine.lossless import lossless_refusal
 from common.engine.sampling import Sampling
-from common.engine.speculative import ALGORITHM, STEPS, TOKENS, field, sample_totals
+from common.engine.speculative import sample_totals
 from common.errors import ConfigError
-from common.queue import redis_keys
+from common.queue.run_records import RunRecords
 from workers.generate import metrics
 from workers.generate.engines.base import Engine
 
@@ -57,12 +57,6 @@ def record(client: redis.Redis, run: str, worker: str, algorithm: str | None,
     if algorithm:
         metrics.ALGORITHM.labels(algorithm).set(1)
     try:
-        pipe = client.pipeline()
-        key = redis_keys.RunKeys(run).speculative
-        pipe.hincrby(key, field(STEPS, worker), steps)
-        pipe.hincrby(key, field(TOKENS, worker), tokens)
-        if algorithm:
-            pipe.hset(key, field(ALGORITHM, worker), algorithm)
-        pipe.execute()
+        RunRecords(client, run).add_speculative(worker, steps, tokens, algorithm)
     except redis.RedisError as err:
         log.warning("run %s: speculative figures not recorded: %s", run, err)

@@ -8,7 +8,6 @@ skeleton hands the committed shard off (:func:`hand_off`), on a redelivery too.
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import closing
 from typing import Any
 
@@ -19,8 +18,8 @@ from common import keys
 from common.choices import Mode
 from common.engine.models import template_sha
 from common.errors import ConfigError, RunPaused, ShuttingDown
-from common.queue import redis_keys
 from common.queue.celery_app import TASK_GENERATE, app
+from common.queue.run_records import RunRecords
 from common.reads import limits_of, read_rows
 from common.row_caps import RowKind, row_caps
 from common.runs.records import RunConfig, ShardTask, TaskOutcome
@@ -156,11 +155,7 @@ class Progress:
         task, run = self.task, self.task.run
         tokens = sum(s["usage"]["completion_tokens"] for s in samples)
         try:
-            pipe = self.ctx.redis.pipeline()
-            pipe.hincrby(redis_keys.RunKeys(run).partial, keys.shard_name(task.shard), len(samples))
-            pipe.lpush(redis_keys.RunKeys(run).rate, f"{time.time():.3f} {tokens} {len(samples)}")
-            pipe.ltrim(redis_keys.RunKeys(run).rate, 0, 999)
-            pipe.execute()
+            RunRecords(self.ctx.redis, run).record_part(task.shard, len(samples), tokens)
         except redis.RedisError as err:
             log.warning("run %s shard %d: progress not recorded: %s", run, task.shard, err)
         metrics.SAMPLES.labels(run).inc(len(samples))
@@ -174,8 +169,8 @@ class Progress:
         sent = self.counters.requests
         metrics.REQUESTS.labels(self.task.run).inc(sent - self.reported_requests)
         try:
-            self.ctx.redis.hincrby(redis_keys.RunKeys(self.task.run).requests, self.worker,
-                                   sent - self.reported_requests)
+            RunRecords(self.ctx.redis, self.task.run).count_requests(
+                self.worker, sent - self.reported_requests)
             self.reported_requests = sent
         except redis.RedisError as err:
             log.warning("run %s shard %d: request count not recorded: %s", self.task.run,
@@ -184,6 +179,6 @@ class Progress:
 
 def forget_progress(ctx: WorkerContext, task: ShardTask) -> None:
     try:
-        ctx.redis.hdel(redis_keys.RunKeys(task.run).partial, keys.shard_name(task.shard))
+        RunRecords(ctx.redis, task.run).forget_partial(task.shard)
     except redis.RedisError as err:
         log.warning("run %s shard %d: progress not cleared: %s", task.run, task.shard, err)
