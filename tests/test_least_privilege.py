@@ -258,6 +258,17 @@ def test_each_role_runs_its_commands_under_its_own_policy(
                         "--max-new-tokens", "16", "--json")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert json.loads(evaluated.stdout)["lossless"]["mismatches"] == []
+    # --dataset stores its table under the run: the train worker's key may, a reader's not.
+    sets = ("eval-drafter", "--run", run, "--dataset", src, "--num", "1", "--max-new-tokens",
+            "8", "--json")
+    unstored = as_role(pipeline, iam_s3, "reader", *sets)
+    assert unstored.returncode == 0 and json.loads(unstored.stdout)["stored"] is None
+    assert "eval not stored in the run's storage (AccessDenied" in unstored.stderr
+    stored = as_role(pipeline, iam_s3, "train", *sets)
+    assert stored.returncode == 0, stored.stderr[-2000:]
+    key = json.loads(stored.stdout)["stored"]
+    shown = as_role(pipeline, iam_s3, "reader", "report", "--run", run, "--json", "--no-png")
+    assert json.loads(shown.stdout)["eval"]["key"] == key and key.endswith(".json")
 
     drafter = as_role(pipeline, iam_s3, "reader", "export-drafter", "--run", run, "--out",
                       str(tmp_path / "drafter"), "--json")
