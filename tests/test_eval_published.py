@@ -126,6 +126,11 @@ def test_published_layouts_load_as_ours_and_bad_ones_are_one_line(
     def softcap(c: dict[str, Any]) -> None:
         c["dflash_config"]["final_logit_softcapping"] = 20.0
 
+    def wide(c: dict[str, Any]) -> None:
+        c["hidden_size"] = 999
+
+    assert "does not fit the target: hidden size 999" in refused(
+        z_lab_dir(drafter, tmp_path / "h"), wide)
     assert "a DFlash2 drafter" in refused(z_lab_dir(drafter, tmp_path / "a"), arch)
     assert "block_size: 4 at the top level, 8 in dflash_config" in refused(
         z_lab_dir(drafter, tmp_path / "b"), conflict)

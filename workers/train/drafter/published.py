@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from common.drafter.layers import dflash_layer_ids
 from common.drafter.shape import SLIDING, DrafterShapeError, checked_shape
 from common.engine.target import TargetShape
+from common.errors import DrafterMismatch
 from common.runs.options import DRAFTER_LAYERS
 from workers.train.drafter.config import MASK_TOKEN, DFlashConfig
 from workers.train.drafter.shape import shaped_config
@@ -81,12 +82,22 @@ def published_config(path: Path, target: PreTrainedModel, tokenizer: Any = None
     (:class:`DrafterShapeError`) naming the field that cannot hold."""
     where = str(path / "config.json")
     data = normalized(read_config(path), where)
+    target_shape = TargetShape.of(target.config)
+    unfit = []   # what the target's features and embedding fix, said as fit_problems says it
+    if data.get("hidden_size") not in (None, target_shape.hidden_size):
+        unfit.append(f"hidden size {data['hidden_size']} != the target's "
+                     f"{target_shape.hidden_size}")
+    layers_of = data["dflash_config"].get("num_target_layers", data.get("num_target_layers"))
+    if layers_of not in (None, target_shape.num_layers):
+        unfit.append(f"trained on a {layers_of}-layer target; this one has "
+                     f"{target_shape.num_layers} layers")
+    if unfit:
+        raise DrafterMismatch(f"drafter {path} does not fit the target: " + "; ".join(unfit))
     shape = checked_shape(data, where)
     # The vocabulary is the target's embedding's (fit_problems checks the mask row is in it).
     shape.pop("target.vocab_size", None)
     if shape.get("is_causal") is False and SLIDING not in shape.get("layer_types", ()):
         shape.pop("is_causal")   # every layer full and bidirectional: the default spelled out
-    target_shape = TargetShape.of(target.config)
     mask = shape.get("dflash.mask_token_id")
     if mask is None:
         mask = mask_id_of(data["dflash_config"], tokenizer, where)
