@@ -216,6 +216,70 @@ class ShardState(StrEnum):
     UNKNOWN = "unknown"      # Redis is down: only the commit is known
 
 
+class RunState(StrEnum):
+    """A run's state, as ``status`` reads it."""
+
+    ENQUEUING = "enqueuing"
+    PENDING = "pending"
+    RUNNING = "running"
+    STALLED = "stalled"
+    PAUSED = "paused"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TaskOutcome(StrEnum):
+    """What a stage's task did with its shard (the task's result)."""
+
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already-committed"
+    PARKED = "parked"
+    PAUSED = "paused"
+    LOST = "lost"  # another worker took the lease over and finishes the shard
+    REFUSED = "refused"  # not a task of any run: acked, nothing touched
+
+
+class Reason(StrEnum):
+    """Why the quality gates rejected a turn (a sample's ``quality.reasons``)."""
+
+    TRUNCATED = "truncated"
+    THINKING_MISSING = "thinking_missing"
+    THINKING_UNCLOSED = "thinking_unclosed"
+    EMPTY_ANSWER = "empty_answer"
+    TOO_FEW_TOKENS = "too_few_tokens"
+    TEMPLATE_LEAKAGE = "template_leakage"
+    THINK_IN_ANSWER = "think_in_answer"     # a think marker after the block closed
+    DUPLICATE = "duplicate"
+    # Decided by the engine, not the output: the turn was never generated.
+    CONTEXT_OVERFLOW = "context_overflow"   # the prompt leaves no room to answer
+    ENGINE_REFUSED = "engine_refused"       # the engine answered 4xx for this request
+    ENGINE_MISMATCH = "engine_mismatch"     # the response's token counts disagree with its ids
+
+
+class Finish(StrEnum):
+    """Why a run's training ended (the ledger's ``finished``)."""
+
+    SCHEDULE = "schedule"          # every epoch trained: the schedule's last step ran
+    TOTAL_STEPS = "total-steps"    # an explicit --total-steps ran out before the data did
+    PATIENCE = "patience"          # --patience epochs without a better held-out tau
+
+
+class OriginKind(StrEnum):
+    """What shaped a run's drafter."""
+
+    DEFAULT = "default"   # the target's shape, --drafter-layers deep
+    CONFIG = "config"     # --drafter-config FILE
+    INIT = "init"         # --init-drafter DIR: shape and starting weights
+
+
+class RowKind(StrEnum):
+    """The kinds of JSONL object a reader streams."""
+
+    INPUT = "input shard"       # runs/<run>/inputs/shard-*.jsonl.zst: enqueue's rows
+    SAMPLES = "samples part"    # generated/ and rejected/ parts: one sample per line
+    OTHER = "jsonl object"      # anything else (rejected input rows, ...): the defaults
+
+
 class EnumChoice(click.Choice[str]):
     """A click choice of an enum's values that hands the command the member."""
 

@@ -14,23 +14,15 @@ the run's config, the ``read`` settings' defaults apply (``part_rows``, ``row_by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
+from common.choices import RowKind as RowKind  # declared there; imported from here too
 from common.config import ReadSettings
 
 # A generated token as a sample stores it, at most: its id in output_ids (and in the prompt_ids
 # of each later turn's prompt, counted with the prompt), its text JSON-escaped in messages.
 BYTES_PER_TOKEN = 64
 PROMPT_BYTES = 32 * 2**20   # a sample's prompt side: its input conversation and its token ids
-
-
-class RowKind(StrEnum):
-    """The kinds of JSONL object a reader streams."""
-
-    INPUT = "input shard"       # runs/<run>/inputs/shard-*.jsonl.zst: enqueue's rows
-    SAMPLES = "samples part"    # generated/ and rejected/ parts: one sample per line
-    OTHER = "jsonl object"      # anything else (rejected input rows, ...): the defaults
 
 
 class _Sampling(Protocol):

@@ -60,6 +60,10 @@ class BenchRow:
     in_flight: float = 0.0      # requests in flight inside the window, on average over its time
     window_rates: tuple[float, ...] = ()   # output tokens/s in each of WINDOWS parts (steady)
 
+    def __post_init__(self) -> None:
+        if self.mtp is not None:   # a member however it came (a caller's text too)
+            object.__setattr__(self, "mtp", MtpMode(self.mtp))
+
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.seconds
@@ -84,7 +88,7 @@ class BenchRow:
                "total_output_tokens": self.total_tokens, "conversations": self.conversations,
                "in_flight_mean": round(self.in_flight, 2),
                "window_rates": [round(r, 1) for r in self.window_rates]}
-        return row if self.mtp is None else {"mtp": self.mtp, **row}
+        return row if self.mtp is None else {"mtp": self.mtp.value, **row}   # plain text
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -219,7 +219,7 @@ def _measure(url: str, mode: MtpMode | None, work: Conversations, levels: list[i
         for level in levels:
             if flush:
                 flush_cache(url)
-            rows.append(asyncio.run(run_loop(url, level, work, mode.value)))
+            rows.append(asyncio.run(run_loop(url, level, work, mode)))
             log.info("bench %s: mtp %s at concurrency %d: %.1f output tok/s, %s", work.config.run,
                      mode.value, level, rows[-1].tokens_per_s,
                      f"steady, {rows[-1].in_flight:.1f} in flight" if rows[-1].steady

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.choices import MtpMode
 from producer.bench import BenchRow
 
 SEED_SAMPLES = 902_087
@@ -78,7 +79,7 @@ def project(rows: Sequence[BenchRow], remaining_samples: int,
         source = "bench"
     best: dict[str, BenchRow] = {}
     for row in rows:
-        mode = row.mtp or "off"
+        mode = (row.mtp or MtpMode.OFF).value   # a plain text key (orjson takes no other)
         if mode not in best or row.tokens_per_s > best[mode].tokens_per_s:
             best[mode] = row
     return Projection(remaining_samples, per_sample, source, gpus, tp,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from common.choices import RankOrder
 from common.errors import RankFailed
 from common.runs.trainrows import TrainingRow
 from embedded.tinymodel import ensure_tiny_model
@@ -61,14 +62,14 @@ def main(cache: str, out: str, first: int, steps: int, state: str | None = None)
     group = process_group.init_group()
     target, mask_id = tiny(cache)
     if group.rank != 0:
-        assert group.receive()[0] == "session"   # what rank 0's distribute sends
+        assert group.receive()[0] is RankOrder.SESSION   # what rank 0's distribute sends
     trainer = trainer_for(target, mask_id, state)
     trainer.featurize = functools.partial(target_features, target,
                                           layer_ids=list(trainer.drafter.config.target_layer_ids))
     trainer = parallel.distribute(trainer, "probe")
     if group.rank != 0:
-        while (message := group.receive())[0] != "stop":
-            if message[0] == "step":
+        while (message := group.receive())[0] is not RankOrder.STOP:
+            if message[0] is RankOrder.TRAIN:
                 try:
                     trainer.train_part(*message[2:])
                 except RankFailed:   # agreed (an injected out-of-memory): rank 0 retries

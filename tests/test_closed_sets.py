@@ -26,6 +26,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("workers/devices.py", "auto"): "the device pattern's auto",
     # SGLang's platform is whatever its --device names (cuda, hip, xpu, npu, cpu, ...).
     ("common/runs/bench_verdict.py", "cpu"): "SGLang's platform, an open set",
+    # A config.json's rope_type is transformers' to name (default, linear, yarn, ...).
+    ("common/drafter/shape.py", "default"): "the target's rope_type, transformers' set",
+    ("workers/train/drafter/config.py", "default"): "the target's rope_type, transformers' set",
+    # A JSON key of run.json's drafter record, not a value.
+    ("common/drafter/origin.py", "config"): "the record's config key",
 }
 
 
@@ -54,8 +59,12 @@ def compared_strings(tree: ast.AST) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
-            for side in (node.left, *node.comparators):
-                found += [(node.lineno, text) for text in _constants(side)]
+            left = node.left
+            for op, right in zip(node.ops, node.comparators, strict=True):
+                # ``"key" in obj`` asks for a key (or a substring): only the tested side counts.
+                sides = (right,) if isinstance(op, ast.In | ast.NotIn) else (left, right)
+                found += [(node.lineno, text) for side in sides for text in _constants(side)]
+                left = right
         elif isinstance(node, ast.MatchValue):
             found += [(node.lineno, text) for text in _constants(node.value)]
     return found
@@ -82,7 +91,8 @@ def test_the_check_sees_every_kind_of_comparison() -> None:
     values = enum_values()
     assert {"ddp", "fsdp", "auto", "committed", "mt_bench", "NEXTN"} <= values.keys()
     source = ("a == 'fsdp'\nb != 'parked'\nc in ('ddp', 'x')\nd not in ['dolly']\n"
-              "e is 'on'\nmatch f:\n    case 'NEXTN':\n        pass\ng == 'unrelated'\n")
+              "e is 'on'\nmatch f:\n    case 'NEXTN':\n        pass\ng == 'unrelated'\n"
+              "'done' in record\n")
     found = [(line, text) for line, text in compared_strings(ast.parse(source))
              if text in values]
     assert found == [(1, "fsdp"), (2, "parked"), (3, "ddp"), (4, "dolly"), (5, "on"),

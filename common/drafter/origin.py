@@ -19,12 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, NotRequired
 
 from typing_extensions import TypedDict  # pydantic reads it on Python 3.11
 
+from common.choices import OriginKind as OriginKind  # declared there; imported from here too
 from common.drafter.shape import (
     ARCHITECTURE,
     DrafterShapeError,
@@ -33,14 +33,6 @@ from common.drafter.shape import (
     read_shape,
 )
 from common.engine.target import TargetShape
-
-
-class OriginKind(StrEnum):
-    """What shaped a run's drafter."""
-
-    DEFAULT = "default"   # the target's shape, --drafter-layers deep
-    CONFIG = "config"     # --drafter-config FILE
-    INIT = "init"         # --init-drafter DIR: shape and starting weights
 
 
 @dataclass(frozen=True)

@@ -12,29 +12,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from enum import StrEnum
 from typing import Any
 
 from common.choices import FinishReason
+from common.choices import Reason as Reason  # declared there; imported from here too
 
 THINK, END_THINK = "<think>", "</think>"
 # Template markers that must never appear as text inside an answer.
 MARKERS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", THINK, END_THINK)
-
-
-class Reason(StrEnum):
-    TRUNCATED = "truncated"
-    THINKING_MISSING = "thinking_missing"
-    THINKING_UNCLOSED = "thinking_unclosed"
-    EMPTY_ANSWER = "empty_answer"
-    TOO_FEW_TOKENS = "too_few_tokens"
-    TEMPLATE_LEAKAGE = "template_leakage"
-    THINK_IN_ANSWER = "think_in_answer"     # a think marker after the block closed
-    DUPLICATE = "duplicate"
-    # Decided by the engine, not the output: the turn was never generated.
-    CONTEXT_OVERFLOW = "context_overflow"   # the prompt leaves no room to answer
-    ENGINE_REFUSED = "engine_refused"       # the engine answered 4xx for this request
-    ENGINE_MISMATCH = "engine_mismatch"     # the response's token counts disagree with its ids
 
 
 # ``enqueue --skip-gate NAME``: the per-sample gate NAME turns off, as this GateConfig field.

@@ -12,22 +12,15 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Sequence
-from enum import StrEnum
 from typing import TypeVar
+
+from common.choices import Finish as Finish  # declared there; imported from here too
 
 RECIPE_EPOCHS = 10
 """The published DFlash recipe's epochs: SpecForge's DFlash training example runs
 ``--num-epochs 10``."""
 
 T = TypeVar("T")
-
-
-class Finish(StrEnum):
-    """Why a run's training ended (the ledger's ``finished``)."""
-
-    SCHEDULE = "schedule"          # every epoch trained: the schedule's last step ran
-    TOTAL_STEPS = "total-steps"    # an explicit --total-steps ran out before the data did
-    PATIENCE = "patience"          # --patience epochs without a better held-out tau
 
 
 def _rng(*parts: object) -> random.Random:

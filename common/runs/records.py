@@ -7,12 +7,13 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
 from typing import Any
 
 import orjson
 import zstandard
 
+from common.choices import RunState as RunState  # declared there; imported from here too
+from common.choices import TaskOutcome as TaskOutcome
 from common.drafter.layers import DEFAULT_K
 from common.drafter.origin import DrafterOrigin
 from common.engine.sampling import Sampling
@@ -23,25 +24,6 @@ from common.runs.options import FrozenOptions
 from common.runs.schema import COMMIT_SCHEMA, RUN_SCHEMA, check_schema
 
 CODE_VERSION = "0.1.0"
-
-
-class RunState(StrEnum):
-    ENQUEUING = "enqueuing"
-    PENDING = "pending"
-    RUNNING = "running"
-    STALLED = "stalled"
-    PAUSED = "paused"
-    DONE = "done"
-    FAILED = "failed"
-
-
-class TaskOutcome(StrEnum):
-    COMMITTED = "committed"
-    ALREADY_COMMITTED = "already-committed"
-    PARKED = "parked"
-    PAUSED = "paused"
-    LOST = "lost"  # another worker took the lease over and finishes the shard
-    REFUSED = "refused"  # not a task of any run: acked, nothing touched
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from common.choices import Attention
 from workers.train.drafter.blocks import acceptance_length
@@ -31,6 +32,10 @@ class TrainConfig:
     # (common.plan.memory.logits_chunk_for), 1,081 labels for a 248K vocabulary.
     logits_chunk: int = 0
     min_supervised_tokens: int = 0   # shorter rows are skipped; 0: two blocks (2 x block size)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as plain data (a checkpoint loads with ``weights_only``: no enum)."""
+        return {**asdict(self), "attention": self.attention.value}
 
     @property
     def warmup_steps(self) -> int:

@@ -306,7 +306,7 @@ class DrafterTrainer:
             "schedule": self.schedule.to_json(),
             "steps": self.steps,
             "rng": self.generator.get_state(),
-            "train_config": asdict(self.config),
+            "train_config": self.config.to_json(),
             "drafter_config": asdict(self.drafter.config),
         }
 
@@ -325,9 +325,9 @@ class DrafterTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (built with the same configs; adopts its tensors)."""
-        if state["train_config"] != asdict(self.config):
+        if state["train_config"] != self.config.to_json():
             log.warning("resuming with a different train config: %s -> %s",
-                        state["train_config"], asdict(self.config))
+                        state["train_config"], self.config.to_json())
         if DFlashConfig(**state["drafter_config"]) != self.drafter.config:
             raise ValueError("the checkpoint was trained for a different drafter config")
         self.drafter.load_state_dict(state["drafter"])
