@@ -172,6 +172,22 @@ class WeightsDtype(StrEnum):
     FLOAT32 = "float32"
 
 
+class FileKind(StrEnum):
+    """An input file's kind, from its extension (:func:`common.inputs.readers.detect_kind`)."""
+
+    JSONL = "jsonl"       # one row per line (also .ndjson), read as a stream
+    JSON = "json"         # one array of rows (or one row), read whole
+    PARQUET = "parquet"
+    ARROW = "arrow"
+
+
+class Compression(StrEnum):
+    """An input file's compression, from its extension."""
+
+    GZIP = "gzip"
+    ZSTD = "zstd"
+
+
 class RowLayout(StrEnum):
     """The layout one input row was read in (:mod:`common.inputs.layouts`)."""
 

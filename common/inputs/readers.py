@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
+from common.choices import Compression, FileKind
 from common.errors import InputError
 from common.inputs.json_rows import BOM, located_rows
 
@@ -29,16 +30,16 @@ CHUNK_SIZE = 1 << 20
 PARQUET_BATCH_ROWS = 1024
 
 # Longest suffixes first, so ".jsonl.gz" wins over a bare ".gz" check.
-_SUFFIXES: tuple[tuple[str, str, str | None], ...] = (
-    (".jsonl.gz", "jsonl", "gzip"),
-    (".ndjson.gz", "jsonl", "gzip"),
-    (".jsonl.zst", "jsonl", "zstd"),
-    (".ndjson.zst", "jsonl", "zstd"),
-    (".jsonl", "jsonl", None),
-    (".ndjson", "jsonl", None),
-    (".json", "json", None),
-    (".parquet", "parquet", None),
-    (".arrow", "arrow", None),
+_SUFFIXES: tuple[tuple[str, FileKind, Compression | None], ...] = (
+    (".jsonl.gz", FileKind.JSONL, Compression.GZIP),
+    (".ndjson.gz", FileKind.JSONL, Compression.GZIP),
+    (".jsonl.zst", FileKind.JSONL, Compression.ZSTD),
+    (".ndjson.zst", FileKind.JSONL, Compression.ZSTD),
+    (".jsonl", FileKind.JSONL, None),
+    (".ndjson", FileKind.JSONL, None),
+    (".json", FileKind.JSON, None),
+    (".parquet", FileKind.PARQUET, None),
+    (".arrow", FileKind.ARROW, None),
 )
 SUPPORTED_EXTENSIONS = tuple(suffix for suffix, _, _ in _SUFFIXES)
 
@@ -55,7 +56,7 @@ class RawRecord:
     element: int | None = None
 
 
-def detect_kind(path: str) -> tuple[str, str | None]:
+def detect_kind(path: str) -> tuple[FileKind, Compression | None]:
     """Return ``(kind, compression)`` for a path from its extension, or raise InputError."""
     name = path.rsplit("/", 1)[-1].lower()
     for suffix, kind, compression in _SUFFIXES:
@@ -117,12 +118,13 @@ def _read_chunks(stream: IO[bytes]) -> Iterator[bytes]:
     return iter(lambda: stream.read(CHUNK_SIZE), b"")
 
 
-def _decompressed(stream: IO[bytes], compression: str | None) -> tuple[IO[bytes], tuple[Any, ...]]:
+def _decompressed(stream: IO[bytes],
+                  compression: Compression | None) -> tuple[IO[bytes], tuple[Any, ...]]:
     """Wrap a binary stream in its decompressor; also return the errors that mean corrupt data."""
-    if compression == "gzip":
+    if compression is Compression.GZIP:
         unzipped = cast(IO[bytes], gzip.GzipFile(fileobj=stream, mode="rb"))  # a binary file
         return unzipped, (OSError, EOFError, zlib.error)
-    if compression == "zstd":
+    if compression is Compression.ZSTD:
         import zstandard
 
         # read_across_frames: files written by pzstd or concatenated .zst hold several frames.
@@ -132,7 +134,7 @@ def _decompressed(stream: IO[bytes], compression: str | None) -> tuple[IO[bytes]
 
 
 def _jsonl_from_stream(
-    stream: IO[bytes], compression: str | None, where: str
+    stream: IO[bytes], compression: Compression | None, where: str
 ) -> Iterator[RawRecord]:
     """Yield JSONL records from an open binary stream, turning unreadable data into InputError."""
     reader, errors = _decompressed(stream, compression)
@@ -195,14 +197,16 @@ def _iter_json_file(path: str, where: str) -> Iterator[RawRecord]:
         yield RawRecord(line, row, None, element)
 
 
-_WHOLE_FILE_READERS = {"json": _iter_json_file, "parquet": _iter_parquet, "arrow": _iter_arrow}
+_WHOLE_FILE_READERS = {FileKind.JSON: _iter_json_file, FileKind.PARQUET: _iter_parquet,
+                       FileKind.ARROW: _iter_arrow}
 """Kinds read from a local file (an S3 object is downloaded to a temporary one first)."""
 
 
-def _iter_local(path: str, kind: str, compression: str | None) -> Iterator[RawRecord]:
+def _iter_local(path: str, kind: FileKind,
+                compression: Compression | None) -> Iterator[RawRecord]:
     """Yield records from a local file that is known to exist."""
     try:
-        if kind == "jsonl":
+        if kind is FileKind.JSONL:
             with open(path, "rb") as handle:
                 yield from _jsonl_from_stream(handle, compression, path)
         else:
@@ -239,21 +243,22 @@ def _open_s3(url: str, s3_client_factory: Callable[[], Any] | None) -> Any:
         raise InputError(f"cannot read input {url}: {exc}") from None
 
 
-def _iter_s3(body: Any, url: str, kind: str, compression: str | None) -> Iterator[RawRecord]:
+def _iter_s3(body: Any, url: str, kind: FileKind,
+             compression: Compression | None) -> Iterator[RawRecord]:
     """Yield records from an S3 body: JSONL streamed, JSON and Parquet via a temporary file."""
     from botocore.exceptions import BotoCoreError
 
     try:
-        if kind == "jsonl" and compression is None:
+        if kind is FileKind.JSONL and compression is None:
             # Own line splitting over iter_chunks: iter_lines() drops empty lines and would
             # shift every later line number.
             yield from iter_jsonl(body.iter_chunks(CHUNK_SIZE))
             return
-        if kind == "jsonl":
+        if kind is FileKind.JSONL:
             yield from _jsonl_from_stream(body, compression, url)
             return
         with tempfile.TemporaryDirectory(prefix="dflash-input-") as tmp:
-            local = os.path.join(tmp, "input." + kind)
+            local = os.path.join(tmp, "input." + kind.value)
             with open(local, "wb") as handle:
                 for chunk in body.iter_chunks(CHUNK_SIZE):
                     handle.write(chunk)
