@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -113,6 +114,8 @@ def readable_commits(storage: Storage, run: str, step: int | None = None
             Ledger.from_json(commit["ledger"])
             if commit["step"] != step_ or commit.get("seq", seq) != seq:
                 raise ValueError(f"it names step {commit.get('step')}.{commit.get('seq')}")
+            if commit.get("run", run) != run:   # a commit copied from another run
+                raise ValueError(f"it names run {str(commit.get('run'))[:80]!r}")
         except ForeignObject as exc:
             note(exc)
             _skipped(run, key, exc)
@@ -165,17 +168,52 @@ def metrics_history(storage: Storage, run: str) -> list[dict[str, Any]]:
 
 
 def best_step(storage: Storage, run: str) -> tuple[int, float] | None:
-    """The committed checkpoint with the best measured held-out tau, and that tau (the newest
-    of equals); None when no checkpoint's tau was measured."""
-    steps = set(committed_steps(storage, run))
+    """The proven checkpoint with the best measured held-out tau, and that tau (the newest of
+    equals); None when no checkpoint's tau was measured. A step counts only where a readable
+    commit of this run holds its state at the size it states (:func:`proven_steps`): a commit
+    that claims a tau for a step with no state behind it never chooses what export loads."""
+    steps = proven_steps(storage, run)
     measured: dict[int, float] = {}
     for metrics in metrics_history(storage, run):
-        step, tau = metrics.get("tau_step"), metrics.get("tau")
-        if step not in (None, "") and tau not in (None, "") and int(step) in steps:
-            measured[int(step)] = float(tau)
+        step, tau = _count(metrics.get("tau_step")), _finite(metrics.get("tau"))
+        if step is not None and tau is not None and step in steps:
+            measured[step] = tau
     if not measured:
         return None
     return max(((step, tau) for step, tau in measured.items()), key=lambda st: (st[1], st[0]))
+
+
+def proven_steps(storage: Storage, run: str) -> set[int]:
+    """Steps with a readable commit whose ``state.pt`` is there, of the size the commit states
+    (one listing; the state itself is not read)."""
+    sizes: dict[tuple[int, int], int] = {}
+    for item in storage.list_objects(keys.drafter_prefix(run)):
+        key = keys.parse(item.key)
+        if (key is not None and key.kind is keys.KeyKind.CHECKPOINT and key.name == STATE_FILE
+                and key.number is not None):
+            sizes[(key.number, key.seq)] = item.size
+    return {step for (step, seq), commit in readable_commits(storage, run)
+            if _count(commit.get("bytes")) == sizes.get((step, seq), -1)}
+
+
+def _count(value: Any) -> int | None:
+    """A stored step or size: a non-negative integer (Redis' text too), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _finite(value: Any) -> float | None:
+    """A stored measure: a finite number (Redis' text too), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def train_due(storage: Storage, run: str, upstream: set[int]) -> tuple[set[int], int] | None:

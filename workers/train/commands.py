@@ -87,21 +87,37 @@ def check_checkpoint(storage: Any, run: str, step: int | None) -> None:
 
 
 def load_run_drafter(settings: Settings, run: str, step: int | None,
-                     device: Any = None) -> RunDrafter:
-    """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest."""
-    from common.runs.checkpoints import load_checkpoint
+                     device: Any = None, newest_else: bool = False) -> RunDrafter:
+    """A run's target (mask token added) and its drafter checkpoint at ``step`` or the newest
+    (``newest_else``: the newest that loads where the one at ``step`` does not)."""
     from common.runs.store import RunStore
     from common.storage import open_storage
     from workers.train.drafter.train import DrafterTrainer
 
     storage = open_storage(settings.broker.storage, settings.read)
     config = RunStore(storage, run).config()
-    check_checkpoint(storage, run, step)
+    state = checkpoint_state(storage, run, step, newest_else)
     target = load_run_target(settings, config, device)
-    loaded = load_checkpoint(storage, run, step)
-    assert loaded is not None  # the step is committed
-    trainer = DrafterTrainer.from_state_dict(loaded[0], target.model)
+    trainer = DrafterTrainer.from_state_dict(state, target.model)
     return RunDrafter(target, trainer, trainer.steps, config)
+
+
+def checkpoint_state(storage: Any, run: str, step: int | None,
+                     newest_else: bool = False) -> dict[str, Any]:
+    """The trainer state of the newest checkpoint (at ``step``) whose state loads; with
+    ``newest_else``, the newest of any step where none at ``step`` does. ``NotFound`` where
+    none loads: committed keys whose commit or state is foreign are no checkpoint."""
+    from common.runs.checkpoints import load_checkpoint
+
+    check_checkpoint(storage, run, step)
+    loaded = load_checkpoint(storage, run, step)
+    if loaded is None and step is not None and newest_else:
+        loaded = load_checkpoint(storage, run)
+    if loaded is None:
+        at = "" if step is None else f" at step {step}"
+        raise NotFound(f"run {run!r} has no drafter checkpoint{at} that loads (its commits "
+                       "or states are foreign or unreadable; the log names each one)")
+    return loaded[0]
 
 
 @dataclass
@@ -141,7 +157,9 @@ def export_drafter_checkpoint(settings: Settings, run: str, out_dir: str, step: 
     from workers.train.drafter.export import DTYPES, export_drafter, target_dtype
 
     step, chosen_by, tau = choose_step(settings, run, step)
-    loaded = load_run_drafter(settings, run, step)
+    loaded = load_run_drafter(settings, run, step, newest_else=chosen_by == "best-tau")
+    if loaded.step != step and step is not None:   # the best-evaluated one did not load
+        chosen_by, tau = "newest", None
     chosen = (target_dtype(loaded.target.path) if dtype is WeightsDtype.AUTO
               else DTYPES[dtype.value])
     out = export_drafter(loaded.trainer, out_dir, dtype=chosen)

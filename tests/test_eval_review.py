@@ -1,0 +1,108 @@
+"""Issue 67's review: export-drafter's checkpoint choice against forged commits, and
+``eval-drafter``'s hostile options (concurrency levels, sets named twice, stored records)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from common import keys
+from common.errors import ConfigError, NotFound
+from common.runs.checkpoints import Ledger, best_step, readable_commits, save_checkpoint
+from common.runs.records import dumps
+from common.runs.schema import CHECKPOINT_SCHEMA
+from common.storage import LocalStorage
+from workers.train.commands import checkpoint_state
+from workers.train.eval_serving import MAX_LEVEL, parse_levels
+from workers.train.eval_sets import parse_datasets
+
+RUN = "rv"
+
+
+def _forged_commit(storage: LocalStorage, step: int, metrics: Mapping[str, object],
+                   state: bytes | None = None, run: str = RUN, size: int = 100) -> None:
+    """A schema-valid commit at ``step`` (train's key may write one anywhere under drafter/),
+    with ``state`` put beside it when given."""
+    if state is not None:
+        storage.put_once(keys.drafter_checkpoint(RUN, step, "state.pt"), state)
+        size = len(state)
+    commit = {"run": run, "step": step, "seq": 0, "ledger": Ledger(epoch=9).to_json(),
+              "metrics": dict(metrics), "bytes": size, "schema": CHECKPOINT_SCHEMA}
+    assert storage.put_once(keys.drafter_checkpoint(RUN, step, "_COMMIT.json"), dumps(commit))
+
+
+def _honest(tmp_path: Path) -> LocalStorage:
+    storage = LocalStorage(str(tmp_path))
+    save_checkpoint(storage, RUN, 2, {"step": 2}, Ledger(epoch=1),
+                    {"tau_step": "2", "tau": "1.5"})   # Redis' text, as the trainer stores it
+    return storage
+
+
+def test_a_commit_with_no_state_or_of_another_run_never_chooses_the_export(
+        tmp_path: Path) -> None:
+    storage = _honest(tmp_path)
+    honest = storage.get(keys.drafter_checkpoint(RUN, 2, "state.pt"))
+    _forged_commit(storage, 4, {"tau_step": 4, "tau": 9.0})                 # no state at all
+    _forged_commit(storage, 8, {"tau_step": 8, "tau": 10.0}, honest, run="other")
+    assert best_step(storage, RUN) == (2, 1.5)
+    assert [step for (step, _), _ in readable_commits(storage, RUN)] == [4, 2]
+    assert checkpoint_state(storage, RUN, None)["step"] == 2
+
+
+def test_a_best_step_whose_state_does_not_load_falls_back_to_the_newest_that_does(
+        tmp_path: Path) -> None:
+    storage = _honest(tmp_path)
+    _forged_commit(storage, 6, {"tau_step": 6, "tau": 8.0}, b"\0" * 64)   # the size it states
+    assert best_step(storage, RUN) == (6, 8.0)       # proven by its listing, not yet loaded
+    assert checkpoint_state(storage, RUN, 6, newest_else=True)["step"] == 2
+    with pytest.raises(NotFound, match="at step 6 that loads"):
+        checkpoint_state(storage, RUN, 6)              # asked for: said, never another step
+
+
+def test_metrics_that_are_no_numbers_choose_nothing(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    for step, metrics in ((2, {"tau_step": "abc", "tau": "1.0"}),
+                          (4, {"tau_step": 4, "tau": "nan"}),
+                          (6, {"tau_step": True, "tau": 3.0}),
+                          (8, {"tau_step": [8], "tau": {"x": 1}})):
+        buffer = io.BytesIO()
+        torch.save({"step": step, "ledger": Ledger().to_json()}, buffer)
+        storage.put_once(keys.drafter_checkpoint(RUN, step, "state.pt"), buffer.getvalue())
+        _forged_commit(storage, step, metrics, buffer.getvalue())
+    assert best_step(storage, RUN) is None
+    assert checkpoint_state(storage, RUN, None)["step"] == 8
+
+
+def test_no_loadable_checkpoint_is_one_not_found(tmp_path: Path) -> None:
+    storage = LocalStorage(str(tmp_path))
+    _forged_commit(storage, 4, {})
+    with pytest.raises(NotFound, match="no drafter checkpoint that loads"):
+        checkpoint_state(storage, RUN, None)
+
+
+@pytest.mark.parametrize("value", ["0", "a", "1,,8", "", ",", "-1", str(MAX_LEVEL + 1),
+                                   "9" * 40, "1.5"])
+def test_concurrency_levels_out_of_form_are_one_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="--concurrency"):
+        parse_levels(value)
+
+
+def test_concurrency_levels_in_form() -> None:
+    assert parse_levels("32, 1,8,8") == [1, 8, 32]
+    assert parse_levels(str(MAX_LEVEL)) == [MAX_LEVEL]
+
+
+def test_a_set_named_twice_is_refused(tmp_path: Path) -> None:
+    one, other = tmp_path / "a" / "gsm.jsonl", tmp_path / "b" / "gsm.jsonl"
+    for path in (one, other):
+        path.parent.mkdir()
+        path.write_text('{"prompt": "x"}\n')
+    with pytest.raises(ConfigError, match="'gsm8k' named more than once"):
+        parse_datasets(["gsm8k=a.jsonl", "gsm8k=b.jsonl"])
+    with pytest.raises(ConfigError, match="'gsm' named more than once"):
+        parse_datasets([str(one), str(other)])
+    assert [s.name for s in parse_datasets(["gsm8k=a.jsonl", str(one)])] == ["gsm8k", "gsm"]
