@@ -30,7 +30,7 @@ from common.errors import ConfigError, DflashError, StorageError, StorageRefused
 from common.exit_codes import EXIT_FAILURE
 from workers.train.eval_datasets import DatasetRequest, EvalEngine
 from workers.train.eval_serving import parse_levels
-from workers.train.eval_sets import parse_dataset
+from workers.train.eval_sets import parse_datasets
 from workers.train.eval_table import render_table
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: st
     try:
         if datasets:
             result = _run_datasets(settings, run, step, drafter_dir, DatasetRequest(
-                [parse_dataset(d) for d in datasets], num or SET_NUM, thinking, max_new_tokens,
+                parse_datasets(datasets), num or SET_NUM, thinking, max_new_tokens,
                 block_size, engine, url, baseline_url, parse_levels(concurrency)))
         else:
             result = run_eval(settings, run, step, drafter_dir, prompts_path, num or 64,

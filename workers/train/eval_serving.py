@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 WARMUP_TOKENS = 8
 TIMEOUT_S = 3600.0
+MAX_LEVEL = 4096   # requests in flight: a thread each; past any server's running batch
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = TIMEOUT_S) -> dict[str, Any]:
@@ -103,12 +104,13 @@ def measure_levels(url: str, baseline: str | None, prompts: Sequence[list[int]],
 
 
 def parse_levels(value: str) -> list[int]:
-    """``1,8,32`` -> [1, 8, 32]: positive, distinct, ascending."""
-    try:
-        levels = sorted({int(part) for part in value.split(",") if part.strip()})
+    """``1,8,32`` -> [1, 8, 32]: each from 1 to :data:`MAX_LEVEL`, distinct, ascending."""
+    try:   # every part an integer: "1,,8" is a typo, not the levels 1 and 8
+        levels = sorted({int(part) for part in value.split(",")})
     except ValueError:
         raise ConfigError(f"--concurrency {value}: a comma-separated list of integers, "
                           "e.g. 1,8,32") from None
-    if not levels or levels[0] < 1:
-        raise ConfigError(f"--concurrency {value}: each level must be at least 1")
+    if levels[0] < 1 or levels[-1] > MAX_LEVEL:
+        raise ConfigError(f"--concurrency {value}: each level must be from 1 to {MAX_LEVEL} "
+                          "(requests in flight at once)")
     return levels

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,17 @@ def parse_dataset(value: str) -> DatasetSpec:
         return DatasetSpec(_stem(value), None, value)
     raise ConfigError(f"--dataset {value}: neither a standard set ({', '.join(SETS)}) nor an "
                       "existing prompt file")
+
+
+def parse_datasets(values: Iterable[str]) -> list[DatasetSpec]:
+    """Every ``--dataset``, each set named once: two of one name would share one table row."""
+    specs = [parse_dataset(value) for value in values]
+    names = [spec.name for spec in specs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"--dataset: {', '.join(map(repr, twice))} named more than once (a "
+                          "prompt file is named by its stem: rename one)")
+    return specs
 
 
 def _stem(path: str) -> str:
