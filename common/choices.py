@@ -296,6 +296,54 @@ class RowKind(StrEnum):
     OTHER = "jsonl object"      # anything else (rejected input rows, ...): the defaults
 
 
+class Role(StrEnum):
+    """A chat message's role, as rows and samples store it."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    CALL = "call"   # internal (common.inputs.rows): an assistant message that calls tools
+
+
+class Stage(StrEnum):
+    """A pipeline stage: its queue, its shard registry, its commit area."""
+
+    GENERATE = "generate"
+    HIDDEN = "hidden"
+    TRAIN = "train"
+
+
+class GateEvent(StrEnum):
+    """A run monitor's gate record under gates/: a pause, or the resume that lifts it."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+class Rollback(StrEnum):
+    """How a hybrid target's linear-attention state returns to the accepted prefix
+    (:mod:`workers.train.drafter.target_cache`)."""
+
+    REPLAY = "replay"         # restore the snapshot, re-advance by the saved inputs
+    REFEED = "refeed"         # restore, crop and feed the accepted tokens again
+    PER_TOKEN = "per-token"   # step the verify token by token, pick the kept state
+
+
+class FaultAction(StrEnum):
+    """A test fault's message with a fixed meaning (:mod:`common.faults`); any other message
+    is an error's text, ``sleep:S`` or ``oom@N``."""
+
+    KILL = "kill"   # the process kills itself with SIGKILL
+
+
+class EvalEngine(StrEnum):
+    """What decodes ``eval-drafter --dataset``'s sets: our lossless loop, or an SGLang server."""
+
+    LOCAL = "local"
+    SGLANG = "sglang"
+
+
 class EnumChoice(click.Choice[str]):
     """A click choice of an enum's values that hands the command the member."""
 

@@ -18,6 +18,8 @@ import time
 from collections import Counter
 from functools import cache
 
+from common.choices import FaultAction
+
 ENV = "DFLASH_TEST_FAULT"
 OOM_AT = re.compile(r"oom@([1-9][0-9]*)")
 _reached: Counter[str] = Counter()   # times each point was reached (the oom@N faults count)
@@ -34,7 +36,7 @@ def inject(point: str) -> None:
     message = _faults().get(point)
     if message is None:
         return
-    if message == "kill":
+    if message == FaultAction.KILL:
         os.kill(os.getpid(), signal.SIGKILL)
     if message.startswith("sleep:"):
         time.sleep(float(message.removeprefix("sleep:")))

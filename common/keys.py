@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from common.choices import GateEvent, Stage
 from common.errors import MalformedName
 from common.key_layout import (  # the parsers of listed keys: the templates' inverse
     ACCESS_PROBE_RUN,
@@ -103,8 +104,8 @@ def gates_prefix(run: str) -> str:
     return f"runs/{run}/gates/"
 
 
-def gate_event(run: str, kind: str, stamp: str) -> str:
-    """``kind`` is ``pause`` or ``resume``; stamps sort chronologically."""
+def gate_event(run: str, kind: GateEvent, stamp: str) -> str:
+    """A pause or a resume; stamps sort chronologically."""
     return f"runs/{run}/gates/{kind}-{stamp}.json"
 
 
@@ -152,9 +153,9 @@ def drafter_latest(run: str) -> str:
     return f"runs/{run}/drafter/latest.json"
 
 
-def failed_shard(run: str, shard: int, stamp: str, stage: str = "generate") -> str:
+def failed_shard(run: str, shard: int, stamp: str, stage: str = Stage.GENERATE) -> str:
     """A parked shard's reason; one object per parking so history is never overwritten."""
-    where = "" if stage == "generate" else f"{stage}/"
+    where = "" if stage == Stage.GENERATE else f"{stage}/"
     return f"runs/{run}/failed/{where}{shard_name(shard)}/{stamp}.json"
 
 

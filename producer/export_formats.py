@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from common.choices import ExportFormat
+from common.choices import ExportFormat, Role
 from common.runs.trainrows import has_token_ids, training_rows, turns_of
 
 FORMATS = tuple(member.value for member in ExportFormat)
@@ -68,7 +68,7 @@ def messages_of(sample: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     for message in sample["messages"]:
         item = {"role": message["role"], "content": message.get("content") or ""}
-        if message["role"] == "assistant" and message.get("reasoning_content"):
+        if message["role"] == Role.ASSISTANT and message.get("reasoning_content"):
             item["reasoning_content"] = message["reasoning_content"]
         for key in ("tool_calls", "tool_call_id", "name"):
             if message.get(key):

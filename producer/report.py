@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from common import keys
+from common.choices import Role
 from common.cli import command_option
 from common.config import Settings
 from common.errors import ConfigError, StorageRefused
@@ -66,7 +67,7 @@ def token_stats(values: Counter[int]) -> dict[str, Any]:
 def last_answer(record: Mapping[str, Any]) -> str:
     """The first 200 characters of the sample's last assistant content."""
     for message in reversed(record.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") == "assistant":
+        if isinstance(message, dict) and message.get("role") == Role.ASSISTANT:
             return str(message.get("content") or "")[:ANSWER_CHARS]
     return ""
 

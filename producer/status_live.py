@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import redis
 
+from common.choices import Stage
 from common.engine.speculative import MtpChoice, SpeculativeFigures, by_worker, choices_by_worker
 from common.queue import redis_keys
 from common.queue.celery_app import STAGES, TRAIN
@@ -69,7 +70,7 @@ def read_live(client: redis.Redis, run: str, lease_ttl: float,
         stages=stages,
         parked=[ParkedShard(stage=stage, shard=s, reason=r)
                 for stage, info in stages.items() for s, r in sorted(info.parked.items())
-                if stage != "generate" or s not in committed],
+                if stage != Stage.GENERATE or s not in committed],
         partial=shard_counts(keys.partial, partial),
         tokens_per_s=tokens_per_s,
         samples_per_s=samples_per_s,

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from common.choices import Role
+
 
 @dataclass(frozen=True, slots=True)
 class SampleStat:
@@ -108,7 +110,7 @@ def example(sample: Mapping[str, Any]) -> dict[str, Any]:
         answer = (stopped.get("answer") or {}).get("content") or ""
         return {"id": sample["id"], "reasons": list(stopped["reasons"]),
                 "details": list(stopped.get("details", []))[:3], "answer": str(answer)[:200]}
-    answers = [m for m in sample.get("messages", []) if m.get("role") == "assistant"]
+    answers = [m for m in sample.get("messages", []) if m.get("role") == Role.ASSISTANT]
     last = (answers[-1].get("content") or "") if answers else ""
     return {"id": sample["id"], "reasons": list(quality["reasons"]),
             "details": list(quality.get("details", []))[:3], "answer": str(last)[:200]}

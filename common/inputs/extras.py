@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.choices import Role
 from common.errors import BadRow
 from common.inputs.text import check_text, type_name
 
@@ -27,7 +28,7 @@ def with_system(turns: Turns, data: dict[str, Any]) -> bool:
     if system is None:
         return True
     system = check_text(system, "system")
-    present = [m["content"] for group in turns for m in group if m["role"] == "system"]
+    present = [m["content"] for group in turns for m in group if m["role"] == Role.SYSTEM]
     if present:
         return not system.strip() or system.strip() in (p.strip() for p in present)
     if system.strip():

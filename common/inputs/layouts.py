@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.choices import InputFormat, RowLayout
+from common.choices import InputFormat, Role, RowLayout
 from common.errors import BadRow, ConfigError
 from common.inputs.extras import history_turns, nonempty, user_turn, with_system
 from common.inputs.fields import has_text, match_case, unused_fields
@@ -135,10 +135,10 @@ def ultrachat_turns(data: dict[str, Any]) -> Turns:
     items = data["data"]
     if isinstance(items, str):
         raise not_a_list("data", "alternating user and assistant strings")
-    roles = [("user" if i % 2 == 0 else "assistant", check_text(v, f"data[{i}]"))
+    roles = [(Role.USER if i % 2 == 0 else Role.ASSISTANT, check_text(v, f"data[{i}]"))
              for i, v in enumerate(items)]
     for index, (role, text) in enumerate(roles):
-        if role == "user" and not text.strip():
+        if role is Role.USER and not text.strip():
             raise BadRow(f"empty user message at data[{index}]")
     return group_turns(roles)
 

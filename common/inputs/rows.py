@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from common.choices import Role
 from common.errors import BadRow
 from common.inputs.text import (  # noqa: F401 - re-exported for the layouts
     check_text,
@@ -39,19 +41,19 @@ ID_FIELDS = ("id", "question_id", "conversation_id", "uid", "task_id")
 ANSWER_FIELDS = frozenset({"output", "response", "answer", "completion", "chosen", "rejected",
                            "reference", "canonical_solution"})
 
-# "call": an assistant tool call (kept as context when its results follow); "tool": a result.
-OPENAI_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
-                "function": "tool"}
+# CALL: an assistant tool call (kept as context when its results follow); TOOL: a result.
+OPENAI_ROLES = {"system": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT,
+                "tool": Role.TOOL, "function": Role.TOOL}
 SHAREGPT_ROLES = {
-    "system": "system",
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "tool": "tool",
-    "observation": "tool",
-    "function_call": "call",
+    "system": Role.SYSTEM,
+    "human": Role.USER,
+    "user": Role.USER,
+    "gpt": Role.ASSISTANT,
+    "assistant": Role.ASSISTANT,
+    "chatgpt": Role.ASSISTANT,
+    "tool": Role.TOOL,
+    "observation": Role.TOOL,
+    "function_call": Role.CALL,
 }
 
 
@@ -101,8 +103,8 @@ class IdRegistry:
 
 def parse_messages(
     data: dict[str, Any], field: str, role_keys: tuple[str, ...],
-    content_keys: tuple[str, ...], roles: dict[str, Any]
-) -> list[tuple[str, Any]]:
+    content_keys: tuple[str, ...], roles: Mapping[str, Role]
+) -> list[tuple[Role, Any]]:
     """Return ``(role, content)`` pairs of a message list, validating types and roles; a tool
     call's or tool result's content is its whole normalized message."""
     items = data[field]
@@ -111,7 +113,7 @@ def parse_messages(
                      f"and content); use --prompt-field {field} to read it as one prompt")
     if not isinstance(items, list):
         raise BadRow(f"{field} must be a list, got {type_name(items)}")
-    messages: list[tuple[str, Any]] = []
+    messages: list[tuple[Role, Any]] = []
     for index, item in enumerate(items):
         where = f"{field}[{index}]"
         if not isinstance(item, dict):
@@ -124,48 +126,48 @@ def parse_messages(
             raise BadRow(f"{where}.{role_key} must be a string, got {type_name(role)}")
         if role not in roles:
             raise BadRow(f"unknown role {role!r} in {where}")
-        role = roles[role]
+        parsed = roles[role]
         content_key = next((k for k in content_keys if k in item), content_keys[0])
-        if role == "assistant" and item.get("tool_calls"):
-            role = "call"
-        if role == "call":
-            messages.append((role, tool_call_message(item, item.get(content_key), where)))
-        elif role == "assistant":
+        if parsed is Role.ASSISTANT and item.get("tool_calls"):
+            parsed = Role.CALL
+        if parsed is Role.CALL:
+            messages.append((parsed, tool_call_message(item, item.get(content_key), where)))
+        elif parsed is Role.ASSISTANT:
             # Dropped unchecked: regenerated anyway.
-            messages.append((role, ""))
-        elif role == "tool":
-            messages.append((role, tool_result_message(item, item.get(content_key), where,
-                                                       content_key)))
+            messages.append((parsed, ""))
+        elif parsed is Role.TOOL:
+            messages.append((parsed, tool_result_message(item, item.get(content_key), where,
+                                                         content_key)))
         else:
             content = check_text(item.get(content_key), f"{where}.{content_key}")
-            if role == "user" and not content.strip():
+            if parsed is Role.USER and not content.strip():
                 raise BadRow(f"empty user message at {where}")
-            messages.append((role, content))
+            messages.append((parsed, content))
     return messages
 
 
-def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict[str, Any]]]:
+def group_turns(messages: list[tuple[Role, Any]]) -> list[list[dict[str, Any]]]:
     """Group non-assistant messages so that one reply is generated after each group; a tool
     call is kept as context when its results follow it."""
     turns: list[list[dict[str, Any]]] = []
     group: list[dict[str, Any]] = []
     for index, (role, content) in enumerate(messages):
         after = messages[index + 1][0] if index + 1 < len(messages) else None
-        if role == "tool":
+        if role is Role.TOOL:
             group.append(content)
             continue
-        if role == "call" and after == "tool":
+        if role is Role.CALL and after is Role.TOOL:
             group.append(content)
             continue
-        if role not in ("assistant", "call"):
-            group.append({"role": role, "content": content})
+        if role not in (Role.ASSISTANT, Role.CALL):
+            group.append({"role": role.value, "content": content})
         elif _asks(group):
             turns.append(group)
             group = []
         # An assistant message with no user message before it (a greeting) is simply dropped.
     if group:
         # A trailing system message would be followed by a reply nobody asked for.
-        if group[-1]["role"] == "system" and (_asks(group) or turns):
+        if group[-1]["role"] == Role.SYSTEM and (_asks(group) or turns):
             raise BadRow("conversation ends with a system message")
         if _asks(group):
             turns.append(group)
@@ -176,7 +178,7 @@ def group_turns(messages: list[tuple[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def _asks(group: list[dict[str, Any]]) -> bool:
     """A group the target answers: it holds a user message or a tool result."""
-    return any(m["role"] in ("user", "tool") for m in group)
+    return any(m["role"] in (Role.USER, Role.TOOL) for m in group)
 
 
 def sample_id(data: dict[str, Any]) -> tuple[str | None, str | None, object]:

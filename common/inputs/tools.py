@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from common.choices import Role
 from common.errors import BadRow
 from common.inputs.text import check_text, jsonable, type_name
 
@@ -110,4 +111,4 @@ def normalize_tools(tools: object) -> list[dict[str, Any]]:
 def uses_tools(row: dict[str, Any]) -> bool:
     """A row whose rendering needs the template's tool branches."""
     return bool(row.get("tools")) or any(
-        m["role"] == "tool" or m.get("tool_calls") for group in row["turns"] for m in group)
+        m["role"] == Role.TOOL or m.get("tool_calls") for group in row["turns"] for m in group)

@@ -27,6 +27,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from common import keys
+from common.choices import GateEvent
 from common.errors import ForeignObject, NotFound, RunPaused
 from common.gates.judge import GateConfig
 from common.gates.partstats import example, flagged, flagged_reasons, turn_counts
@@ -144,12 +145,12 @@ def count_samples(pipe: Any, run: str, samples: Samples, window: int) -> None:
             pipe.ltrim(name, 0, EXAMPLES - 1)
 
 
-def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
+def gate_events(storage: Storage, run: str) -> list[tuple[GateEvent, dict[str, Any]]]:
     """Pause and resume records as (kind, record), in the order storage wrote them (its own
     time of each write, ties by key: never a stamp a writer chose); each bounded and typed. A
     foreign resume is noted and left out; a foreign pause is noted and still a pause (a gate
     fails closed: the generate key may write pauses, only the producer's lifts them)."""
-    found = [(obj.modified, obj.key, parsed.name) for obj in
+    found = [(obj.modified, obj.key, GateEvent(parsed.name)) for obj in
              storage.list_objects(keys.gates_prefix(run))
              if (parsed := keys.parse(obj.key)) is not None
              and parsed.kind is keys.KeyKind.GATE]
@@ -157,10 +158,10 @@ def gate_events(storage: Storage, run: str) -> list[tuple[str, dict[str, Any]]]:
     for _, key, kind in sorted(found):
         try:
             events.append((kind, read_record(storage, key,
-                                                PAUSE if kind == "pause" else RESUME)))
+                                                PAUSE if kind is GateEvent.PAUSE else RESUME)))
         except ForeignObject as exc:
             note(exc)
-            if kind == "pause":
+            if kind is GateEvent.PAUSE:
                 events.append((kind, {"reason": f"unreadable pause record ({exc.why})"}))
         except NotFound:
             continue
@@ -171,7 +172,7 @@ def pause_from_storage(storage: Storage, run: str) -> PauseRecord | None:
     """The pause in force according to storage: the latest event, if it is a pause."""
     events = gate_events(storage, run)
     # A pause event's record was read as PAUSE (or is the reason a foreign one was set aside).
-    return cast(PauseRecord, events[-1][1]) if events and events[-1][0] == "pause" else None
+    return cast(PauseRecord, events[-1][1]) if events and events[-1][0] is GateEvent.PAUSE else None
 
 
 def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,
@@ -182,14 +183,15 @@ def rebuild(client: redis.Redis, storage: Storage, run: str, gates: GateConfig,
     events, last, size, accepted_at = resume_state(storage, run, gates)
     rebuild_from_summaries(client, storage, run, size=size, accepted_at=accepted_at,
                            last_resume=last, heartbeat=heartbeat,
-                           pause=events[-1][1] if events and events[-1][0] == "pause" else None)
+                           pause=events[-1][1] if events and events[-1][0] is GateEvent.PAUSE
+                           else None)
 
 
 def resume_state(storage: Storage, run: str, gates: GateConfig) -> tuple[
-        list[tuple[str, dict[str, Any]]], dict[str, Any], int, int]:
+        list[tuple[GateEvent, dict[str, Any]]], dict[str, Any], int, int]:
     """Gate events, the last resume, the window size and the count at the last acceptance."""
     events = gate_events(storage, run)
-    resumes = [record for kind, record in events if kind == "resume"]
+    resumes = [record for kind, record in events if kind is GateEvent.RESUME]
     last = resumes[-1] if resumes else {}
     size = int(last.get("pause_after") or gates.pause_after)
     accepted_at = max((int(r.get("checked", 0)) for r in resumes if r.get("accepted")), default=0)
@@ -221,7 +223,7 @@ def resume_gates(client: redis.Redis, storage: Storage, run: str, gates: GateCon
     record = {"accepted": accept, "at": time.time(), "checked": checked,
               "max_reject_rate": rate, "pause_after": after,
               "lifted": pause["reason"] if pause else None}
-    storage.put_once(keys.gate_event(run, "resume", stamp()), dumps(record))
+    storage.put_once(keys.gate_event(run, GateEvent.RESUME, stamp()), dumps(record))
     pipe = client.pipeline(transaction=True)
     limits_now: dict[FieldT, EncodableT] = {"max_reject_rate": rate, "pause_after": after}
     pipe.hset(redis_keys.RunKeys(run).gates, mapping=limits_now)

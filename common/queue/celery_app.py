@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
+from common.choices import Stage
 from common.config import Settings, load_settings
 from common.queue import redis_keys
 from common.queue.shard_registry import ShardRegistry
@@ -31,7 +32,7 @@ class StageSpec:
     """A shard stage: its name (its Redis registries), task and queue; ``one_per_run`` stages
     hold one lease per run instead of one per shard (one drafter trainer per run)."""
 
-    name: str
+    name: str   # a Stage's text: the key of stage-keyed records (orjson takes str keys)
     task_name: str
     queue: str
     one_per_run: bool = False
@@ -47,9 +48,9 @@ class StageSpec:
         return self.keys(run).lease(None if self.one_per_run else shard)
 
 
-GENERATE = StageSpec("generate", TASK_GENERATE, QUEUE_GENERATE)
-HIDDEN = StageSpec("hidden", TASK_HIDDEN, QUEUE_HIDDEN)
-TRAIN = StageSpec("train", TASK_TRAIN, QUEUE_TRAIN, one_per_run=True)
+GENERATE = StageSpec(Stage.GENERATE.value, TASK_GENERATE, QUEUE_GENERATE)
+HIDDEN = StageSpec(Stage.HIDDEN.value, TASK_HIDDEN, QUEUE_HIDDEN)
+TRAIN = StageSpec(Stage.TRAIN.value, TASK_TRAIN, QUEUE_TRAIN, one_per_run=True)
 STAGES = (GENERATE, HIDDEN, TRAIN)
 
 

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from common import keys
+from common.choices import Stage
 from common.errors import ForeignObject, NotFound
 from common.reads import bounded_get, decode_json, note
 from common.runs.commit_cache import THREADS, fetch, read_commits
@@ -161,13 +162,13 @@ def commits_in(listed: Iterable[str], area: str = "hidden") -> set[int]:
     return {s for k in listed if (s := keys.commit_shard(k, area)) is not None}
 
 
-def committed_shards(storage: Storage, run: str, stage: str = "generate") -> set[int]:
+def committed_shards(storage: Storage, run: str, stage: str = Stage.GENERATE) -> set[int]:
     """Shards whose ``stage`` (generate or hidden) commit exists, in requests that grow with
     chunks: generate through the index (listing the chunks it does not cover), hidden chunk by
     chunk, concurrently (one listing of a whole area is ~1,000 keys a page, in series). Before
     the manifest gives the shard count, one listing of the stage's area, each commit read."""
     total = manifest_shards(storage, run)
-    if stage == "hidden":
+    if stage == Stage.HIDDEN:
         kept = _kept(storage, run)
         with kept.lock:
             found = kept.found

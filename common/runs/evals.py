@@ -99,17 +99,53 @@ def newest_eval(storage: Storage, run: str) -> dict[str, Any] | None:
     for _, key in listed[:READ_AT_MOST]:
         try:
             record = read_json(storage, key, EVAL_RECORD)
+            prove_eval(key, run, record)
         except ForeignObject as exc:
             note(exc)
             skipped.append({"key": key, "why": exc.why[:300]})
             continue
         except NotFound:
             continue
-        if record["run"] != run:
-            skipped.append({"key": key, "why": f"a record of run {record['run']!r}"[:300]})
-            continue
         return {"key": key, "record": record, "skipped": skipped}
     return {"key": None, "record": None, "skipped": skipped} if skipped else None
+
+
+def prove_eval(key: str, run: str, record: Mapping[str, Any]) -> None:
+    """ForeignObject unless the schema-valid ``record`` is what :func:`write_eval` writes at
+    ``key``: its run and stamp are the key's, every name prints on one line (a report line
+    is never forged), and its figures are measures (no negative rate, level 0, or more
+    mismatches than prompts checked): a reader never draws one."""
+    why = _unproven(key, run, record)
+    if why:
+        raise ForeignObject(key, why[:300])
+
+
+def _unproven(key: str, run: str, record: Mapping[str, Any]) -> str | None:
+    if record["run"] != run:
+        return f"a record of run {record['run']!r}"
+    if keys.eval_record(run, record["stamp"]) != key:
+        return f"its stamp {record['stamp']!r} is not its key's"
+    drafter = record["drafter"]
+    names = [*record["sets"], record["thinking"], drafter["name"] or "",
+             *(record.get(k) or "" for k in ("url", "baseline_url", "device"))]
+    for name, row in record["datasets"].items():
+        names += [name, *row["by_position"]]
+        figures = [row[k] for k in MEASURES] + [
+            level[k] for level in (row["concurrency"] or {}).values() for k in LEVEL_MEASURES]
+        if any(value is not None and value < 0 for value in figures):
+            return f"set {name!r}: a negative figure"
+        if any(int(level) < 1 for level in row["concurrency"] or {}):
+            return f"set {name!r}: a concurrency level below 1"
+        lossless = row["lossless"]
+        if lossless and len(lossless["mismatches"]) > lossless["checked"]:
+            return f"set {name!r}: more mismatches than prompts checked"
+    bad = next((n for n in names if not n.isprintable()), None)
+    return None if bad is None else f"a name that does not print on one line: {bad[:40]!r}"
+
+
+MEASURES = ("tokens", "tau", "tau_pooled", "spec_accept_length", "tokens_per_s", "speedup")
+LEVEL_MEASURES = ("tokens", "tokens_per_s", "spec_accept_length", "baseline_tokens_per_s",
+                  "speedup")
 
 
 def _cell(value: Any, width: int = 7) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from common import keys
+from common.choices import Stage
 from common.errors import NotFound, RunNotFound
 from common.monitor.run_monitor import examples_of
 from common.queue import redis_keys
@@ -140,7 +141,7 @@ class Views:
         status = self.recent_status(run)
         view = self.view(run)
         parked = {p["shard"]: p["reason"] for p in status["parked"] or []
-                  if p["stage"] == "generate"}
+                  if p["stage"] == Stage.GENERATE}
         with view.lock:
             grid = [{"shard": shard, "state": state, "reason": parked.get(shard)}
                     for shard, state in sorted(view.status.grid.items())]

@@ -16,6 +16,7 @@ from collections import Counter
 from typing import cast
 
 from common import keys
+from common.choices import GateEvent
 from common.errors import RunPaused
 from common.gates.judge import mark_duplicate
 from common.monitor.run_monitor import (
@@ -128,6 +129,7 @@ class RunMonitor(GateState):
             "window": window}
         if redis_keys.push_pause(self.client, self.run, record):
             log.error("run %s: PAUSED by the quality gates: %s", self.run, record["reason"])
-            self.storage.put_once(keys.gate_event(self.run, "pause", stamp()), dumps(record))
+            self.storage.put_once(keys.gate_event(self.run, GateEvent.PAUSE, stamp()),
+                                  dumps(record))
             return record
         return self.paused() or record

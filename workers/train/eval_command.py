@@ -23,12 +23,12 @@ from typing import Any
 
 import click
 
-from common.choices import EnumChoice
+from common.choices import EnumChoice, EvalEngine
 from common.cli import command_option, common_options
 from common.config import Settings, env_name
 from common.errors import ConfigError, DflashError, StorageError, StorageRefused
 from common.exit_codes import EXIT_FAILURE
-from workers.train.eval_datasets import DatasetRequest, EvalEngine
+from workers.train.eval_datasets import DatasetRequest
 from workers.train.eval_serving import parse_levels
 from workers.train.eval_sets import parse_datasets
 from workers.train.eval_table import render_table

@@ -14,10 +14,10 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from common.choices import EvalEngine
 from common.config import Settings
 from common.engine.sampling import Sampling
 from common.errors import InputError
@@ -25,13 +25,6 @@ from workers.train.eval_sets import DatasetSpec, SetPrompt, fetch_set, read_set
 from workers.train.eval_table import DEFINITION, local_entry, served_entry
 
 log = logging.getLogger(__name__)
-
-
-class EvalEngine(StrEnum):
-    """What decodes the sets: our lossless loop, or a running SGLang server."""
-
-    LOCAL = "local"
-    SGLANG = "sglang"
 
 
 @dataclass(frozen=True)

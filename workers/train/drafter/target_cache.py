@@ -32,13 +32,14 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from common.choices import Rollback
 from common.engine.target import TargetShape
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-ROLLBACKS = ("replay", "refeed", "per-token")
-DEFAULT_ROLLBACK = "replay"
+ROLLBACKS = tuple(Rollback)
+DEFAULT_ROLLBACK = Rollback.REPLAY
 
 
 _CACHE_ARGUMENT: dict[type[nn.Module], str] = {}
@@ -81,10 +82,13 @@ class TargetCache:
         shape = TargetShape.of(target)
         if not shape.is_hybrid:
             return cls(target, DynamicCache())
-        if rollback not in ROLLBACKS:
-            raise ValueError(f"unknown rollback {rollback!r}; choose one of {ROLLBACKS}")
+        try:
+            mode = Rollback(rollback)
+        except ValueError:
+            raise ValueError(f"unknown rollback {rollback!r}; choose one of "
+                             f"{tuple(r.value for r in Rollback)}") from None
         return HybridCache(target, DynamicCache(config=target.config),
-                           shape.linear_attention_layers, rollback)
+                           shape.linear_attention_layers, mode)
 
     def forward(self, ids: torch.Tensor, **kw: Any) -> Any:
         return target_forward(self.target, ids, self.cache, **kw)
@@ -109,7 +113,7 @@ class HybridCache(TargetCache):
     """Full-attention KV cropped; linear-attention state rolled back by ``rollback``."""
 
     def __init__(self, target: PreTrainedModel, cache: DynamicCache, linear: list[int],
-                 rollback: str) -> None:
+                 rollback: Rollback) -> None:
         super().__init__(target, cache)
         self.rollback = rollback
         layers = target.get_decoder().layers
@@ -133,10 +137,10 @@ class HybridCache(TargetCache):
 
     def verify(self, block: torch.Tensor, **kw: Any) -> Any:
         self._block = block
-        if self.rollback == "per-token":
+        if self.rollback is Rollback.PER_TOKEN:
             return self._stepped_verify(block, **kw)
         self._snapshot = {i: _cloned(self._states(i)) for i in self.mixers}
-        if self.rollback == "refeed":
+        if self.rollback is Rollback.REFEED:
             return self.forward(block, **kw)
         hooks = [mixer.register_forward_pre_hook(functools.partial(self._record, i),
                                                  with_kwargs=True)
@@ -182,9 +186,9 @@ class HybridCache(TargetCache):
             extra = attention.get_seq_length() - length
             if extra > 0:
                 attention.crop(-extra)
-        if self.rollback == "per-token":
+        if self.rollback is Rollback.PER_TOKEN:
             self._restore({i: steps[kept - 1] for i, steps in self._steps.items()})
-        elif self.rollback == "refeed":
+        elif self.rollback is Rollback.REFEED:
             self._restore(self._snapshot)
             for i in self.full:   # back to before the block, which is fed again
                 full: Any = self.cache.layers[i]
