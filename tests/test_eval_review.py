@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,9 +15,12 @@ import torch
 from common import keys
 from common.errors import ConfigError, NotFound
 from common.runs.checkpoints import Ledger, best_step, readable_commits, save_checkpoint
+from common.runs.evals import newest_eval, render_table, write_eval
 from common.runs.records import dumps
 from common.runs.schema import CHECKPOINT_SCHEMA
+from common.runs.schemas import EVAL_RECORD
 from common.storage import LocalStorage
+from producer.report_evals import eval_lines
 from workers.train.commands import checkpoint_state
 from workers.train.eval_serving import MAX_LEVEL, parse_levels
 from workers.train.eval_sets import parse_datasets
@@ -106,3 +111,49 @@ def test_a_set_named_twice_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'gsm' named more than once"):
         parse_datasets([str(one), str(other)])
     assert [s.name for s in parse_datasets(["gsm8k=a.jsonl", str(one)])] == ["gsm8k", "gsm"]
+
+
+def _tampered(real: dict[str, Any]) -> dict[str, Callable[[dict[str, Any]], None]]:
+    """Changes that keep the schema but not what write_eval writes at the key."""
+    def row(rec: dict[str, Any]) -> dict[str, Any]:
+        return next(iter(rec["datasets"].values()))
+
+    def set_name(rec: dict[str, Any]) -> None:
+        rec["datasets"]["gsm8k\nerror: forged"] = rec["datasets"].pop(next(iter(
+            rec["datasets"])))
+
+    def level_zero(rec: dict[str, Any]) -> None:
+        row(rec)["concurrency"]["0"] = row(rec)["concurrency"].pop("1")
+
+    return {
+        "negative tau": lambda rec: row(rec).update(spec_accept_length=-3.0),
+        "negative speedup": lambda rec: next(iter(row(rec)["concurrency"].values())).update(
+            speedup=-1.0),
+        "a set name over two lines": set_name,
+        "a stamp of another key": lambda rec: rec.update(stamp=rec["stamp"] + "\nx"),
+        "a drafter name over two lines": lambda rec: rec["drafter"].update(name="a\rb"),
+        "level 0": level_zero,
+        "more mismatches than checked": lambda rec: row(rec).update(lossless={
+            "checked": 1, "mismatches": [{"prompt": "p"}] * 3}),
+    }
+
+
+def test_a_schema_valid_eval_record_not_as_written_is_passed_over(tmp_path: Path) -> None:
+    from tests.test_report_eval import result
+
+    storage = LocalStorage(str(tmp_path))
+    real_key = write_eval(storage, RUN, result(), 7, None)
+    real = json.loads(storage.get(real_key))
+    for n, (what, change) in enumerate(_tampered(real).items()):
+        record = json.loads(json.dumps(real))
+        stamp = f"99991231T000000.{n:06d}-ffffff"   # newer than the real one
+        record["stamp"] = stamp
+        change(record)
+        EVAL_RECORD.validate_python(record)           # the schema takes it: only proof refuses
+        storage.put_once(keys.eval_record(RUN, stamp), json.dumps(record).encode())
+        found = newest_eval(storage, RUN)
+        assert found is not None and found["key"] == real_key, what
+        assert len(found["skipped"]) == n + 1, what
+    lines = eval_lines(newest_eval(storage, RUN))
+    assert not any(line.startswith("error:") for line in lines)
+    assert len(render_table(real).splitlines()) + 1 + len(_tampered(real)) == len(lines)
