@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from common.choices import RowKind as RowKind  # declared there; imported from here too
+from common.choices import RowKind
 from common.config import ReadSettings
 
 # A generated token as a sample stores it, at most: its id in output_ids (and in the prompt_ids

@@ -13,9 +13,10 @@ import click
 import redis
 
 from common import keys
+from common.choices import OriginKind, RunState
 from common.config import Settings
 from common.drafter.layers import DEFAULT_K
-from common.drafter.origin import DrafterSummary, OriginKind, drafter_summary
+from common.drafter.origin import DrafterSummary, drafter_summary
 from common.engine.models import chat_template_of, resolve_model_path, template_sha
 from common.engine.sampling import Sampling
 from common.engine.sampling_rules import check_sampling
@@ -28,7 +29,7 @@ from common.inputs.templates import template_fields
 from common.queue.celery_app import TRAIN
 from common.queue.redis_values import count_of, field_key
 from common.runs.options import RunOptions, as_given
-from common.runs.records import RunConfig, RunState
+from common.runs.records import RunConfig
 from common.storage import Storage
 from producer.enqueue import EnqueueReport
 from producer.enqueue_drafter import enqueue_origin

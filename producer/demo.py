@@ -27,12 +27,11 @@ from pathlib import Path
 import click
 import redis
 
-from common.choices import Mode
+from common.choices import Mode, RunState
 from common.config import load_settings
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK
 from common.runs.options import RunOptions
-from common.runs.records import RunState
 from producer.children import die_with_parent
 from producer.status_record import RunStatus
 

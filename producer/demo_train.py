@@ -22,10 +22,10 @@ from typing import Any
 
 import click
 
+from common.choices import RunState
 from common.config import env_name
 from common.errors import ConfigError
 from common.exit_codes import EXIT_FAILURE, EXIT_OK
-from common.runs.records import RunState
 from producer.children import die_with_parent
 from producer.status import StatusReader
 from producer.status_record import Downstream, RunStatus

@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 import redis
 
 from common import keys
-from common.choices import Mode, ShardState
+from common.choices import Mode, RowKind, RunState, ShardState
 from common.config import load_settings
 from common.drafter.origin import drafter_summary
 from common.monitor.run_monitor import pause_from_storage
 from common.queue import redis_keys
 from common.queue.redis_values import count_of, field_key
 from common.reads import foreign_counts, limits_of, part_getter, rows_or_none
-from common.row_caps import RowCaps, RowKind, row_caps
+from common.row_caps import RowCaps, row_caps
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.commit_set import CommitSet
 from common.runs.index import RunIndex, shard_total
-from common.runs.records import InputManifest, RunConfig, RunState
+from common.runs.records import InputManifest, RunConfig
 from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.storage import Storage

@@ -13,9 +13,9 @@ from typing import NotRequired
 
 from typing_extensions import TypedDict  # pydantic reads it on Python 3.11 (tests do)
 
+from common.choices import RunState
 from common.drafter.origin import DrafterSummary
 from common.engine.speculative import MtpChoice, SpeculativeFigures
-from common.runs.records import RunState
 from common.runs.schemas import EngineRecord, PauseRecord
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from common.choices import ShardState
+from common.choices import RunState, ShardState
 from common.queue.shard_registry import StageView
-from common.runs.records import RunState
 from producer.status_record import TrainFigures
 
 RATE_WINDOW_S = 120.0

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.choices import RowKind
 from common.reads import foreign_counts, limits_of, rows_or_none
-from common.row_caps import RowKind, row_caps
+from common.row_caps import row_caps
 from common.runs.schemas import SAMPLE
 from common.runs.store import RunStore
 from common.storage import open_storage

@@ -15,10 +15,11 @@ import zstandard
 from aiohttp.test_utils import TestClient, TestServer
 
 from common import keys
+from common.choices import RowKind
 from common.config import ReadSettings
 from common.errors import ForeignObject
 from common.reads import decode_rows, forget_foreign, stream_rows
-from common.row_caps import RowCaps, RowKind, row_caps
+from common.row_caps import RowCaps, row_caps
 from common.runs.records import RunConfig, dumps, encode_jsonl_zst
 from common.runs.schemas import SAMPLE
 from common.storage import open_storage

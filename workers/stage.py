@@ -31,6 +31,7 @@ from celery import Task
 from kombu.exceptions import OperationalError
 
 from common import keys
+from common.choices import TaskOutcome
 from common.errors import (
     LeaseBusy,
     LeaseLost,
@@ -46,7 +47,7 @@ from common.queue import redis_keys
 from common.queue.celery_app import GENERATE, HIDDEN, STAGES, TRAIN, StageSpec, app
 from common.queue.dispatch import RETRY, marker, publish_shard
 from common.queue.shard_registry import ShardRegistry
-from common.runs.records import ShardTask, TaskOutcome, dumps
+from common.runs.records import ShardTask, dumps
 from workers.context import WorkerContext, get_context
 from workers.lease import Lease
 from workers.retrying import lease_wait, retry_later

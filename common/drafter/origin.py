@@ -24,7 +24,7 @@ from typing import Any, NotRequired
 
 from typing_extensions import TypedDict  # pydantic reads it on Python 3.11
 
-from common.choices import OriginKind as OriginKind  # declared there; imported from here too
+from common.choices import OriginKind
 from common.drafter.shape import (
     ARCHITECTURE,
     DrafterShapeError,

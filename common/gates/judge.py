@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from common.choices import FinishReason
-from common.choices import Reason as Reason  # declared there; imported from here too
+from common.choices import FinishReason, Reason
 
 THINK, END_THINK = "<think>", "</think>"
 # Template markers that must never appear as text inside an answer.

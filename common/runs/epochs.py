@@ -14,8 +14,6 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from common.choices import Finish as Finish  # declared there; imported from here too
-
 RECIPE_EPOCHS = 10
 """The published DFlash recipe's epochs: SpecForge's DFlash training example runs
 ``--num-epochs 10``."""

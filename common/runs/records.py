@@ -12,8 +12,6 @@ from typing import Any
 import orjson
 import zstandard
 
-from common.choices import RunState as RunState  # declared there; imported from here too
-from common.choices import TaskOutcome as TaskOutcome
 from common.drafter.layers import DEFAULT_K
 from common.drafter.origin import DrafterOrigin
 from common.engine.sampling import Sampling

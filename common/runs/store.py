@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import keys
+from common.choices import RowKind
 from common.errors import ForeignObject, NotFound, NotReady, RunNotFound
 from common.reads import limits_of, note, read_bytes, read_record, read_rows
-from common.row_caps import RowCaps, RowKind, row_caps
+from common.row_caps import RowCaps, row_caps
 from common.runs.commit_set import committed_shards
 from common.runs.index_objects import read_commit
 from common.runs.records import InputManifest, RunConfig, ShardCommit

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import keys
+from common.choices import RowKind
 from common.errors import ForeignObject, NotFound
 from common.gates.partstats import SampleStat, part_stats
 from common.reads import limits_of, note, parse_json, part_getter, read_record, stream_rows
-from common.row_caps import RowCaps, RowKind, row_caps
+from common.row_caps import RowCaps, row_caps
 from common.runs.commit_cache import CommitDigest, fetch
 from common.runs.index import RunIndex, manifest_shards, shard_total
 from common.runs.records import RunConfig

@@ -19,17 +19,9 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
-from common.choices import FinishReason
+from common.choices import FinishReason, Reason
 from common.errors import EngineRefusesAll, RequestRefused
-from common.gates.judge import (
-    GateConfig,
-    Reason,
-    TokenInfo,
-    TurnFacts,
-    answer_hash,
-    inspect_turn,
-    judge,
-)
+from common.gates.judge import GateConfig, TokenInfo, TurnFacts, answer_hash, inspect_turn, judge
 from common.gates.turns import answer_message, decode, render_prompt
 from common.runs.records import RunConfig
 from workers.generate.engines.base import (

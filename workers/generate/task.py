@@ -15,14 +15,14 @@ import redis
 from celery import Task
 
 from common import keys
-from common.choices import Mode
+from common.choices import Mode, RowKind, TaskOutcome
 from common.engine.models import template_sha
 from common.errors import ConfigError, RunPaused, ShuttingDown
 from common.queue.celery_app import TASK_GENERATE, app
 from common.queue.run_records import RunRecords
 from common.reads import limits_of, read_rows
-from common.row_caps import RowKind, row_caps
-from common.runs.records import RunConfig, ShardTask, TaskOutcome
+from common.row_caps import row_caps
+from common.runs.records import RunConfig, ShardTask
 from common.runs.schemas import INPUT_ROW, PauseRecord
 from common.runs.store import RunStore
 from workers.context import WorkerContext

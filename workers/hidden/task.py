@@ -17,13 +17,13 @@ from typing import Any
 from celery import Task
 
 from common import keys
-from common.choices import Layout
+from common.choices import Layout, TaskOutcome
 from common.errors import ShuttingDown
 from common.faults import inject
 from common.hidden.store import write_hidden_commit
 from common.hidden.writer import HiddenShardWriter
 from common.queue.celery_app import TASK_HIDDEN, app
-from common.runs.records import RunConfig, TaskOutcome
+from common.runs.records import RunConfig
 from common.runs.store import RunStore
 from workers.batching import length_batches
 from workers.context import WorkerContext

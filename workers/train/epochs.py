@@ -20,11 +20,11 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
-from common.choices import Mode
+from common.choices import Finish, Mode
 from common.queue.celery_app import TRAIN, app
 from common.queue.dispatch import publish_shard
 from common.runs.checkpoints import Ledger
-from common.runs.epochs import Finish, shard_order
+from common.runs.epochs import shard_order
 from common.runs.records import RunConfig
 from common.runs.store import RunStore
 from workers.context import WorkerContext

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common import keys
+from common.choices import RowKind
 from common.engine.models import render_chat
 from common.engine.sampling import Sampling
 from common.faults import inject
 from common.reads import limits_of, rows_or_none
-from common.row_caps import RowKind, row_caps
+from common.row_caps import row_caps
 from common.runs.records import InputManifest, RunConfig
 from common.runs.schemas import INPUT_ROW
 from common.storage import Storage

@@ -23,14 +23,14 @@ import redis
 from celery import Task
 
 from common import keys
-from common.choices import Mode
+from common.choices import Mode, TaskOutcome
 from common.errors import ConfigError, NothingToTrain, NotReady, ShuttingDown
 from common.faults import inject
 from common.json_parse import finite_list
 from common.queue.celery_app import TASK_TRAIN, app
 from common.runs.checkpoints import OUT_OF_MEMORY, save_checkpoint
 from common.runs.epochs import row_order
-from common.runs.records import RunConfig, ShardTask, TaskOutcome
+from common.runs.records import RunConfig, ShardTask
 from common.runs.store import RunStore
 from common.runs.trainrows import TrainingRow
 from workers.context import WorkerContext

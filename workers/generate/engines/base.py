@@ -13,7 +13,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict, TypeVar
 
-from common.choices import EngineKind, FinishReason
+from common.choices import EngineKind, FinishReason, Reason
 from common.engine.sampling import Sampling
 from common.errors import RequestRefused
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
     from common.engine.mtp import MtpChoice
     from workers.generate.engines.server import EngineServer
-from common.gates.judge import Reason
 
 T = TypeVar("T")
 

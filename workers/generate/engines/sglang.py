@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
-from common.choices import EngineKind, FinishReason
+from common.choices import EngineKind, FinishReason, Reason
 from common.engine.mtp import MtpChoice
 from common.engine.serving import sampling_params
 from common.engine.speculative import server_algorithm, spec_figures
 from common.errors import EngineError, RequestRefused
-from common.gates.judge import Reason
 from workers.generate.engines.base import (
     EngineInfo,
     GenRequest,

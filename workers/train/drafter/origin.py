@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from common.drafter.origin import DrafterOrigin, OriginKind, describe_origin, verify_weights
+from common.choices import OriginKind
+from common.drafter.origin import DrafterOrigin, describe_origin, verify_weights
 from common.drafter.shape import DrafterShapeError
 from common.engine.target import TargetShape
 from common.runs.records import RunConfig
