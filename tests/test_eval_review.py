@@ -22,7 +22,7 @@ from common.runs.schemas import EVAL_RECORD
 from common.storage import LocalStorage
 from producer.report_evals import eval_lines
 from workers.train.commands import checkpoint_state
-from workers.train.eval_serving import MAX_LEVEL, parse_levels
+from workers.train.eval_serving import MAX_LEVEL, check_levels, parse_levels
 from workers.train.eval_sets import parse_datasets
 
 RUN = "rv"
@@ -157,3 +157,10 @@ def test_a_schema_valid_eval_record_not_as_written_is_passed_over(tmp_path: Path
     lines = eval_lines(newest_eval(storage, RUN))
     assert not any(line.startswith("error:") for line in lines)
     assert len(render_table(real).splitlines()) + 1 + len(_tampered(real)) == len(lines)
+
+
+def test_a_level_above_a_sets_prompts_is_said() -> None:
+    assert check_levels({"gsm8k": 8, "mt-bench": 80}, [1, 8]) == []
+    said = check_levels({"gsm8k": 8, "mt-bench": 80}, [1, 8, 32])
+    assert len(said) == 1 and "set gsm8k has 8 prompts" in said[0]
+    assert "those of concurrency 8" in said[0]

@@ -168,14 +168,17 @@ def _served(settings: Settings, config: Any, request: DatasetRequest,
     from transformers import AutoTokenizer
 
     from common.engine.models import resolve_model_path
-    from workers.train.eval_serving import measure_levels
+    from workers.train.eval_serving import check_levels, measure_levels
 
     assert request.url is not None
     tokenizer = AutoTokenizer.from_pretrained(
         str(resolve_model_path(settings.replace(model=config.model))))
+    sets = {name: set_prompts(config, tokenizer, source, request.num, request.thinking)
+            for name, source in sources.items()}
+    for line in check_levels({name: len(p) for name, p in sets.items()}, request.levels):
+        log.warning("run %s: %s", config.run, line)
     datasets = {}
-    for name, source in sources.items():
-        prompts = set_prompts(config, tokenizer, source, request.num, request.thinking)
+    for name, prompts in sets.items():
         levels = measure_levels(request.url, request.baseline_url, [p.ids for p in prompts],
                                 request.max_new_tokens, request.levels)
         datasets[name] = served_entry(len(prompts), levels)

@@ -16,7 +16,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -101,6 +101,15 @@ def measure_levels(url: str, baseline: str | None, prompts: Sequence[list[int]],
                       "speedup": round(spec["tokens_per_s"] / base_rate, 4)
                       if base_rate else None}
     return out
+
+
+def check_levels(prompts: Mapping[str, int], levels: Sequence[int]) -> list[str]:
+    """A line per set whose prompts are fewer than a level: no more requests than its prompts
+    are ever in flight, so that level's figures are those of its prompt count (logged as a
+    warning beside the table; raise --num, or lower the level, to measure it)."""
+    return [f"--concurrency {level}: set {name} has {n} prompts, so at most {n} requests are "
+            f"in flight at level {level}: its figures there are those of concurrency {n}"
+            for name, n in prompts.items() for level in levels if n < level]
 
 
 def parse_levels(value: str) -> list[int]:
