@@ -164,3 +164,11 @@ def test_a_level_above_a_sets_prompts_is_said() -> None:
     said = check_levels({"gsm8k": 8, "mt-bench": 80}, [1, 8, 32])
     assert len(said) == 1 and "set gsm8k has 8 prompts" in said[0]
     assert "those of concurrency 8" in said[0]
+
+
+def test_a_prompt_file_whose_stem_is_no_set_name_is_refused(tmp_path: Path) -> None:
+    for stem in ("two\nlines", "x" * 201):
+        path = tmp_path / f"{stem}.jsonl"
+        path.write_text('{"prompt": "x"}\n')
+        with pytest.raises(ConfigError, match="rename the file"):
+            parse_datasets([str(path)])

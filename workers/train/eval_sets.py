@@ -106,6 +106,10 @@ def parse_datasets(values: Iterable[str]) -> list[DatasetSpec]:
     """Every ``--dataset``, each set named once: two of one name would share one table row."""
     specs = [parse_dataset(value) for value in values]
     names = [spec.name for spec in specs]
+    odd = next((n for n in names if not n or len(n) > 200 or not n.isprintable()), None)
+    if odd is not None:   # the stored table names each set on one line of the report
+        raise ConfigError(f"--dataset: the set name {odd[:60]!r} (a prompt file's stem) is "
+                          "empty, over 200 characters or not printable: rename the file")
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(f"--dataset: {', '.join(map(repr, twice))} named more than once (a "
