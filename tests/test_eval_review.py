@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from common import keys
+from common.drafter.shape import DrafterShapeError
 from common.errors import ConfigError, NotFound
 from common.runs.checkpoints import Ledger, best_step, readable_commits, save_checkpoint
 from common.runs.evals import newest_eval, render_table, write_eval
@@ -21,6 +22,7 @@ from common.runs.schema import CHECKPOINT_SCHEMA
 from common.runs.schemas import EVAL_RECORD
 from common.storage import LocalStorage
 from producer.report_evals import eval_lines
+from tests.conftest import TinyTarget
 from workers.train.commands import checkpoint_state
 from workers.train.eval_serving import MAX_LEVEL, check_levels, parse_levels
 from workers.train.eval_sets import parse_datasets
@@ -172,3 +174,20 @@ def test_a_prompt_file_whose_stem_is_no_set_name_is_refused(tmp_path: Path) -> N
         path.write_text('{"prompt": "x"}\n')
         with pytest.raises(ConfigError, match="rename the file"):
             parse_datasets([str(path)])
+
+
+def test_a_tensor_in_two_weight_files_is_one_line(target_model: TinyTarget,
+                                                  tmp_path: Path) -> None:
+    """SpecForge's shards beside a stale single file: every tensor twice, which one would
+    serve is a guess (was: the single file's, silently)."""
+    from safetensors.torch import save_file
+
+    from tests.test_eval_published import drafter_for, specforge_dir, weights
+    from workers.train.drafter.export import load_drafter
+
+    target, tokenizer, drafter = drafter_for(target_model.path)
+    both = specforge_dir(drafter, tmp_path / "sf")
+    save_file({k: v + 1 for k, v in weights(drafter).items()}, str(both / "model.safetensors"))
+    with pytest.raises(DrafterShapeError, match="is in model.safetensors and in another") as e:
+        load_drafter(both, target, tokenizer=tokenizer)
+    assert "\n" not in str(e.value)

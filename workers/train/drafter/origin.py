@@ -86,7 +86,12 @@ def released_weights(path: Path, what: str) -> dict[str, torch.Tensor]:
         except Exception as exc:   # a truncated or foreign file: one line naming it
             raise DrafterShapeError(f"{what}: {file.name} does not read as safetensors "
                                     f"({type(exc).__name__}: {str(exc)[:200]})") from None
-        weights.update({k.removeprefix("model."): v for k, v in found.items()})
+        named = {k.removeprefix("model."): v for k, v in found.items()}
+        twice = sorted(set(named) & set(weights))
+        if twice:   # two files (a stale single file beside shards): which one serves is a guess
+            raise DrafterShapeError(f"{what}: {twice[0]} is in {file.name} and in another "
+                                    f"of its .safetensors files ({len(twice)} such tensors)")
+        weights.update(named)
     return {k: v for k, v in weights.items()
             if not k.startswith(TARGET_OWNED) and not k.endswith("rotary_emb.inv_freq")}
 
