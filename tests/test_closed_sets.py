@@ -89,7 +89,8 @@ def test_no_closed_set_value_is_compared_as_a_string() -> None:
 
 def test_the_check_sees_every_kind_of_comparison() -> None:
     values = enum_values()
-    assert {"ddp", "fsdp", "auto", "committed", "mt_bench", "NEXTN"} <= values.keys()
+    assert {"ddp", "fsdp", "auto", "committed", "mt_bench", "NEXTN", "assistant", "hidden",
+            "pause", "per-token", "kill", "local"} <= values.keys()
     source = ("a == 'fsdp'\nb != 'parked'\nc in ('ddp', 'x')\nd not in ['dolly']\n"
               "e is 'on'\nmatch f:\n    case 'NEXTN':\n        pass\ng == 'unrelated'\n"
               "'done' in record\n")
