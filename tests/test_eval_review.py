@@ -191,3 +191,26 @@ def test_a_tensor_in_two_weight_files_is_one_line(target_model: TinyTarget,
     with pytest.raises(DrafterShapeError, match="is in model.safetensors and in another") as e:
         load_drafter(both, target, tokenizer=tokenizer)
     assert "\n" not in str(e.value)
+
+
+ISSUE_KEYS = {"prompts", "tokens", "tau", "tau_pooled", "spec_accept_length", "by_position",
+              "lossless", "tokens_per_s", "speedup", "concurrency"}   # issue 67's fixed JSON
+
+
+def test_both_modes_give_issue_67s_keys_and_null_where_they_cannot_measure() -> None:
+    from workers.train.drafter.specdec import Decoded
+    from workers.train.eval_table import DEFINITION, local_entry, served_entry
+
+    decoded = [Decoded([1] * 9, 4, [3, 3, 2])]
+    local = local_entry(decoded, {"prompts": 1, "tokens": 9, "tau": 2.667, "tau_pooled": 2.667,
+                                  "lossless": {"checked": 1, "mismatches": []}})
+    level = {"tokens": 9, "seconds": 1.0, "tokens_per_s": 9.0, "spec_accept_length": 3.0,
+             "spec_verify_ct": 3, "baseline_tokens_per_s": 4.5, "speedup": 2.0}
+    served = served_entry(1, {8: level, 1: level})
+    for entry in (local, served):
+        assert set(entry) == ISSUE_KEYS and set(DEFINITION) >= ISSUE_KEYS - {"prompts", "tokens"}
+        assert list(entry["by_position"]) == ["0-1k", "1k-4k", "4k-16k", "16k+"]
+    assert local["spec_accept_length"] == 3.0 and local["by_position"]["0-1k"] == 2.6667
+    assert (local["tokens_per_s"], local["speedup"], local["concurrency"]) == (None,) * 3
+    assert (served["tau"], served["tau_pooled"], served["lossless"]) == (None,) * 3
+    assert list(served["concurrency"]) == ["1", "8"] and served["speedup"] == 2.0
