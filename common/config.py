@@ -4,7 +4,7 @@
 Each field is declared once, in its section: its flat name is the section's prefix + the field's
 name (``hidden.device``: ``hidden_device``), its variable ``DFLASH_`` + the flat name in capitals
 (``DFLASH_HIDDEN_DEVICE``). CLI options for settings take their default and variable from there
-(:func:`common.cli.setting_option`); code reads a setting by section: ``settings.hidden.device``.
+(:func:`common.cli.options_for`); code reads a setting by section: ``settings.hidden.device``.
 Keywords by flat name are typed (:mod:`common.config_keywords`): a misspelt one fails the checker.
 
 Every process (producer CLI, workers, Flower) calls :func:`load_settings` once and passes the

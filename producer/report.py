@@ -23,7 +23,7 @@ import click
 
 from common import keys
 from common.choices import Role
-from common.cli import command_option
+from common.cli import options_for
 from common.config import Settings
 from common.errors import ConfigError, StorageRefused
 from common.gates.partstats import turn_counts
@@ -278,15 +278,7 @@ def report_command(common_options: Callable[[Callable[..., Any]], Callable[..., 
     """The ``report`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command()
-    @command_option("run", required=True, help="Run id to report on.")
-    @command_option("report_json", "--json", "as_json", is_flag=True,
-                    help="Print the report as one JSON object.")
-    @command_option("report_png", "--png", "png_path",
-                    type=click.Path(dir_okay=False, path_type=Path),
-                    help="Also write the PNG figure to this local file (its only copy when the "
-                         "storage refuses the write, as for a read-only key).")
-    @command_option("report_no_png", "--no-png", "no_png", is_flag=True,
-                    help="Do not render or store the PNG figure.")
+    @options_for("report")
     @common_options
     def report(settings: Settings, run: str, as_json: bool, png_path: Path | None,
                no_png: bool) -> None:

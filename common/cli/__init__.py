@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 import click
 
 from common.choices import EnumChoice
-from common.cli.options import OPTIONS
-from common.config import FIELDS, env_name, load_settings, mask_url, section_fields
+from common.cli.options import SECTIONS as SHARED
 from common.config import SECTIONS as SETTING_SECTIONS
+from common.config import env_name, load_settings, mask_url, section_fields
 from common.declared import Opt, declared
 from common.errors import (
     ConfigError,
@@ -76,7 +76,6 @@ def command_sections() -> list[type]:
 
 def _declared(sections: tuple[type, ...]) -> Iterator[tuple[str, Field[Any], Opt, bool]]:
     """(flat name, field, declaration, whether a setting) of every declared option."""
-    from common.cli.options import SECTIONS as SHARED
     from common.runs.options import RunOptions
 
     settings = tuple(SETTING_SECTIONS.values())
@@ -123,29 +122,6 @@ def _setting_type(f: Field[Any]) -> click.ParamType[Any] | None:
     below = meta.get("below")
     below = int(below) if isinstance(below, float) and below.is_integer() else below
     return FiniteRange(min=0, max=below, min_open=low != 0, max_open=below is not None)
-
-
-def setting_option(name: str, *decls: str, **kw: Any) -> Callable[[F], F]:
-    """A click option for the setting ``name`` (a flat name): its variable and shown default come
-    from :class:`common.config.Settings`; unset (None) means "as the settings say"."""
-    default = FIELDS[name][1].default
-    kw.setdefault("show_default", mask_url(str(default.value if isinstance(default, Enum)
-                                               else default)))
-    return click.option(*_decls(name, decls), default=None, envvar=env_name(name),
-                        show_envvar=True, **kw)
-
-
-def command_option(name: str, *decls: str, **kw: Any) -> Callable[[F], F]:
-    """A click option declared in :mod:`common.cli.options`: its default and variable come from
-    there (shown unless it is None or off); ``decls`` may name the parameter (``"as_json"``)."""
-    default = OPTIONS[name].default
-    default = None if default is MISSING else default   # a required option declares none
-    default = default.value if isinstance(default, Enum) else default   # click shows the text
-    if default is not False and not (default is None and kw.get("required")):
-        kw["default"] = default   # a flag's off and a required option's none stay click's own
-        if default is not None:
-            kw.setdefault("show_default", True)
-    return click.option(*_decls(name, decls), envvar=env_name(name), show_envvar=True, **kw)
 
 
 def _decls(name: str, decls: tuple[str, ...]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from common.cli import command_option
+from common.cli import options_for
 from common.config import Settings, env_name
 from common.errors import ConfigError
 
@@ -50,10 +50,7 @@ def ui_command(common_options: Callable[[Callable[..., Any]], Callable[..., Any]
     """The ``ui`` command, wrapped in the CLI's shared --storage/--broker-url options."""
 
     @click.command("ui")
-    @command_option("ui_host", "--host", "host",
-                    help="Address to listen on; anything but loopback needs DFLASH_UI_AUTH.")
-    @command_option("ui_port", "--port", "port", type=click.IntRange(1, 65535),
-                    help="Port to listen on.")
+    @options_for("ui")
     @common_options
     def ui(settings: Settings, host: str, port: int) -> None:
         """Serve the run dashboard: progress, throughput, ETA, engines, gates, training."""

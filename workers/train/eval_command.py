@@ -19,13 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from common.choices import EnumChoice, EvalEngine
-from common.cli import command_option, common_options
+from common.cli import common_options, options_for
 from common.config import Settings, env_name
+from common.declared import opt
 from common.errors import ConfigError, DflashError, StorageError, StorageRefused
 from common.exit_codes import EXIT_FAILURE
 from workers.train.eval_datasets import DatasetRequest
@@ -38,36 +40,56 @@ log = logging.getLogger(__name__)
 SET_NUM = 128   # prompts per --dataset set unless --num says
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalDrafterOptions:
+    """``eval-drafter``'s own options."""
+
+    step: int | None = opt(
+        None, commands=("eval-drafter",), type=click.IntRange(min=1),
+        help="Checkpoint step [default: the newest].")
+    drafter_dir: str | None = opt(
+        None, decls=("--drafter",), commands=("eval-drafter",), type=click.Path(file_okay=False),
+        help="An exported drafter directory instead of a checkpoint.")
+    prompts_path: str | None = opt(
+        None, decls=("--prompts",), commands=("eval-drafter",),
+        help="Prompts from any input enqueue reads [default: the run's held-out split].")
+    num: int | None = opt(
+        None, commands=("eval-drafter",), type=click.IntRange(min=1),
+        help="Prompts to decode (per set with --dataset) [default: 64; 128 with "
+             "--dataset].")
+    max_new_tokens: int = opt(
+        512, commands=("eval-drafter",), type=click.IntRange(min=1),
+        help="Token budget per prompt.")
+    block_size: int | None = opt(
+        None, commands=("eval-drafter",), type=click.IntRange(min=2),
+        help="Tokens per verify step [default: the drafter's block size].")
+    datasets: tuple[str, ...] = opt(
+        None, decls=("--dataset",), commands=("eval-drafter",), multiple=True,
+        help="A standard set (repeatable): NAME=PATH (gsm8k, math500, humaneval, mbpp, "
+             "mt-bench: a local copy in its published layout), NAME (fetched from the "
+             "Hugging Face hub) or PATH (any prompt file, named by its stem).")
+    thinking: bool | None = opt(
+        None, decls=("--thinking/--no-thinking",), commands=("eval-drafter",),
+        help="Render --dataset prompts with thinking on or off [default: the run's].")
+    engine: EvalEngine = opt(
+        EvalEngine.LOCAL,
+        decls=("--engine",),
+        commands=("eval-drafter",),
+        type=EnumChoice(EvalEngine),
+        help="local: our lossless loop; sglang: a running SGLang at --url (--dataset).")
+    url: str | None = opt(
+        None, commands=("eval-drafter",),
+        help="The SGLang serving the drafter (--engine sglang).")
+    baseline_url: str | None = opt(
+        None, commands=("eval-drafter",),
+        help="The same target served without speculation: tokens/s and speedup.")
+    concurrency: str = opt(
+        "1", commands=("eval-drafter",),
+        help="Requests in flight with --engine sglang, e.g. 1,8,32.")
+
+
 @click.command("eval-drafter")
-@command_option("run", required=True, help="Run id whose drafter to judge.")
-@click.option("--step", type=click.IntRange(min=1), default=None,
-              help="Checkpoint step [default: the newest].")
-@click.option("--drafter", "drafter_dir", type=click.Path(file_okay=False), default=None,
-              help="An exported drafter directory instead of a checkpoint.")
-@click.option("--prompts", "prompts_path", default=None,
-              help="Prompts from any input enqueue reads [default: the run's held-out split].")
-@click.option("--num", type=click.IntRange(min=1), default=None,
-              help="Prompts to decode (per set with --dataset) [default: 64; 128 with "
-                   "--dataset].")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Token budget per prompt.")
-@click.option("--block-size", type=click.IntRange(min=2), default=None,
-              help="Tokens per verify step [default: the drafter's block size].")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option("--dataset", "datasets", multiple=True,
-              help="A standard set (repeatable): NAME=PATH (gsm8k, math500, humaneval, mbpp, "
-                   "mt-bench: a local copy in its published layout), NAME (fetched from the "
-                   "Hugging Face hub) or PATH (any prompt file, named by its stem).")
-@click.option("--thinking/--no-thinking", default=None,
-              help="Render --dataset prompts with thinking on or off [default: the run's].")
-@click.option("--engine", "engine", type=EnumChoice(EvalEngine), default=EvalEngine.LOCAL,
-              show_default=True,
-              help="local: our lossless loop; sglang: a running SGLang at --url (--dataset).")
-@click.option("--url", default=None, help="The SGLang serving the drafter (--engine sglang).")
-@click.option("--baseline-url", default=None,
-              help="The same target served without speculation: tokens/s and speedup.")
-@click.option("--concurrency", default="1", show_default=True,
-              help="Requests in flight with --engine sglang, e.g. 1,8,32.")
+@options_for("eval-drafter", EvalDrafterOptions)
 @common_options
 def eval_drafter(settings: Settings, run: str, step: int | None, drafter_dir: str | None,
                  prompts_path: str | None, num: int | None, max_new_tokens: int,
