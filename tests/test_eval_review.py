@@ -214,3 +214,21 @@ def test_both_modes_give_issue_67s_keys_and_null_where_they_cannot_measure() -> 
     assert (local["tokens_per_s"], local["speedup"], local["concurrency"]) == (None,) * 3
     assert (served["tau"], served["tau_pooled"], served["lossless"]) == (None,) * 3
     assert list(served["concurrency"]) == ["1", "8"] and served["speedup"] == 2.0
+
+
+def test_a_repository_copy_reads_the_hub_config_only(tmp_path: Path) -> None:
+    """openai/gsm8k ships main/ and socratic/, mbpp full/ and sanitized/: a copy of the whole
+    repository reads the config the hub fetch reads, never both as one set."""
+    from workers.train.eval_sets import read_set
+
+    for config, rows in (("main", ["m1", "m2"]), ("socratic", ["s1", "s2", "s3"])):
+        (tmp_path / "gsm8k" / config).mkdir(parents=True)
+        (tmp_path / "gsm8k" / config / "test.jsonl").write_text(
+            "".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in rows))
+    read = read_set("gsm8k", str(tmp_path / "gsm8k"), 100)
+    assert [p.text.split("\n")[0] for p in read] == ["m1", "m2"]
+    for config, field in (("full", "text"), ("sanitized", "prompt")):
+        (tmp_path / "mbpp" / config).mkdir(parents=True)
+        (tmp_path / "mbpp" / config / "test.jsonl").write_text(
+            json.dumps({"task_id": 11, field: f"{config} task"}) + "\n")
+    assert [p.text for p in read_set("mbpp", str(tmp_path / "mbpp"), 100)] == ["sanitized task"]

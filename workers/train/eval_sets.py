@@ -125,12 +125,16 @@ def _stem(path: str) -> str:
     return name
 
 
-def _files(path: Path, split: str) -> list[Path]:
-    """A file, or a directory's readable files: those of the set's split when any is named so."""
+def _files(path: Path, split: str, config: str | None = None) -> list[Path]:
+    """A file, or a directory's readable files: those of the set's split when any is named so,
+    under its hub config's folder where the copy has one (gsm8k's ``main/`` beside
+    ``socratic/``, mbpp's ``sanitized/`` beside ``full/``: never two configs' rows as one set)."""
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise InputError(f"{path}: no such file or directory")
+    if config and (path / config).is_dir():
+        path = path / config
     found = sorted(p for p in path.rglob("*") if p.is_file()
                    and p.name.lower().endswith(SUPPORTED_EXTENSIONS))
     of_split = [p for p in found if split in str(p.relative_to(path)).lower()]
@@ -151,7 +155,8 @@ def read_set(kind: str, path: str, num: int) -> list[SetPrompt]:
     A row that is not the set's layout is an InputError naming the file, line and field."""
     spec = SETS[kind]
     prompts: list[SetPrompt] = []
-    for where, row in _rows(_files(Path(path), spec.split)):
+    config = spec.hub[1] if len(spec.hub) > 1 else None
+    for where, row in _rows(_files(Path(path), spec.split, config)):
         if len(prompts) >= num:
             break
         if not isinstance(row, dict):
