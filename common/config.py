@@ -5,7 +5,8 @@ Each field is declared once, in its section: its flat name is the section's pref
 name (``hidden.device``: ``hidden_device``), its variable ``DFLASH_`` + the flat name in capitals
 (``DFLASH_HIDDEN_DEVICE``). CLI options for settings take their default and variable from there
 (:func:`common.cli.options_for`); code reads a setting by section: ``settings.hidden.device``.
-Keywords by flat name are typed (:mod:`common.config_keywords`): a misspelt one fails the checker.
+Keywords by flat name are typed from the declarations by scripts/mypy_settings.py (a mypy plugin):
+a misspelt one, or a value of the wrong type, fails the checker.
 
 Every process (producer CLI, workers, Flower) calls :func:`load_settings` once and passes the
 result down, so the broker URL, storage root and queue timeouts always agree across services.
@@ -17,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 from common.choices import TinyModel
 from common.config_fields import (
@@ -32,7 +33,6 @@ from common.config_fields import (
     section_fields,
     setting,
 )
-from common.config_keywords import SettingOverrides, SettingValues
 from common.config_sections import (
     FIELDS,
     SECTIONS,
@@ -49,8 +49,8 @@ from common.config_sections import (
 
 __all__ = [
     "DEVICE", "DEVICES", "ENV_PREFIX", "FIELDS", "SECTIONS", "TINY_MODEL", "BrokerSettings",
-    "GenerateSettings", "HiddenSettings", "ReadSettings", "SettingOverrides", "SettingValues",
-    "Settings", "TargetSettings", "TrainSettings", "UiSettings", "WorkerSettings",
+    "GenerateSettings", "HiddenSettings", "ReadSettings", "Settings", "TargetSettings",
+    "TrainSettings", "UiSettings", "WorkerSettings",
     "default_cache_dir", "env_name", "load_settings", "mask_url", "section_fields", "setting",
 ]
 
@@ -70,7 +70,7 @@ class Settings:
     read: ReadSettings
     ui: UiSettings
 
-    def __init__(self, **typed: Unpack[SettingValues]) -> None:
+    def __init__(self, **typed: object) -> None:
         """Sections by name and fields by flat name (``model=``: what ``replace`` passes too);
         a flat value wins over its section's."""
         values: dict[str, Any] = dict(typed)
@@ -82,7 +82,7 @@ class Settings:
         if values:
             raise TypeError(f"unknown settings: {', '.join(sorted(values))}")
 
-    def replace(self, **flat: Unpack[SettingValues]) -> Settings:
+    def replace(self, **flat: object) -> Settings:
         """These settings with fields given by flat name (``model=``, ``train_nnodes=``)."""
         values: dict[str, Any] = {name: getattr(self, name) for name in SECTIONS}
         return Settings(**{**values, **flat})
@@ -122,7 +122,7 @@ class Settings:
 
 
 def load_settings(env: Mapping[str, str] | None = None,
-                  **overrides: Unpack[SettingOverrides]) -> Settings:
+                  **overrides: object) -> Settings:
     """Read settings from ``DFLASH_*`` variables; explicit overrides (CLI options) win."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}

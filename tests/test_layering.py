@@ -281,7 +281,7 @@ def test_the_launcher_names_no_stage() -> None:
 # folder of what it owns, the folders in an order (docs/concepts/architecture.md shows it): a
 # folder imports the top and the folders before it, never one after it, so no two folders
 # depend on each other.
-COMMON_ROOT = {"choices", "config", "config_fields", "config_sections", "config_keywords",
+COMMON_ROOT = {"choices", "config", "config_fields", "config_sections",
                "declared", "errors", "exit_codes", "entry_points", "storage", "json_parse",
                "row_caps", "storage_api", "s3_storage", "reads", "keys", "key_layout",
                "lifeline", "faults"}
