@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import click
 
+from common.choices import Stage
 from common.config import section_fields
 from common.declared import declared, opt
 from common.runs.options import RunOptions
@@ -72,7 +73,7 @@ class WorkerOptions:
         None, decls=("--name", "name"), env=True, help="Worker node name.",
         at={f"worker {queue}": {"help": f"Worker node name [default: {queue}-gpuN@host or "
                                         f"{queue}-cpu@host]."}
-            for queue in ("generate", "hidden", "train")})
+            for queue in Stage})
     concurrency: int | None = opt(   # unset: 2 shards with SGLang, 1 with the CPU engine
         None, env=True, commands=("worker generate",), type=click.IntRange(min=1),
         help="Shards held at once (they share one engine) [default: 2 with --engine sglang, so "
