@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Mapping
+import tracemalloc
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from common.runs.records import dumps
 from common.runs.schema import CHECKPOINT_SCHEMA
 from common.runs.schemas import EVAL_RECORD
 from common.storage import LocalStorage
+from common.storage_api import StoredObject
 from producer.report_evals import eval_lines
 from tests.conftest import TinyTarget
 from workers.train.commands import checkpoint_state
@@ -232,3 +234,35 @@ def test_a_repository_copy_reads_the_hub_config_only(tmp_path: Path) -> None:
         (tmp_path / "mbpp" / config / "test.jsonl").write_text(
             json.dumps({"task_id": 11, field: f"{config} task"}) + "\n")
     assert [p.text for p in read_set("mbpp", str(tmp_path / "mbpp"), 100)] == ["sanitized task"]
+
+
+class _Flooded(LocalStorage):
+    """A real store whose evals/ listing also streams ``extra`` older records' entries (a run
+    flooded with eval records; their bodies are never read: only the newest few are)."""
+
+    def __init__(self, root: str, extra: int) -> None:
+        super().__init__(root)
+        self.extra = extra
+
+    def list_objects(self, prefix: str, start_after: str = "") -> Iterator[StoredObject]:
+        yield from super().list_objects(prefix, start_after)
+        if prefix == keys.evals_prefix(RUN):
+            for n in range(self.extra):
+                yield StoredObject(keys.eval_record(RUN, f"20000101T000000.{n:06d}-000000"),
+                                   100, "0" * 32, 1.0 + n * 1e-6)
+
+
+def test_a_run_with_many_eval_records_is_read_newest_first_in_bounded_memory(
+        tmp_path: Path) -> None:
+    from tests.test_report_eval import result
+
+    storage = _Flooded(str(tmp_path), 100_000)
+    real_key = write_eval(storage, RUN, result(), 7, None)
+    tracemalloc.start()
+    try:
+        found = newest_eval(storage, RUN)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found is not None and found["key"] == real_key and found["skipped"] == []
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB held while listing 100,000 records"

@@ -13,6 +13,7 @@ of them: a reader never stops on one.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import secrets
 import time
@@ -92,11 +93,13 @@ def write_eval(storage: Storage, run: str, result: Mapping[str, Any], step: int 
 def newest_eval(storage: Storage, run: str) -> dict[str, Any] | None:
     """The record storage wrote last (ties by key) that reads as a table, with the keys of
     newer ones passed over (noted: foreign); None when the run has none that reads."""
-    listed = sorted(((o.modified, o.key) for o in storage.list_objects(keys.evals_prefix(run))
-                     if (k := keys.parse(o.key)) is not None and k.kind is keys.KeyKind.EVAL),
-                    reverse=True)
+    # The newest few kept as the listing streams by (S3 pages it): memory holds READ_AT_MOST
+    # entries however many records the run has, never the whole listing.
+    listed = heapq.nlargest(READ_AT_MOST, (
+        (o.modified, o.key) for o in storage.list_objects(keys.evals_prefix(run))
+        if (k := keys.parse(o.key)) is not None and k.kind is keys.KeyKind.EVAL))
     skipped: list[dict[str, str]] = []
-    for _, key in listed[:READ_AT_MOST]:
+    for _, key in listed:
         try:
             record = read_json(storage, key, EVAL_RECORD)
             prove_eval(key, run, record)
