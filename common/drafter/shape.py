@@ -58,13 +58,18 @@ def read_shape(path: str | Path) -> dict[str, Any]:
     that shape the drafter, checked; raises :class:`DrafterShapeError`."""
     source = Path(path)
     file = source / "config.json" if source.is_dir() else source
+    return checked_shape(read_config_file(file), str(file))
+
+
+def read_config_file(file: Path) -> dict[str, Any]:
+    """A drafter's ``config.json`` as a dict; one :class:`DrafterShapeError` line otherwise."""
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
         raise DrafterShapeError(f"drafter config {file}: cannot read it ({exc})") from None
     if not isinstance(data, dict):
         raise DrafterShapeError(f"drafter config {file}: not a JSON object")
-    return checked_shape(data, str(file))
+    return data
 
 
 def checked_shape(data: dict[str, Any], where: str) -> dict[str, Any]:

@@ -16,12 +16,11 @@ field that holds a value) is refused in one line by :func:`common.drafter.shape.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.drafter.layers import dflash_layer_ids
-from common.drafter.shape import SLIDING, DrafterShapeError, checked_shape
+from common.drafter.shape import SLIDING, DrafterShapeError, checked_shape, read_config_file
 from common.engine.target import TargetShape
 from common.errors import DrafterMismatch
 from common.runs.options import DRAFTER_LAYERS
@@ -37,14 +36,7 @@ EITHER = ("block_size", "num_target_layers")      # read in either place by ever
 
 def read_config(path: Path) -> dict[str, Any]:
     """``config.json`` of a drafter directory as a dict; one line where it does not read."""
-    file = path / "config.json"
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise DrafterShapeError(f"drafter config {file}: cannot read it ({exc})") from None
-    if not isinstance(data, dict):
-        raise DrafterShapeError(f"drafter config {file}: not a JSON object")
-    return data
+    return read_config_file(path / "config.json")
 
 
 def normalized(data: dict[str, Any], where: str) -> dict[str, Any]:
