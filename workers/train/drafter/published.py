@@ -34,11 +34,6 @@ MOVABLE = ("target_layer_ids", "mask_token_id")   # z-lab also reads these at th
 EITHER = ("block_size", "num_target_layers")      # read in either place by every reader
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a drafter directory as a dict; one line where it does not read."""
-    return read_config_file(path / "config.json")
-
-
 def normalized(data: dict[str, Any], where: str) -> dict[str, Any]:
     """The config with z-lab's top-level DFlash values moved into ``dflash_config``; a value
     stated in both places and differing is refused (which one a server reads is its choice)."""
@@ -73,7 +68,7 @@ def published_config(path: Path, target: PreTrainedModel, tokenizer: Any = None
     """The :class:`DFlashConfig` of the drafter directory ``path`` on ``target``; one line
     (:class:`DrafterShapeError`) naming the field that cannot hold."""
     where = str(path / "config.json")
-    data = normalized(read_config(path), where)
+    data = normalized(read_config_file(path / "config.json"), where)
     target_shape = TargetShape.of(target.config)
     unfit = []   # what the target's features and embedding fix, said as fit_problems says it
     if data.get("hidden_size") not in (None, target_shape.hidden_size):
