@@ -29,6 +29,7 @@ from common.config_fields import (
     coerce,
     default_cache_dir,
     env_name,
+    mask_flags,
     mask_url,
     section_fields,
     setting,
@@ -94,7 +95,7 @@ class Settings:
     def _shown(self, name: str) -> str:
         section, f = FIELDS[name]
         value = str(getattr(getattr(self, section), f.name))
-        return "***" if f.metadata.get("secret") and value else mask_url(value)
+        return "***" if f.metadata.get("secret") and value else mask_flags(mask_url(value))
 
     @property
     def masked_broker_url(self) -> str:

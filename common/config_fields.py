@@ -38,6 +38,17 @@ def mask_url(url: str) -> str:
     return _USERINFO.sub(hide, url)
 
 
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
+"""SGLang's flags whose value is a secret: hidden wherever a command line is shown."""
+_SECRET_VALUE = re.compile(rf"({'|'.join(map(re.escape, SECRET_FLAGS))})(=|\s+)(\S+)")
+
+
+def mask_flags(line: str) -> str:
+    """Hide the values of :data:`SECRET_FLAGS` in a command line held as text (an engine
+    command or extra flags in a setting) for logs and repr."""
+    return _SECRET_VALUE.sub(r"\1\2***", line)
+
+
 def default_cache_dir() -> Path:
     """Where built artefacts (the tiny CPU model) live unless the cache_dir setting says so."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dflash-pipeline"

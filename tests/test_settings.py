@@ -84,6 +84,15 @@ def test_secrets_and_broker_passwords_stay_masked_in_repr() -> None:
     assert "hunter2" not in shown and "s3cret" not in shown and "ui_auth='***'" in shown
 
 
+def test_secret_flags_in_an_engine_command_stay_masked_in_repr() -> None:
+    """An engine command or extra flags carrying SGLang's --api-key: the worker logs its
+    settings at start, and the key must not reach the log."""
+    shown = repr(load_settings({"DFLASH_ENGINE_CMD": "python -m sim --api-key sesame --port 1",
+                                "DFLASH_ENGINE_ARGS": "--admin-api-key=zz --tp 2"}))
+    assert "sesame" not in shown and "zz" not in shown
+    assert "--api-key *** --port 1" in shown and "--admin-api-key=*** --tp 2" in shown
+
+
 def _options(group: click.Group) -> Iterator[tuple[str, click.Option]]:
     for name in group.list_commands(click.Context(group)):
         command = group.get_command(click.Context(group), name)

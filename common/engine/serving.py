@@ -23,6 +23,7 @@ from typing import Any
 
 from common.choices import MambaStrategy, SpecAlgorithm
 from common.config import Settings
+from common.config_fields import SECRET_FLAGS
 from common.engine.sampling import Sampling
 from common.engine.target import NO_MTP_HEAD, TargetShape
 
@@ -210,16 +211,13 @@ def shell_line(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
-_SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
-
-
 def shown_argv(argv: Sequence[str]) -> str:
     """The command line for logs, with the values of secret flags hidden."""
     shown, hide = [], False
     for part in argv:
         name, eq, _ = part.partition("=")
-        shown.append("***" if hide else f"{name}=***" if eq and name in _SECRET_FLAGS else part)
-        hide = part in _SECRET_FLAGS
+        shown.append("***" if hide else f"{name}=***" if eq and name in SECRET_FLAGS else part)
+        hide = part in SECRET_FLAGS
     return shlex.join(shown)
 
 
